@@ -1,0 +1,132 @@
+"""What the engine runs: an agent's processes, its tools and its code version.
+
+The engine never loads agent directories itself; an :class:`AgentResolver` (the agent
+loader in ``toren.agents``, or a plain dict-backed registry in tests) hands it an
+:class:`AgentProgram` per (agent, process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from toren.errors import AgentNotFound
+from toren.providers.base import ModelProvider, ToolSpec
+
+if TYPE_CHECKING:
+    from toren.core.context import Context
+
+AgentFn = Callable[["Context", Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    """A callable tool. ``reexecute=True`` opts out of result reuse after an invalidation
+    (for tools whose result must be fresh, such as reading a price); the default reuses the
+    recorded result of an identical call so a prompt edit never re-sends the email."""
+
+    name: str
+    fn: Callable[..., Any]
+    spec: ToolSpec
+    reexecute: bool = False
+    side_effects: bool = True
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_steps: int | None = None
+    max_cost_usd: float | None = None
+    step_timeout: float | None = None
+
+
+@dataclass(frozen=True)
+class AgentProgram:
+    """One process of one agent, ready to run."""
+
+    agent: str
+    process: str
+    fn: AgentFn
+    tools: Mapping[str, ToolDef] = field(default_factory=dict)
+    code_version: str = "dev"
+    limits: Limits = field(default_factory=Limits)
+    processes: tuple[str, ...] = ("main",)
+    # Provider instances bound to this agent (a ``scripted`` provider reading the agent's
+    # script file, an ``openai`` provider with the agent's base_url). They take precedence
+    # over the runtime-wide providers in ``TickDeps.providers``.
+    providers: Mapping[str, ModelProvider] = field(default_factory=dict)
+
+
+class AgentResolver(Protocol):
+    def resolve(self, agent: str, process: str) -> AgentProgram: ...
+
+    def names(self) -> list[str]: ...
+
+
+@dataclass
+class Registry:
+    """An in-memory resolver: register Python functions as agent processes."""
+
+    programs: dict[tuple[str, str], AgentProgram] = field(default_factory=dict)
+
+    def add(
+        self,
+        agent: str,
+        fn: AgentFn,
+        *,
+        process: str = "main",
+        tools: Mapping[str, ToolDef] | None = None,
+        code_version: str = "dev",
+        limits: Limits | None = None,
+    ) -> AgentProgram:
+        program = AgentProgram(
+            agent=agent,
+            process=process,
+            fn=fn,
+            tools=dict(tools or {}),
+            code_version=code_version,
+            limits=limits or Limits(),
+        )
+        self.programs[(agent, process)] = program
+        return program
+
+    def resolve(self, agent: str, process: str) -> AgentProgram:
+        try:
+            return self.programs[(agent, process)]
+        except KeyError:
+            known = sorted({a for a, _ in self.programs})
+            if any(a == agent for a, _ in self.programs):
+                procs = sorted(p for a, p in self.programs if a == agent)
+                raise AgentNotFound(
+                    f"agent {agent!r} has no process {process!r}; its processes are {procs}"
+                ) from None
+            raise AgentNotFound(
+                f"unknown agent {agent!r}; known agents: {known or 'none'}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted({a for a, _ in self.programs})
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    reexecute: bool = False,
+    side_effects: bool = True,
+    name: str | None = None,
+) -> Any:
+    """Mark a function in ``tools.py`` as a tool, with its durability options.
+
+    ``@toren.tool`` or ``@toren.tool(reexecute=True)``. Undecorated public functions of
+    ``tools.py`` are tools too, with the defaults.
+    """
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        f.__toren_tool__ = {  # type: ignore[attr-defined]
+            "reexecute": reexecute,
+            "side_effects": side_effects,
+            "name": name or f.__name__,
+        }
+        return f
+
+    return mark(fn) if fn is not None else mark

@@ -1,0 +1,112 @@
+"""Toren's exceptions, one tree under :class:`TorenError`.
+
+    TorenError
+    ├── UserError                  the caller or agent author must fix something
+    │   ├── AgentConfigError       a bad agent.yaml, tools.py or script file
+    │   ├── AgentNotFound          no agent (or process) by that name
+    │   ├── InvalidInput           a run input, message or argument of the wrong shape
+    │   ├── IdempotencyConflict    an idempotency key reused with different arguments
+    │   └── RunNotFound            no run with that id
+    ├── StepFailed                 a recorded step ended in an error; replay re-raises it
+    │   ├── ModelCallFailed        the provider refused or failed after retries
+    │   └── ToolFailed             the tool raised
+    ├── LimitExceeded              a run hit max_steps, max_cost or a step timeout
+    └── InfrastructureError        the runtime or its storage failed, not the user
+        ├── StorageError
+        │   ├── CorruptEventLog    an event row that cannot be read
+        │   └── SchemaError        DDL that cannot be applied
+        ├── LeaseLost              another worker owns the run now; stop writing
+        └── ProviderUnavailable    a provider could not be constructed (missing key, SDK)
+
+    RunCancelledSignal (BaseException)  delivered into agent code on cancellation;
+                                        derives from BaseException so that an agent's
+                                        ``except Exception`` cannot swallow it.
+
+Messages name the run, stream, step and file involved, quote identifiers with ``!r``
+and say what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TorenError(Exception):
+    """Root of every error Toren raises on purpose."""
+
+    code = "toren_error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class UserError(TorenError):
+    code = "user_error"
+
+
+class AgentConfigError(UserError):
+    code = "agent_config_invalid"
+
+
+class AgentNotFound(UserError):
+    code = "agent_not_found"
+
+
+class InvalidInput(UserError):
+    code = "invalid_input"
+
+
+class IdempotencyConflict(UserError):
+    code = "idempotency_conflict"
+
+
+class RunNotFound(UserError):
+    code = "run_not_found"
+
+
+class StepFailed(TorenError):
+    """A step that ended in an error. The error is recorded, so replay raises it again."""
+
+    code = "step_failed"
+
+
+class ModelCallFailed(StepFailed):
+    code = "model_call_failed"
+
+
+class ToolFailed(StepFailed):
+    code = "tool_failed"
+
+
+class LimitExceeded(TorenError):
+    code = "limit_exceeded"
+
+
+class InfrastructureError(TorenError):
+    code = "infrastructure_error"
+
+
+class StorageError(InfrastructureError):
+    code = "storage_error"
+
+
+class CorruptEventLog(StorageError):
+    code = "corrupt_event_log"
+
+
+class SchemaError(StorageError):
+    code = "schema_error"
+
+
+class LeaseLost(InfrastructureError):
+    code = "lease_lost"
+
+
+class ProviderUnavailable(InfrastructureError):
+    code = "provider_unavailable"
+
+
+class RunCancelledSignal(BaseException):
+    """Raised inside agent code when its run is cancelled. Not an ``Exception``."""

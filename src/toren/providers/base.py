@@ -1,0 +1,159 @@
+"""The provider interface: one small Protocol and the serialisable values that cross it.
+
+A provider turns a :class:`ModelRequest` into a :class:`ModelResponse`. It knows nothing
+about the journal; durability wraps it (``toren.core``). Only these frozen, JSON-serialisable
+values cross the durable boundary.
+
+Toren's message format (provider-neutral; each provider converts it to its wire format)::
+
+    {"role": "system",    "content": "..."}
+    {"role": "user",      "content": "..."}
+    {"role": "assistant", "content": "...", "tool_calls": [{"id": "c1", "name": "f", "arguments": {...}}]}
+    {"role": "tool",      "tool_call_id": "c1", "name": "f", "content": "..."}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+Message = Mapping[str, Any]
+DeltaCallback = Callable[[str], None]
+
+# Request parameters that change *how* a call is made, never *what* it asks. They are
+# stripped before digesting: changing a timeout must not invalidate an in-flight run.
+TRANSPORT_PARAMS = frozenset(
+    {
+        "api_key",
+        "base_url",
+        "headers",
+        "extra_headers",
+        "timeout",
+        "max_retries",
+        "retries",
+        "retry",
+        "stream",
+        "organization",
+        "project",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model sees it: a name, a description and a JSON Schema of arguments."""
+
+    name: str
+    description: str = ""
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": dict(self.parameters),
+        }
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """The exact request of a model call. ``params`` holds sampling parameters
+    (temperature, max_tokens, ...). Transport settings live in the provider's config."""
+
+    provider: str
+    model: str
+    messages: tuple[Message, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        return cls(
+            id=str(data["id"]), name=str(data["name"]), arguments=dict(data.get("arguments") or {})
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str = "stop"
+    model: str = ""
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message to append to the conversation."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        return msg
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "usage": self.usage.to_dict(),
+            "finish_reason": self.finish_reason,
+            "model": self.model,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelResponse:
+        usage = data.get("usage") or {}
+        return cls(
+            text=str(data.get("text", "")),
+            tool_calls=tuple(ToolCall.from_dict(c) for c in data.get("tool_calls") or ()),
+            usage=Usage(
+                input_tokens=int(usage.get("input_tokens", 0)),
+                output_tokens=int(usage.get("output_tokens", 0)),
+            ),
+            finish_reason=str(data.get("finish_reason", "stop")),
+            model=str(data.get("model", "")),
+        )
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries on 429 and 5xx. ``Retry-After`` from the server wins over the backoff."""
+
+    max_attempts: int = 4
+    initial_backoff: float = 0.5
+    max_backoff: float = 20.0
+    multiplier: float = 2.0
+
+    def backoff(self, attempt: int) -> float:
+        return float(min(self.max_backoff, self.initial_backoff * self.multiplier**attempt))
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """What the engine needs of a provider. ``on_delta`` receives text deltas as they
+    stream in; only the returned final response is recorded."""
+
+    name: str
+
+    async def complete(
+        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
+    ) -> ModelResponse: ...
