@@ -1,3 +1,63 @@
-"""Toren: a durable runtime for LLM agents."""
+"""Toren: a durable runtime for LLM agents.
+
+Agent runs survive crashes, restarts and deploys: they resume under the code now deployed,
+replay finished steps from their event log without paying for them again, and re-run only
+what the new code genuinely changes.
+"""
+
+from toren.config import Settings
+from toren.core.clock import ManualClock, SystemClock
+from toren.core.context import Context, RunUsage
+from toren.core.live import LiveHub
+from toren.core.program import AgentProgram, Limits, Registry, ToolDef, tool
+from toren.core.runs import start_run, wait_for_run
+from toren.core.tick import TickDeps, TickResult, tick
+from toren.core.worker import LocalWorkerRuntime
+from toren.errors import (
+    AgentConfigError,
+    AgentNotFound,
+    InvalidInput,
+    LimitExceeded,
+    ModelCallFailed,
+    RunCancelledSignal,
+    RunNotFound,
+    StepFailed,
+    ToolFailed,
+    TorenError,
+)
+from toren.store import connect, open_store
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AgentConfigError",
+    "AgentNotFound",
+    "AgentProgram",
+    "Context",
+    "InvalidInput",
+    "Limits",
+    "LimitExceeded",
+    "LiveHub",
+    "LocalWorkerRuntime",
+    "ManualClock",
+    "ModelCallFailed",
+    "Registry",
+    "RunCancelledSignal",
+    "RunNotFound",
+    "RunUsage",
+    "Settings",
+    "StepFailed",
+    "SystemClock",
+    "TickDeps",
+    "TickResult",
+    "ToolDef",
+    "ToolFailed",
+    "TorenError",
+    "__version__",
+    "connect",
+    "open_store",
+    "start_run",
+    "tick",
+    "tool",
+    "wait_for_run",
+]

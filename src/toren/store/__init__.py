@@ -1,0 +1,44 @@
+"""Storage: SQLite (embedded default) and PostgreSQL behind one interface, by URL."""
+
+from __future__ import annotations
+
+from toren.errors import StorageError
+from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo
+
+DEFAULT_URL = "sqlite:///.toren/toren.db"
+
+
+def open_store(url: str) -> Store:
+    """The store for ``url`` (``sqlite:///path`` or ``postgresql://...``), not yet migrated."""
+    if url.startswith("sqlite:"):
+        from toren.store.sqlite import SQLiteStore
+
+        return SQLiteStore(url)
+    if url.startswith(("postgresql://", "postgres://")):
+        from toren.store.postgres import PostgresStore
+
+        return PostgresStore(url)
+    raise StorageError(
+        f"unsupported database URL {url.split('@')[-1]!r}; expected sqlite:///path.db "
+        "or postgresql://user@host/db"
+    )
+
+
+async def connect(url: str) -> Store:
+    """Open and migrate: every start applies the schema (there is no migration step)."""
+    store = open_store(url)
+    await store.migrate()
+    return store
+
+
+__all__ = [
+    "DEFAULT_URL",
+    "Lease",
+    "Release",
+    "RunDelta",
+    "RunRecord",
+    "Store",
+    "WorkerInfo",
+    "connect",
+    "open_store",
+]

@@ -1,0 +1,69 @@
+"""Runtime settings: one typed record, every key documented and defaulted.
+
+Nothing here reads the environment at import time. ``Settings.from_env()`` reads it when a
+program (the CLI, a worker) asks, so two runtimes with different settings can live in one
+process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+from toren.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    ttl: float = 30.0  # seconds a claim stays valid without a heartbeat
+    heartbeat: float = 5.0  # seconds between lease renewals (and cancel checks)
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = "sqlite:///.toren/toren.db"
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    concurrency: int = 100  # runs one worker executes at once
+    drain_window: float = 30.0  # seconds a stopping worker lets running steps finish
+    poll_interval: float = 0.25  # idle claim polling (SQLite; Postgres also LISTENs)
+    worker_ttl: float = 30.0  # a worker silent this long is not live (storm guard)
+    inline_wait: float = 2.0  # sleeps/timeouts this short wait in-process, not parked
+    code_version: str | None = None  # overrides the agent directory hash
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Settings from ``TOREN_*`` variables (each mirrored by a CLI flag)."""
+        env = os.environ if env is None else env
+        base = cls()
+        changes: dict[str, object] = {}
+        floats = {f.name for f in fields(cls) if f.type in ("float", float)}
+        for f in fields(cls):
+            raw = env.get(f"TOREN_{f.name.upper()}")
+            if raw is None or f.name == "lease":
+                continue
+            try:
+                if f.name == "concurrency":
+                    changes[f.name] = int(raw)
+                elif f.name in floats:
+                    changes[f.name] = float(raw)
+                else:
+                    changes[f.name] = raw
+            except ValueError:
+                raise InvalidInput(
+                    f"environment variable TOREN_{f.name.upper()}={raw!r} is not a number"
+                ) from None
+        lease = base.lease
+        for key in ("ttl", "heartbeat"):
+            raw = env.get(f"TOREN_LEASE_{key.upper()}")
+            if raw is not None:
+                try:
+                    lease = replace(lease, **{key: float(raw)})
+                except ValueError:
+                    raise InvalidInput(
+                        f"environment variable TOREN_LEASE_{key.upper()}={raw!r} is not a number"
+                    ) from None
+        return replace(base, lease=lease, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,146 @@
+"""The context API: what agent code is written against.
+
+Every ``ctx.<effect>(...)`` is one durable step. Its position in the stream is taken when it
+is *called* (these are plain methods returning awaitables), so steps started together with
+``asyncio.gather`` get the same positions on every replay, whatever order they finish in.
+The replay decision is taken at call time as well; only the live execution is awaited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from toren.core.digest import model_digest, request_digest
+from toren.errors import InvalidInput
+from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec
+
+if TYPE_CHECKING:
+    from toren.core.program import AgentProgram
+    from toren.core.tick import TickRunner
+
+
+@dataclass(frozen=True)
+class RunUsage:
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    steps: int
+
+
+class Context:
+    """One stream of a run. The root stream is named after the run's process; a child
+    spawned at position ``k`` of stream ``s`` runs in stream ``f"{s}/{k}"``."""
+
+    def __init__(
+        self, runner: TickRunner, stream: str, program: AgentProgram, input: Any
+    ) -> None:
+        self._runner = runner
+        self._next = 0
+        self.stream = stream
+        self.program = program
+        self.input = input
+
+    @property
+    def run_id(self) -> str:
+        return self._runner.run_id
+
+    @property
+    def agent(self) -> str:
+        return self.program.agent
+
+    @property
+    def process(self) -> str:
+        return self.program.process
+
+    @property
+    def usage(self) -> RunUsage:
+        return self._runner.usage()
+
+    def _position(self) -> int:
+        pos = self._next
+        self._next += 1
+        return pos
+
+    @property
+    def positions_taken(self) -> int:
+        return self._next
+
+    # -- effects -------------------------------------------------------------------------
+
+    def model(
+        self,
+        model: str,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[ToolSpec | Mapping[str, Any]] = (),
+        on_delta: DeltaCallback | None = None,
+        **params: Any,
+    ) -> Awaitable[ModelResponse]:
+        """Call a model, ``"provider:model"`` (``"openai:gpt-4o-mini"``,
+        ``"scripted:script.yaml"``). Raises ``ModelCallFailed`` after retries."""
+        provider, sep, name = model.partition(":")
+        if not sep or not provider or not name:
+            raise InvalidInput(
+                f"model {model!r} is not of the form 'provider:model' "
+                "(e.g. 'openai:gpt-4o-mini' or 'scripted:script.yaml')"
+            )
+        specs = tuple(t if isinstance(t, ToolSpec) else _tool_spec(t) for t in tools)
+        request = ModelRequest(provider, name, tuple(messages), specs, dict(params))
+        pos = self._position()
+        digest = model_digest(request, self._runner.hashes)
+        return self._runner.model_step(self, pos, digest, request, on_delta)
+
+    def tool(self, name: str, args: Mapping[str, Any] | None = None) -> Awaitable[Any]:
+        """Run a tool of this agent. Raises ``ToolFailed`` if the tool raised."""
+        args = dict(args or {})
+        pos = self._position()
+        digest = request_digest("tool", {"name": name, "args": args})
+        return self._runner.tool_step(self, pos, digest, name, args)
+
+    def now(self) -> Awaitable[float]:
+        """The current time (epoch seconds), recorded: replay returns the same instant."""
+        return self._value("now")
+
+    def random(self) -> Awaitable[float]:
+        return self._value("random")
+
+    def uuid(self) -> Awaitable[str]:
+        return self._value("uuid")
+
+    def _value(self, what: str) -> Awaitable[Any]:
+        pos = self._position()
+        digest = request_digest("value", {"what": what})
+        return self._runner.value_step(self, pos, digest, what)
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        """A durable timer: survives restarts; long sleeps park the run (status waiting)."""
+        if not isinstance(seconds, (int, float)) or seconds < 0:
+            raise InvalidInput(f"sleep seconds must be a non-negative number, got {seconds!r}")
+        pos = self._position()
+        digest = request_digest("sleep", {"seconds": seconds})
+        return self._runner.sleep_step(self, pos, digest, float(seconds))
+
+    def wait_for_message(self, name: str, timeout: float | None = None) -> Awaitable[Any]:
+        """Wait for a message named ``name`` sent to this run; None after ``timeout``."""
+        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+            raise InvalidInput(f"timeout must be a non-negative number, got {timeout!r}")
+        pos = self._position()
+        digest = request_digest("message", {"name": name, "timeout": timeout})
+        return self._runner.message_step(self, pos, digest, name, timeout)
+
+    def spawn(self, process: str, input: Any = None) -> Awaitable[Any]:
+        """Run another process of this agent as a child stream and return its output."""
+        pos = self._position()
+        digest = request_digest("child", {"process": process, "input": input})
+        return self._runner.child_step(self, pos, digest, process, input)
+
+
+def _tool_spec(data: Mapping[str, Any]) -> ToolSpec:
+    return ToolSpec(
+        name=str(data["name"]),
+        description=str(data.get("description", "")),
+        parameters=dict(data.get("parameters") or {"type": "object", "properties": {}}),
+    )

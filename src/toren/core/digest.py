@@ -1,0 +1,175 @@
+"""Canonical request digests.
+
+A digest is ``sha256`` over a canonical byte form of a step's exact request. Replay
+compares the digest of the request the code makes now with the one recorded; a mismatch
+invalidates the stream from that step.
+
+BYTE STABILITY IS BILLING-CRITICAL. The canonical form below, the version prefixes and the
+set of fields that enter each digest are frozen for the whole 0.x line and pinned by the
+golden vectors in ``tests/core/test_digest_golden.py``. Changing any of them silently
+invalidates every in-flight run's replay and re-bills users: that is a breaking change and
+ships only in a major.
+
+Canonical JSON (``canonical_json``):
+  * keys sorted by code point, separators ``,`` and ``:`` with no whitespace, UTF-8 with
+    non-ASCII characters written as themselves (no ``\\uXXXX`` escapes);
+  * ``true``/``false``/``null``; integers in plain decimal; floats in Python's shortest
+    round-trip ``repr`` (``0.1``, ``1.0``, ``1e+100``); NaN and infinities are refused;
+  * tuples are lists; mapping keys must be strings; any other type is refused.
+
+Conversations grow: the 200th model call of a run re-sends 199 earlier messages. So each
+message is hashed on its own (``message_hash``) and the request digest covers the ordered
+list of message hashes. A :class:`HashCache` remembers the hash of a message object it has
+seen unchanged, so a step costs time in proportion to its new content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from toren.errors import InvalidInput
+from toren.providers.base import TRANSPORT_PARAMS, ModelRequest, ToolSpec
+
+DIGEST_VERSION = 1
+_REQUEST_PREFIX = b"toren.request.v1\n"
+_MESSAGE_PREFIX = b"toren.message.v1\n"
+_TOOL_PREFIX = b"toren.tool.v1\n"
+
+_encoder = json.JSONEncoder(
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+)
+
+
+def _check(value: Any, path: str) -> None:
+    """Refuse values whose JSON form is not canonical (sets, bytes, NaN, non-str keys)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInput(f"cannot digest non-finite number {value!r} at {path}")
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidInput(f"cannot digest non-string key {key!r} at {path}")
+            _check(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]")
+        return
+    raise InvalidInput(
+        f"cannot digest a value of type {type(value).__name__} at {path}; "
+        "step requests must be JSON data (str, int, float, bool, None, lists, dicts)"
+    )
+
+
+def canonical_json(value: Any) -> bytes:
+    """The canonical byte form of a JSON value (see the module docstring)."""
+    _check(value, "$")
+    return _encoder.encode(_plain(value)).encode("utf-8")
+
+
+def _plain(value: Any) -> Any:
+    # json's encoder only knows dict/list; turn other Mappings and tuples into those.
+    if isinstance(value, Mapping) and not isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _sha(prefix: bytes, body: bytes) -> str:
+    return hashlib.sha256(prefix + body).hexdigest()
+
+
+def message_hash(message: Mapping[str, Any]) -> str:
+    """The content address of one message; also its key in the ``blobs`` table."""
+    return _sha(_MESSAGE_PREFIX, canonical_json(message))
+
+
+def tool_spec_hash(spec: ToolSpec | Mapping[str, Any]) -> str:
+    data = spec.to_dict() if isinstance(spec, ToolSpec) else spec
+    return _sha(_TOOL_PREFIX, canonical_json(data))
+
+
+def semantic_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Request parameters that change what is asked; transport settings are dropped."""
+    return {k: v for k, v in params.items() if k not in TRANSPORT_PARAMS}
+
+
+def request_digest(kind: str, body: Mapping[str, Any]) -> str:
+    """Digest of a step request: its kind plus a JSON body of the step's exact inputs."""
+    return _sha(_REQUEST_PREFIX, canonical_json({"kind": kind, "body": body}))
+
+
+def model_request_body(
+    request: ModelRequest, message_hashes: Sequence[str], tool_hashes: Sequence[str]
+) -> dict[str, Any]:
+    return {
+        "provider": request.provider,
+        "model": request.model,
+        "messages": list(message_hashes),
+        "tools": list(tool_hashes),
+        "params": semantic_params(request.params),
+    }
+
+
+def model_digest(request: ModelRequest, cache: HashCache | None = None) -> str:
+    """Digest of a model call. Only provider, model, messages, tools and semantic params
+    enter it: API keys, headers, timeouts and retry settings never do."""
+    cache = cache or HashCache()
+    msgs = [cache.message(m) for m in request.messages]
+    tools = [cache.tool(t) for t in request.tools]
+    return request_digest("model", model_request_body(request, msgs, tools))
+
+
+class HashCache:
+    """Remembers the hash of message and tool objects seen before, unchanged.
+
+    Agents append to one list of message dicts and re-send it on every call. Re-encoding
+    the whole history each time would make step cost grow with the conversation. An entry
+    is keyed by object identity and holds a *shape*: the object's nested values themselves
+    (strong references, so no id can be recycled) with their types. Comparing shapes is
+    mostly identity checks, far cheaper than encoding and hashing the bytes, and a message
+    mutated in place can never be served a stale hash.
+    """
+
+    __slots__ = ("_entries",)
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[Any, Any, str]] = {}
+
+    def message(self, message: Mapping[str, Any]) -> str:
+        return self._lookup(message, message_hash)
+
+    def tool(self, spec: ToolSpec | Mapping[str, Any]) -> str:
+        return self._lookup(spec, tool_spec_hash)
+
+    def _lookup(self, obj: Any, compute: Any) -> str:
+        entry = self._entries.get(id(obj))
+        shape = _shape(obj)
+        if entry is not None and entry[0] is obj and entry[1] == shape:
+            return entry[2]
+        digest: str = compute(obj)
+        if len(self._entries) > 100_000:
+            self._entries.clear()
+        self._entries[id(obj)] = (obj, shape, digest)
+        return digest
+
+
+def _shape(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return tuple((k, _shape(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (list, *(_shape(v) for v in obj))
+    if isinstance(obj, ToolSpec):
+        return (obj.name, obj.description, _shape(obj.parameters))
+    # The type keeps 1, 1.0 and True apart: equal in Python, different in JSON.
+    return (type(obj), obj)

@@ -1,0 +1,267 @@
+"""The event log, format v1.
+
+Every row of the ``events`` table is one :class:`Event`: an envelope (run, stream,
+position, physical sequence, digest, code version, worker, time, format version) around a
+JSON payload whose shape depends on ``type``. The log is append-only: nothing in it is
+ever updated or deleted. ``docs/event-log.md`` documents the format for other readers.
+
+Forward compatibility: readers ignore payload fields they do not know and keep events of
+types they do not know as :class:`UnknownEvent` (skipped by the fold). A newer minor may
+add fields and types; it may not change the meaning of an existing one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from toren.errors import CorruptEventLog
+
+FORMAT_VERSION = 1
+ROOT = ""  # the stream of run-level events (RunStarted, RunWaiting, RunCompleted, ...)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """Base of typed payloads. ``TYPE`` is the event's type name in the log."""
+
+    TYPE: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Payload:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
+class RunStarted(Payload):
+    TYPE: ClassVar[str] = "RunStarted"
+    agent: str = ""
+    process: str = "main"
+    input: Any = None
+
+
+@dataclass(frozen=True)
+class ModelCallRecorded(Payload):
+    """A finished model call. ``messages`` and ``tools`` are content addresses in the
+    ``blobs`` table; the response is stored inline. Exactly one of response/error is set."""
+
+    TYPE: ClassVar[str] = "ModelCallRecorded"
+    provider: str = ""
+    model: str = ""
+    messages: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    response: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: str = "0"
+    latency_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class ToolCallRecorded(Payload):
+    TYPE: ClassVar[str] = "ToolCallRecorded"
+    name: str = ""
+    args: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    error: dict[str, Any] | None = None
+    latency_ms: float = 0.0
+    reused_from_seq: int | None = None  # set when a superseded identical call was reused
+
+
+@dataclass(frozen=True)
+class ValueRecorded(Payload):
+    TYPE: ClassVar[str] = "ValueRecorded"
+    what: str = ""  # "now" | "random" | "uuid"
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class TimerScheduled(Payload):
+    TYPE: ClassVar[str] = "TimerScheduled"
+    fire_at: float = 0.0
+    seconds: float = 0.0
+    purpose: str = "sleep"  # "sleep" | "message" (the timeout of a wait_for_message)
+
+
+@dataclass(frozen=True)
+class TimerFired(Payload):
+    TYPE: ClassVar[str] = "TimerFired"
+    fired_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class MessageReceived(Payload):
+    TYPE: ClassVar[str] = "MessageReceived"
+    name: str = ""
+    payload: Any = None
+    inbox_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ChildStarted(Payload):
+    TYPE: ClassVar[str] = "ChildStarted"
+    process: str = ""
+    input: Any = None
+    child_stream: str = ""
+
+
+@dataclass(frozen=True)
+class ChildCompleted(Payload):
+    TYPE: ClassVar[str] = "ChildCompleted"
+    output: Any = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class StreamInvalidated(Payload):
+    """The stream's view is truncated at ``from_pos``: steps from there on are superseded
+    (kept in the log, no longer replayed). ``actual_digest`` is None when the new code
+    ended the stream before ``from_pos``."""
+
+    TYPE: ClassVar[str] = "StreamInvalidated"
+    from_pos: int = 0
+    expected_digest: str | None = None
+    actual_digest: str | None = None
+    expected_kind: str | None = None
+    actual_kind: str | None = None
+    code_version: str = ""
+    cause: str = "digest_mismatch"  # | "kind_mismatch" | "stream_ended" | "parent_invalidated"
+
+
+@dataclass(frozen=True)
+class RunWaiting(Payload):
+    TYPE: ClassVar[str] = "RunWaiting"
+    not_before: float | None = None
+    messages: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunCompleted(Payload):
+    TYPE: ClassVar[str] = "RunCompleted"
+    output: Any = None
+
+
+@dataclass(frozen=True)
+class RunFailed(Payload):
+    TYPE: ClassVar[str] = "RunFailed"
+    error: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunCancelled(Payload):
+    TYPE: ClassVar[str] = "RunCancelled"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class UnknownEvent(Payload):
+    """An event of a type this release does not know. Kept, never interpreted."""
+
+    TYPE: ClassVar[str] = "?"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+EVENT_TYPES: dict[str, type[Payload]] = {
+    cls.TYPE: cls
+    for cls in (
+        RunStarted,
+        ModelCallRecorded,
+        ToolCallRecorded,
+        ValueRecorded,
+        TimerScheduled,
+        TimerFired,
+        MessageReceived,
+        ChildStarted,
+        ChildCompleted,
+        StreamInvalidated,
+        RunWaiting,
+        RunCompleted,
+        RunFailed,
+        RunCancelled,
+    )
+}
+TERMINAL_TYPES = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of the log. ``seq`` is the physical sequence (0 until stored)."""
+
+    run_id: str
+    type: str
+    payload: Payload
+    stream: str = ROOT
+    position: int | None = None
+    generation: int = 0
+    slot: str | None = None
+    digest: str | None = None
+    code_version: str = ""
+    worker_id: str = ""
+    created_at: float = 0.0
+    format_version: int = FORMAT_VERSION
+    seq: int = 0
+
+    def payload_json(self) -> str:
+        data = self.payload.raw if isinstance(self.payload, UnknownEvent) else self.payload.to_dict()
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The public JSON shape of an event (HTTP API, ``toren runs events --json``)."""
+        return {
+            "seq": self.seq,
+            "run_id": self.run_id,
+            "type": self.type,
+            "stream": self.stream,
+            "position": self.position,
+            "generation": self.generation,
+            "digest": self.digest,
+            "code_version": self.code_version,
+            "worker_id": self.worker_id,
+            "created_at": self.created_at,
+            "format_version": self.format_version,
+            "payload": json.loads(self.payload_json()),
+        }
+
+
+def make_event(run_id: str, payload: Payload, **envelope: Any) -> Event:
+    return Event(run_id=run_id, type=payload.TYPE, payload=payload, **envelope)
+
+
+def parse_payload(event_type: str, text: str, *, run_id: str, seq: int) -> Payload:
+    """Parse a stored payload. Unknown fields and types are tolerated; unreadable data is
+    a :class:`CorruptEventLog` naming the run and the event, never silently skipped."""
+    try:
+        data = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise CorruptEventLog(
+            f"event seq={seq} of run {run_id!r} ({event_type}) has a payload that is not "
+            f"valid JSON ({exc}); the run cannot be replayed until the row is repaired",
+            run_id=run_id,
+            seq=seq,
+        ) from None
+    if not isinstance(data, dict):
+        raise CorruptEventLog(
+            f"event seq={seq} of run {run_id!r} ({event_type}) has a payload of type "
+            f"{type(data).__name__}; expected a JSON object",
+            run_id=run_id,
+            seq=seq,
+        )
+    cls = EVENT_TYPES.get(event_type)
+    if cls is None:
+        return UnknownEvent(raw=data)
+    try:
+        return cls.from_dict(data)
+    except (TypeError, ValueError) as exc:  # pragma: no cover - from_dict is lenient
+        raise CorruptEventLog(
+            f"event seq={seq} of run {run_id!r} ({event_type}) cannot be read: {exc}",
+            run_id=run_id,
+            seq=seq,
+        ) from None

@@ -1,0 +1,231 @@
+"""The replay engine's pure core: folding a run's log into stream views, and deciding what
+a step request does. No I/O happens here (compare Temporal's workflow activation): the
+tick (``toren.core.tick``) feeds events in and carries the decisions out.
+
+A stream's *view* is the fold of its events in order, where ``StreamInvalidated``
+truncates the view at ``from_pos``. The log stays append-only; the truncated steps move to
+the stream's *superseded* list, from which identical tool calls may be reused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from toren.core.events import (
+    ROOT,
+    TERMINAL_TYPES,
+    ChildStarted,
+    Event,
+    RunStarted,
+    StreamInvalidated,
+    TimerScheduled,
+    ToolCallRecorded,
+)
+
+# The step kind each event type belongs to. Kinds are part of the digest too; the kind
+# check catches a step replaced by a different kind of step at the same position.
+STEP_KIND = {
+    "ModelCallRecorded": "model",
+    "ToolCallRecorded": "tool",
+    "ValueRecorded": "value",
+    "ChildStarted": "child",
+    "ChildCompleted": "child",
+    "MessageReceived": "message",
+    "TimerFired": None,  # completion of a sleep or a message wait: kind from its start
+}
+
+
+_ONE_PHASE = frozenset(
+    {"ModelCallRecorded", "ToolCallRecorded", "ValueRecorded", "MessageReceived"}
+)
+
+
+def step_slot(stream: str, generation: int, position: int, done: bool = False) -> str:
+    """The unique key of a step event: a second writer of the same slot is a conflict."""
+    return f"{stream}#{generation}:{position}" + (":done" if done else "")
+
+
+def invalidation_slot(stream: str, generation: int) -> str:
+    return f"{stream}#{generation}:inv"
+
+
+@dataclass
+class Step:
+    """A recorded step: its first event and, for two-phase steps (timers, message waits,
+    children), its completion event."""
+
+    position: int
+    kind: str
+    digest: str
+    first: Event
+    done: Event | None = None
+
+    @property
+    def complete(self) -> bool:
+        """One-phase steps are complete when recorded; a timer, a message wait with a
+        timeout or a child needs its completion event too."""
+        return self.done is not None or self.first.type in _ONE_PHASE
+
+    @property
+    def code_version(self) -> str:
+        return (self.done or self.first).code_version
+
+
+@dataclass
+class StreamView:
+    name: str
+    generation: int = 0
+    steps: dict[int, Step] = field(default_factory=dict)
+    superseded: list[Step] = field(default_factory=list)
+    invalidations: int = 0
+
+    def apply(self, event: Event) -> None:
+        if event.type == "StreamInvalidated":
+            payload = event.payload
+            assert isinstance(payload, StreamInvalidated)
+            self.truncate(payload.from_pos)
+            self.invalidations += 1
+            return
+        pos = event.position
+        if pos is None or event.digest is None:
+            return
+        step = self.steps.get(pos)
+        if step is None or step.digest != event.digest:
+            self.steps[pos] = Step(pos, _kind_of(event), event.digest, event)
+        else:
+            step.done = event
+
+    def truncate(self, from_pos: int) -> list[Step]:
+        """Drop steps at positions >= from_pos from the view (they stay in the log)."""
+        removed = [self.steps.pop(p) for p in sorted(p for p in self.steps if p >= from_pos)]
+        self.superseded.extend(removed)
+        self.generation += 1
+        return removed
+
+    @property
+    def length(self) -> int:
+        return max(self.steps) + 1 if self.steps else 0
+
+
+def _kind_of(event: Event) -> str:
+    if event.type == "TimerScheduled":
+        payload = event.payload
+        assert isinstance(payload, TimerScheduled)
+        return "sleep" if payload.purpose == "sleep" else "message"
+    return STEP_KIND.get(event.type) or "unknown"
+
+
+@dataclass
+class RunLog:
+    """The fold of a whole run's events."""
+
+    run_id: str
+    streams: dict[str, StreamView] = field(default_factory=dict)
+    started: RunStarted | None = None
+    terminal: Event | None = None
+    reused_seqs: set[int] = field(default_factory=set)
+    last_seq: int = 0
+
+    def stream(self, name: str) -> StreamView:
+        view = self.streams.get(name)
+        if view is None:
+            view = self.streams[name] = StreamView(name)
+        return view
+
+    def apply(self, event: Event) -> None:
+        self.last_seq = max(self.last_seq, event.seq)
+        if event.stream == ROOT:
+            if isinstance(event.payload, RunStarted):
+                self.started = event.payload
+            elif event.type in TERMINAL_TYPES:
+                self.terminal = event
+            return
+        if isinstance(event.payload, ToolCallRecorded) and event.payload.reused_from_seq:
+            self.reused_seqs.add(event.payload.reused_from_seq)
+        self.stream(event.stream).apply(event)
+
+    @classmethod
+    def fold(cls, run_id: str, events: Iterable[Event]) -> RunLog:
+        log = cls(run_id)
+        for event in events:
+            log.apply(event)
+        return log
+
+
+# -- decisions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    step: Step
+
+
+@dataclass(frozen=True)
+class Live:
+    pass
+
+
+@dataclass(frozen=True)
+class Invalidate:
+    """Truncate ``stream`` at ``from_pos`` and run live from there. ``children`` are the
+    child streams started in the superseded suffix, invalidated with it (from 0)."""
+
+    stream: str
+    from_pos: int
+    expected: Step
+    actual_kind: str
+    actual_digest: str
+
+
+Decision = Replay | Live | Invalidate
+
+
+def decide(view: StreamView, position: int, kind: str, digest: str) -> Decision:
+    """What a step request at ``position`` does, given the stream's current view."""
+    step = view.steps.get(position)
+    if step is None:
+        return Live()
+    if step.kind == kind and step.digest == digest:
+        return Replay(step)
+    return Invalidate(view.name, position, step, kind, digest)
+
+
+def children_started_in(steps: Iterable[Step]) -> list[str]:
+    """The child streams started by these steps (to be invalidated with their parent)."""
+    names = []
+    for step in steps:
+        if isinstance(step.first.payload, ChildStarted):
+            names.append(step.first.payload.child_stream)
+    return names
+
+
+def descendants(log: RunLog, streams: Iterable[str]) -> list[str]:
+    """The given streams and, recursively, every child stream they started in their view."""
+    out: list[str] = []
+    todo = list(streams)
+    while todo:
+        name = todo.pop(0)
+        if name in out:
+            continue
+        out.append(name)
+        view = log.streams.get(name)
+        if view is not None:
+            todo.extend(children_started_in(view.steps.values()))
+    return out
+
+
+def reusable_tool(log: RunLog, view: StreamView, digest: str) -> Step | None:
+    """After an invalidation, the n-th new call of an identical tool request reuses the
+    n-th superseded one: a prompt edit must never re-send the email. Failed calls are not
+    reused (re-trying them is what the user would expect)."""
+    for step in view.superseded:
+        if step.kind != "tool" or step.digest != digest:
+            continue
+        payload = step.first.payload
+        if not isinstance(payload, ToolCallRecorded) or payload.error is not None:
+            continue
+        if step.first.seq in log.reused_seqs:
+            continue
+        return step
+    return None

@@ -1,0 +1,86 @@
+"""Starting runs and waiting for them: the host API's entry points."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from toren.core.clock import Clock, SystemClock
+from toren.core.events import RunStarted, make_event
+from toren.core.program import AgentResolver
+from toren.errors import InvalidInput, RunNotFound
+from toren.store.base import NewRun, RunRecord, Store
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def new_run_id(now: float) -> str:
+    """Time-ordered ids (``run_`` + 12 hex ms + 10 hex random): listing by id is listing by
+    creation, which makes cursor pagination a plain ``id < cursor``."""
+    return f"run_{int(now * 1000):012x}{os.urandom(5).hex()}"
+
+
+def _check_input(input: Any) -> Any:
+    try:
+        return json.loads(json.dumps(input, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(
+            f"run input must be JSON data (objects, arrays, strings, numbers, booleans, null); "
+            f"got a value that is not: {exc}"
+        ) from None
+
+
+async def start_run(
+    store: Store,
+    agents: AgentResolver,
+    agent: str,
+    input: Any = None,
+    *,
+    process: str = "main",
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+) -> RunRecord:
+    """Create a run (queued) and wake the workers. The same ``idempotency_key`` returns the
+    same run; reusing it with another agent, process or input is an error."""
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
+    ):
+        raise InvalidInput(
+            f"idempotency key must be a non-empty string of at most {MAX_IDEMPOTENCY_KEY} "
+            f"characters, got {idempotency_key!r}"
+        )
+    agents.resolve(agent, process)  # raises AgentNotFound with the known names
+    input = _check_input(input)
+    now = (clock or SystemClock()).now()
+    run_id = new_run_id(now)
+    started = make_event(
+        run_id,
+        RunStarted(agent=agent, process=process, input=input),
+        slot="run:start",
+        created_at=now,
+    )
+    run, _ = await store.create_run(
+        NewRun(run_id, agent, process, input, idempotency_key, now, started)
+    )
+    return run
+
+
+async def wait_for_run(
+    store: Store, run_id: str, *, timeout: float = 60.0, until: tuple[str, ...] = ()
+) -> RunRecord:
+    """Poll until the run is terminal (or in one of ``until``); TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        run = await store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        if run.terminal or run.status in until:
+            return run
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.1)

@@ -1,0 +1,237 @@
+"""``LocalWorkerRuntime``: a worker you start inside your own process.
+
+It registers itself (id, code version, start time), claims runnable runs with a lease,
+runs many ticks concurrently on one event loop, renews its leases and checks for
+cancellation on every heartbeat, wakes promptly on new work (Postgres LISTEN/NOTIFY,
+in-process signals and short polling on SQLite) and drains on stop: no new claims, running
+ticks get up to the drain window to finish, then the rest give their runs back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
+from toren.store.base import Lease, WorkerInfo
+
+log = logging.getLogger("toren.worker")
+
+
+@dataclass
+class WorkerMetrics:
+    ticks: Counter[str] = field(default_factory=Counter)  # by result status
+    lease_recoveries: int = 0
+    backoffs: int = 0
+    invalidations: int = 0
+    steps_replayed: int = 0
+    steps_executed: int = 0
+
+
+class LocalWorkerRuntime:
+    def __init__(self, deps: TickDeps, *, concurrency: int | None = None) -> None:
+        self.deps = deps
+        self.settings = deps.settings
+        self.concurrency = concurrency or self.settings.concurrency
+        self.worker_id = (
+            deps.worker_id
+            if deps.worker_id != "local"
+            else f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+        )
+        self.deps.worker_id = self.worker_id
+        self.metrics = WorkerMetrics()
+        self.results: dict[str, TickResult] = {}
+        self._active: dict[str, tuple[TickRunner, asyncio.Task[None]]] = {}
+        self._stopping = asyncio.Event()
+        self._capacity = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self.started_at: float | None = None
+
+    @property
+    def code_version(self) -> str:
+        if self.deps.code_version:
+            return self.deps.code_version
+        versions = set()
+        for name in self.deps.agents.names():
+            for process in _processes(self.deps.agents, name):
+                versions.add(self.deps.agents.resolve(name, process).code_version)
+        return " ".join(sorted(versions)) or "dev"
+
+    async def start(self) -> None:
+        now = self.deps.clock.now()
+        self.started_at = now
+        self.deps.worker_started_at = now
+        await self.deps.store.register_worker(
+            WorkerInfo(
+                self.worker_id,
+                self.code_version,
+                now,
+                now,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+            )
+        )
+        log.info("worker %s started (code version %s)", self.worker_id, self.code_version)
+        self._loops = [
+            asyncio.ensure_future(self._claim_loop()),
+            asyncio.ensure_future(self._heartbeat_loop()),
+        ]
+
+    async def __aenter__(self) -> LocalWorkerRuntime:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT start a drain (the process exits when ``stop`` returns)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+
+    async def wait_stopped(self) -> None:
+        await self._stopping.wait()
+        for task in self._loops:
+            with contextlib.suppress(BaseException):
+                await task
+
+    # -- claiming -------------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        store, clock = self.deps.store, self.deps.clock
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._active)
+            leases: list[Lease] = []
+            if free > 0:
+                try:
+                    leases = await store.claim(
+                        self.worker_id, free, now=clock.now(), ttl=self.settings.lease.ttl
+                    )
+                except Exception:
+                    log.exception("worker %s: claim failed; retrying", self.worker_id)
+                    await asyncio.sleep(self.settings.poll_interval)
+                    continue
+            for lease in leases:
+                self._launch(lease)
+            if len(leases) == free and free > 0:
+                continue  # there may be more work waiting
+            self._capacity.clear()
+            waits = [asyncio.ensure_future(store.wait_for_work(self.settings.poll_interval))]
+            if free <= 0:
+                waits.append(asyncio.ensure_future(self._capacity.wait()))
+            waits.append(asyncio.ensure_future(self._stopping.wait()))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
+
+    def _launch(self, lease: Lease) -> None:
+        if lease.recovered:
+            self.metrics.lease_recoveries += 1
+            log.info("worker %s recovered run %s from an expired lease", self.worker_id, lease.run_id)
+        runner = TickRunner(self.deps, lease)
+        task = asyncio.ensure_future(self._tick(runner))
+        self._active[lease.run_id] = (runner, task)
+
+    async def _tick(self, runner: TickRunner) -> None:
+        try:
+            result = await runner.run()
+            self.results[runner.run_id] = result
+            self.metrics.ticks[result.status] += 1
+            self.metrics.invalidations += result.invalidations
+            self.metrics.steps_replayed += result.replayed
+            self.metrics.steps_executed += result.executed
+            if result.status == "backed_off":
+                self.metrics.backoffs += 1
+        except Exception:
+            self.metrics.ticks["error"] += 1
+            log.exception("worker %s: tick of run %s failed", self.worker_id, runner.run_id)
+        finally:
+            self._active.pop(runner.run_id, None)
+            self._capacity.set()
+
+    # -- heartbeats -----------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.settings.lease.heartbeat)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.heartbeat()
+            except Exception:
+                log.exception("worker %s: heartbeat failed", self.worker_id)
+
+    async def heartbeat(self) -> None:
+        now = self.deps.clock.now()
+        store = self.deps.store
+        await store.heartbeat_worker(self.worker_id, now=now, draining=False)
+        held, cancels = await store.renew(
+            self.worker_id, list(self._active), expires_at=now + self.settings.lease.ttl
+        )
+        for run_id in cancels:
+            entry = self._active.get(run_id)
+            if entry is not None:
+                entry[0].cancel()
+
+    def cancel_local(self, run_id: str) -> bool:
+        """Cancel a run this worker is executing right now (the API calls this in-process
+        so cancellation does not wait for the next heartbeat)."""
+        entry = self._active.get(run_id)
+        if entry is None:
+            return False
+        entry[0].cancel()
+        return True
+
+    def live_versions(self, workers: list[WorkerInfo]) -> dict[str, float]:
+        return newest_start_by_version(workers)
+
+    # -- stopping -------------------------------------------------------------------------
+
+    async def stop(self, drain_window: float | None = None) -> None:
+        """Drain: stop claiming, give running ticks up to the drain window, then make the
+        rest release their runs (their in-flight steps will run again elsewhere)."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        window = self.settings.drain_window if drain_window is None else drain_window
+        store, clock = self.deps.store, self.deps.clock
+        with contextlib.suppress(Exception):
+            await store.heartbeat_worker(self.worker_id, now=clock.now(), draining=True)
+        tasks = [task for _, task in self._active.values()]
+        if tasks:
+            log.info("worker %s draining %d runs (window %.1fs)", self.worker_id, len(tasks), window)
+            await asyncio.wait(tasks, timeout=window)
+        for runner, _ in list(self._active.values()):
+            runner.drain()
+        rest = [task for _, task in self._active.values()]
+        if rest:
+            await asyncio.wait(rest)
+        for task in self._loops:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        # A stopped worker is no longer live: it must not win the storm guard.
+        with contextlib.suppress(Exception):
+            await store.heartbeat_worker(self.worker_id, now=0.0, draining=True)
+        log.info("worker %s stopped", self.worker_id)
+
+    @property
+    def active_runs(self) -> list[str]:
+        return list(self._active)
+
+
+def _processes(agents: Any, name: str) -> tuple[str, ...]:
+    try:
+        program = agents.resolve(name, "main")
+    except Exception:
+        return ()
+    return tuple(program.processes) or ("main",)

@@ -1,0 +1,230 @@
+"""The storage interface: one Protocol, the records that cross it, and the backend chosen
+by URL. All SQL of a dialect lives in that dialect's module; shared statements (written
+with ``?`` placeholders, every column named) live in :mod:`toren.store.queries`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Protocol
+
+from toren.core.events import Event
+
+STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
+TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
+NANO = Decimal("1e9")
+
+
+def to_nano(usd: Decimal | float | str) -> int:
+    return int((Decimal(str(usd)) * NANO).to_integral_value())
+
+
+def from_nano(nano: int) -> Decimal:
+    return (Decimal(nano) / NANO).normalize() if nano else Decimal("0")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    agent: str
+    process: str
+    status: str
+    input: Any
+    output: Any = None
+    error: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    lease_owner: str | None = None
+    lease_epoch: int = 0
+    lease_expires_at: float | None = None
+    not_before: float | None = None
+    cancel_requested: bool = False
+    waiting_for: list[str] | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_nanousd: int = 0
+    saved_nanousd: int = 0
+    steps: int = 0
+    code_version: str | None = None
+    lease_recoveries: int = 0
+    invalidations: int = 0
+
+    @property
+    def cost_usd(self) -> Decimal:
+        return from_nano(self.cost_nanousd)
+
+    @property
+    def saved_usd(self) -> Decimal:
+        return from_nano(self.saved_nanousd)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        """The public JSON shape of a run (HTTP API, CLI ``--json``)."""
+        return {
+            "id": self.id,
+            "agent": self.agent,
+            "process": self.process,
+            "status": self.status,
+            "input": self.input,
+            "output": self.output,
+            "error": self.error,
+            "idempotency_key": self.idempotency_key,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "waiting_for": self.waiting_for,
+            "not_before": self.not_before,
+            "cancel_requested": self.cancel_requested,
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens,
+                "cost_usd": str(self.cost_usd),
+                "saved_by_replay_usd": str(self.saved_usd),
+                "steps": self.steps,
+            },
+            "code_version": self.code_version,
+            "lease_recoveries": self.lease_recoveries,
+            "invalidations": self.invalidations,
+        }
+
+
+@dataclass(frozen=True)
+class NewRun:
+    id: str
+    agent: str
+    process: str
+    input: Any
+    idempotency_key: str | None
+    created_at: float
+    started_event: Event
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on a run. ``epoch`` is a fencing token: every write checks it,
+    so a worker whose lease was taken over can never write again."""
+
+    run_id: str
+    worker_id: str
+    epoch: int
+    recovered: bool = False  # claimed from a dead worker's expired lease
+    previous_status: str = "queued"  # the run's status when claimed
+
+
+@dataclass(frozen=True)
+class RunDelta:
+    """What one append adds to the run row's totals."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_nanousd: int = 0
+    saved_nanousd: int = 0
+    steps: int = 0
+    invalidations: int = 0
+    code_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    """How a worker gives a run back: parked (waiting), backed off, or finished."""
+
+    status: str
+    not_before: float | None = None
+    waiting_for: list[str] | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    events: Sequence[Event] = ()
+    delta: RunDelta | None = None
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    code_version: str
+    started_at: float
+    heartbeat_at: float
+    draining: bool = False
+    hostname: str | None = None
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class InboxMessage:
+    id: int
+    run_id: str
+    name: str
+    payload: Any
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Appended:
+    events: list[Event] = field(default_factory=list)
+
+
+class Store(Protocol):
+    """What the engine, the API and the CLI need of a database."""
+
+    url: str
+
+    async def migrate(self) -> None: ...
+    async def close(self) -> None: ...
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]: ...
+    async def get_run(self, run_id: str) -> RunRecord | None: ...
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        process: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+    ) -> list[RunRecord]: ...
+    async def load_events(
+        self, run_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]: ...
+    async def get_blobs(self, hashes: Sequence[str]) -> dict[str, Any]: ...
+
+    async def append(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        *,
+        blobs: Mapping[str, str] | None = None,
+        delta: RunDelta | None = None,
+        consume_inbox: int | None = None,
+        now: float,
+    ) -> list[Event]: ...
+    async def claim(
+        self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
+    ) -> list[Lease]: ...
+    async def renew(
+        self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
+    ) -> tuple[set[str], set[str]]: ...
+    async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]: ...
+
+    async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int: ...
+    async def next_message(self, run_id: str, names: Sequence[str]) -> InboxMessage | None: ...
+    async def request_cancel(self, run_id: str, *, now: float) -> RunRecord: ...
+
+    async def register_worker(self, info: WorkerInfo) -> None: ...
+    async def heartbeat_worker(self, worker_id: str, *, now: float, draining: bool) -> None: ...
+    async def live_workers(self, *, now: float, ttl: float) -> list[WorkerInfo]: ...
+
+    async def wait_for_work(self, timeout: float) -> None: ...
+    async def notify(self) -> None: ...
+    async def stats(self) -> dict[str, Any]: ...
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

@@ -1,0 +1,164 @@
+"""PostgreSQL store (psycopg 3 with a connection pool).
+
+The shared logic in :mod:`toren.store.sql` runs on a small thread pool over a pool of
+autocommit connections; each unit of work is one explicit transaction. Claims use
+``FOR UPDATE SKIP LOCKED`` so concurrent workers never block on each other's rows; the
+schema is applied under an advisory lock so concurrent starts do not race; new runs and
+messages ``NOTIFY toren_work`` so idle workers wake at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from toren.errors import SchemaError, StorageError
+from toren.store.base import Lease
+from toren.store.schema import SCHEMA, render
+from toren.store.sql import CLAIMABLE, SqlStore
+
+T = TypeVar("T")
+CHANNEL = "toren_work"
+_MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise StorageError(
+            "PostgreSQL support needs psycopg: pip install 'toren-run[postgres]'"
+        ) from exc
+    return psycopg, psycopg_pool
+
+
+class PostgresStore(SqlStore):
+    dialect = "postgres"
+
+    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+        self.url = url
+        psycopg, psycopg_pool = _import_psycopg()
+        self._psycopg = psycopg
+        self._pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        self._opened = False
+        self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="toren-pg")
+        self._sql_cache: dict[str, str] = {}
+        self._listener: Any = None
+        self._listen_task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+
+    def _q(self, sql: str) -> str:
+        out = self._sql_cache.get(sql)
+        if out is None:
+            out = self._sql_cache[sql] = sql.replace("?", "%s")
+        return out
+
+    def _x(self, cur: Any, sql: str, params: Any = ()) -> Any:
+        cur.execute(self._q(sql), params)
+        return cur
+
+    def _in_tx(self, fn: Callable[[Any], T], write: bool) -> T:
+        if not self._opened:
+            self._pool.open(wait=True, timeout=30)
+            self._opened = True
+        with self._pool.connection() as conn:
+            if not write:
+                with conn.cursor() as cur:
+                    return fn(cur)
+            with conn.transaction(), conn.cursor() as cur:
+                return fn(cur)
+
+    async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self._in_tx, fn, write)
+        except self._psycopg.errors.UniqueViolation:
+            raise
+        except self._psycopg.Error as exc:
+            raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    def _is_conflict(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._psycopg.errors.UniqueViolation)
+
+    def _claim(
+        self, cur: Any, worker_id: str, limit: int, now: float, ttl: float, only: str | None
+    ) -> list[Lease]:
+        only_sql, only_params = ("AND id = ? ", (only,)) if only else ("", ())
+        self._x(
+            cur,
+            "UPDATE runs SET lease_owner = ?, lease_epoch = runs.lease_epoch + 1, "
+            "lease_expires_at = ?, "
+            "status = CASE WHEN runs.status = 'waiting' THEN 'running' ELSE runs.status END, "
+            "lease_recoveries = runs.lease_recoveries + "
+            "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
+            f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "  # noqa: S608
+            f"{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
+            "FOR UPDATE SKIP LOCKED) c "
+            "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status",
+            (worker_id, now + ttl, now, now, now, *only_params, limit),
+        )
+        return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in cur.fetchall()]
+
+    async def migrate(self) -> None:
+        def apply(cur: Any) -> None:
+            # Transaction-scoped: released at commit, even if this process dies.
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+            for migration in SCHEMA:
+                cur.execute(render(migration, "postgres"))
+
+        try:
+            await self._run(apply)
+        except StorageError as exc:
+            raise SchemaError(f"cannot apply the schema: {exc}") from exc
+
+    async def notify(self) -> None:
+        await self._run(lambda cur: cur.execute(f"NOTIFY {CHANNEL}"), write=False)
+
+    async def _listen(self) -> None:
+        psycopg = self._psycopg
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                self._listener = conn
+                await conn.execute(f"LISTEN {CHANNEL}")
+                async for _ in conn.notifies():
+                    if self._wakeup is not None:
+                        self._wakeup.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(1.0)  # the database restarted: listen again
+
+    async def wait_for_work(self, timeout: float) -> None:
+        if self._wakeup is None:
+            self._wakeup = asyncio.Event()
+        if self._listen_task is None:
+            self._listen_task = asyncio.create_task(self._listen())
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._wakeup.clear()
+
+    async def close(self) -> None:
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listen_task
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+        loop = asyncio.get_running_loop()
+        if self._opened:
+            await loop.run_in_executor(self._executor, self._pool.close)
+        self._executor.shutdown(wait=True)

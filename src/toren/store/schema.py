@@ -1,0 +1,179 @@
+"""The self-migrating schema: one ordered list of additive, idempotent DDL, as data.
+
+There is no migration tool and no migration step. Every worker and API start applies
+:data:`SCHEMA` in order. Each entry is idempotent (``IF NOT EXISTS``; on SQLite, which has
+no ``ADD COLUMN IF NOT EXISTS``, the column list is checked first) and additive: a new
+column carries a default that makes old rows valid. Nothing is ever dropped, renamed or
+retyped below a major; ``tests/store/test_schema.py`` rejects such entries.
+
+To change the schema in a minor: APPEND entries (never edit or reorder existing ones).
+Rollbacks are safe because every query names its columns, so an older release ignores
+columns it does not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Portable column types and their spelling per dialect.
+TYPES = {
+    "text": ("TEXT", "TEXT"),
+    "int": ("INTEGER", "BIGINT"),
+    "real": ("REAL", "DOUBLE PRECISION"),
+    "serial": ("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY"),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    not_null: bool = False
+    default: str | None = None  # an SQL literal valid in both dialects
+    primary_key: bool = False
+
+    def render(self, dialect: str) -> str:
+        sql_type = TYPES[self.type][0 if dialect == "sqlite" else 1]
+        parts = [self.name, sql_type]
+        if self.primary_key and self.type != "serial":
+            parts.append("PRIMARY KEY")
+        if self.not_null:
+            parts.append("NOT NULL")
+        if self.default is not None:
+            parts.append(f"DEFAULT {self.default}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class CreateTable:
+    table: str
+    columns: tuple[Column, ...]
+
+
+@dataclass(frozen=True)
+class AddColumn:
+    table: str
+    column: Column
+
+
+@dataclass(frozen=True)
+class CreateIndex:
+    name: str
+    table: str
+    columns: tuple[str, ...]
+    unique: bool = False
+
+
+Migration = CreateTable | AddColumn | CreateIndex
+
+
+def _c(name: str, type_: str, **kw: object) -> Column:
+    return Column(name, type_, **kw)  # type: ignore[arg-type]
+
+
+SCHEMA: tuple[Migration, ...] = (
+    # --- 0.1.0 -------------------------------------------------------------------------
+    CreateTable(
+        "runs",
+        (
+            _c("id", "text", primary_key=True),
+            _c("agent", "text", not_null=True),
+            _c("status", "text", not_null=True, default="'queued'"),
+            _c("input", "text"),
+            _c("output", "text"),
+            _c("error", "text"),
+            _c("idempotency_key", "text"),
+            _c("created_at", "real", not_null=True),
+            _c("updated_at", "real", not_null=True),
+            _c("lease_owner", "text"),
+            _c("lease_epoch", "int", not_null=True, default="0"),
+            _c("lease_expires_at", "real"),
+            _c("not_before", "real"),
+            _c("cancel_requested", "int", not_null=True, default="0"),
+        ),
+    ),
+    CreateTable(
+        "events",
+        (
+            _c("seq", "serial"),
+            _c("run_id", "text", not_null=True),
+            _c("stream", "text", not_null=True, default="''"),
+            _c("position", "int"),
+            _c("generation", "int", not_null=True, default="0"),
+            _c("slot", "text"),
+            _c("type", "text", not_null=True),
+            _c("digest", "text"),
+            _c("code_version", "text", not_null=True, default="''"),
+            _c("worker_id", "text", not_null=True, default="''"),
+            _c("created_at", "real", not_null=True),
+            _c("format_version", "int", not_null=True, default="1"),
+            _c("payload", "text", not_null=True),
+        ),
+    ),
+    CreateTable(
+        "blobs",
+        (
+            _c("hash", "text", primary_key=True),
+            _c("body", "text", not_null=True),
+            _c("size", "int", not_null=True, default="0"),
+        ),
+    ),
+    CreateTable(
+        "inbox",
+        (
+            _c("id", "serial"),
+            _c("run_id", "text", not_null=True),
+            _c("name", "text", not_null=True),
+            _c("payload", "text"),
+            _c("created_at", "real", not_null=True),
+            _c("consumed_seq", "int"),
+        ),
+    ),
+    CreateTable(
+        "workers",
+        (
+            _c("id", "text", primary_key=True),
+            _c("code_version", "text", not_null=True),
+            _c("started_at", "real", not_null=True),
+            _c("heartbeat_at", "real", not_null=True),
+            _c("draining", "int", not_null=True, default="0"),
+        ),
+    ),
+    CreateIndex("events_run_seq", "events", ("run_id", "seq")),
+    CreateIndex("events_run_slot", "events", ("run_id", "slot"), unique=True),
+    CreateIndex("runs_idempotency", "runs", ("idempotency_key",), unique=True),
+    CreateIndex("runs_claim", "runs", ("status", "not_before")),
+    CreateIndex("inbox_run", "inbox", ("run_id", "consumed_seq")),
+    # Added within 0.1 development; kept as ADD COLUMN so that a database created by the
+    # first schema upgrades in place, exactly as the versioning page describes.
+    AddColumn("runs", _c("process", "text", not_null=True, default="'main'")),
+    AddColumn("runs", _c("waiting_for", "text")),
+    AddColumn("runs", _c("input_tokens", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("output_tokens", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("cost_nanousd", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("saved_nanousd", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("steps", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("code_version", "text")),
+    AddColumn("runs", _c("lease_recoveries", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("invalidations", "int", not_null=True, default="0")),
+    AddColumn("workers", _c("hostname", "text")),
+    AddColumn("workers", _c("pid", "int")),
+    CreateIndex("runs_created", "runs", ("created_at",)),
+    CreateIndex("runs_agent", "runs", ("agent", "created_at")),
+)
+
+
+def render(migration: Migration, dialect: str) -> str:
+    """The SQL of one entry. On SQLite an AddColumn renders without IF NOT EXISTS; the
+    SQLite store checks ``PRAGMA table_info`` first."""
+    if isinstance(migration, CreateTable):
+        cols = ", ".join(c.render(dialect) for c in migration.columns)
+        return f"CREATE TABLE IF NOT EXISTS {migration.table} ({cols})"
+    if isinstance(migration, AddColumn):
+        col = migration.column.render(dialect)
+        if dialect == "sqlite":
+            return f"ALTER TABLE {migration.table} ADD COLUMN {col}"
+        return f"ALTER TABLE {migration.table} ADD COLUMN IF NOT EXISTS {col}"
+    unique = "UNIQUE " if migration.unique else ""
+    cols = ", ".join(migration.columns)
+    return f"CREATE {unique}INDEX IF NOT EXISTS {migration.name} ON {migration.table} ({cols})"

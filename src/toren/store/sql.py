@@ -1,0 +1,554 @@
+"""SQL shared by both dialects. Statements use ``?`` placeholders (the PostgreSQL store
+rewrites them to ``%s``) and name every column: an older release must be able to run
+against a newer schema, and a newer one against an older row layout.
+
+The logic is written once, as synchronous functions over a DB-API cursor, and each dialect
+runs them on its own threads (see ``SqlStore._run``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from toren.core.events import Event, parse_payload
+from toren.errors import CorruptEventLog, IdempotencyConflict, LeaseLost, RunNotFound
+from toren.store.base import (
+    TERMINAL_STATUSES,
+    InboxMessage,
+    Lease,
+    NewRun,
+    Release,
+    RunDelta,
+    RunRecord,
+    WorkerInfo,
+    dumps,
+    loads,
+)
+
+T = TypeVar("T")
+
+RUN_COLUMNS = (
+    "id, agent, process, status, input, output, error, idempotency_key, created_at, "
+    "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
+    "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
+    "code_version, lease_recoveries, invalidations"
+)
+EVENT_COLUMNS = (
+    "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
+    "worker_id, created_at, format_version, payload"
+)
+INSERT_EVENT = (
+    "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
+    "code_version, worker_id, created_at, format_version, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+)
+INSERT_BLOB = "INSERT INTO blobs (hash, body, size) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING"
+CLAIMABLE = (
+    "((status IN ('queued', 'running') AND (not_before IS NULL OR not_before <= ?)) "
+    "OR (status = 'waiting' AND not_before IS NOT NULL AND not_before <= ?)) "
+    "AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at < ?)"
+)
+
+
+def run_from_row(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(
+        id=row[0],
+        agent=row[1],
+        process=row[2],
+        status=row[3],
+        input=loads(row[4]),
+        output=loads(row[5]),
+        error=loads(row[6]),
+        idempotency_key=row[7],
+        created_at=row[8],
+        updated_at=row[9],
+        lease_owner=row[10],
+        lease_epoch=row[11],
+        lease_expires_at=row[12],
+        not_before=row[13],
+        cancel_requested=bool(row[14]),
+        waiting_for=loads(row[15]),
+        input_tokens=row[16],
+        output_tokens=row[17],
+        cost_nanousd=row[18],
+        saved_nanousd=row[19],
+        steps=row[20],
+        code_version=row[21],
+        lease_recoveries=row[22],
+        invalidations=row[23],
+    )
+
+
+def event_from_row(row: Sequence[Any]) -> Event:
+    seq, run_id, type_ = row[0], row[1], row[6]
+    if not isinstance(row[12], str):
+        raise CorruptEventLog(
+            f"event seq={seq} of run {run_id!r} has no payload; the log cannot be replayed",
+            run_id=run_id,
+            seq=seq,
+        )
+    return Event(
+        seq=seq,
+        run_id=run_id,
+        stream=row[2],
+        position=row[3],
+        generation=row[4],
+        slot=row[5],
+        type=type_,
+        digest=row[7],
+        code_version=row[8],
+        worker_id=row[9],
+        created_at=row[10],
+        format_version=row[11],
+        payload=parse_payload(type_, row[12], run_id=run_id, seq=seq),
+    )
+
+
+def event_params(event: Event) -> tuple[Any, ...]:
+    return (
+        event.run_id,
+        event.stream,
+        event.position,
+        event.generation,
+        event.slot,
+        event.type,
+        event.digest,
+        event.code_version,
+        event.worker_id,
+        event.created_at,
+        event.format_version,
+        event.payload_json(),
+    )
+
+
+class SqlStore:
+    """The Store protocol over a DB-API connection. Subclasses provide ``_run`` (execute a
+    function in one transaction), ``_is_conflict`` and the dialect-specific statements."""
+
+    url: str
+    dialect: str = "sql"
+
+    # -- dialect hooks ----------------------------------------------------------------
+
+    async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
+        raise NotImplementedError
+
+    def _is_conflict(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+    def _claim(
+        self, cur: Any, worker_id: str, limit: int, now: float, ttl: float, only: str | None
+    ) -> list[Lease]:
+        raise NotImplementedError
+
+    def _x(self, cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+        cur.execute(sql, params)
+        return cur
+
+    async def notify(self) -> None:
+        return None
+
+    # -- runs -------------------------------------------------------------------------
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        def tx(cur: Any) -> tuple[RunRecord, bool]:
+            if run.idempotency_key is not None:
+                row = self._x(
+                    cur,
+                    f"SELECT {RUN_COLUMNS} FROM runs WHERE idempotency_key = ?",
+                    (run.idempotency_key,),
+                ).fetchone()
+                if row is not None:
+                    existing = run_from_row(row)
+                    same = (existing.agent, existing.process, existing.input) == (
+                        run.agent,
+                        run.process,
+                        loads(dumps(run.input)),
+                    )
+                    if not same:
+                        raise IdempotencyConflict(
+                            f"idempotency key {run.idempotency_key!r} was already used for "
+                            f"run {existing.id!r} with a different agent, process or input; "
+                            "use a new key for a different run"
+                        )
+                    return existing, False
+            self._x(
+                cur,
+                "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
+                "created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
+                (
+                    run.id,
+                    run.agent,
+                    run.process,
+                    dumps(run.input),
+                    run.idempotency_key,
+                    run.created_at,
+                    run.created_at,
+                ),
+            )
+            self._x(cur, INSERT_EVENT, event_params(run.started_event))
+            row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run.id,))
+            return run_from_row(row.fetchone()), True
+
+        try:
+            result = await self._run(tx)
+        except Exception as exc:
+            if run.idempotency_key is not None and self._is_conflict(exc):
+                # Two creators raced on one key: the loser returns the winner's run.
+                return await self.create_run(run)
+            raise
+        if result[1]:
+            await self.notify()
+        return result
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        def tx(cur: Any) -> RunRecord | None:
+            row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+            found = row.fetchone()
+            return run_from_row(found) if found else None
+
+        return await self._run(tx, write=False)
+
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        process: str | None = None,
+        limit: int = 50,
+        before: str | None = None,
+    ) -> list[RunRecord]:
+        where, params = [], []
+        for column, value in (("status", status), ("agent", agent), ("process", process)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if before is not None:
+            where.append("id < ?")
+            params.append(before)
+        clause = f"WHERE {' AND '.join(where)}" if where else ""
+        sql = f"SELECT {RUN_COLUMNS} FROM runs {clause} ORDER BY id DESC LIMIT ?"  # noqa: S608
+
+        def tx(cur: Any) -> list[RunRecord]:
+            return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
+
+        return await self._run(tx, write=False)
+
+    async def stats(self) -> dict[str, Any]:
+        def tx(cur: Any) -> dict[str, Any]:
+            by_status = dict(
+                self._x(cur, "SELECT status, COUNT(id) FROM runs GROUP BY status").fetchall()
+            )
+            totals = self._x(
+                cur,
+                "SELECT COALESCE(SUM(steps), 0), COALESCE(SUM(input_tokens), 0), "
+                "COALESCE(SUM(output_tokens), 0), COALESCE(SUM(cost_nanousd), 0), "
+                "COALESCE(SUM(saved_nanousd), 0), COALESCE(SUM(lease_recoveries), 0), "
+                "COALESCE(SUM(invalidations), 0) FROM runs",
+            ).fetchone()
+            keys = (
+                "steps",
+                "input_tokens",
+                "output_tokens",
+                "cost_nanousd",
+                "saved_nanousd",
+                "lease_recoveries",
+                "invalidations",
+            )
+            return {"runs_by_status": by_status, **{k: int(v) for k, v in zip(keys, totals)}}
+
+        return await self._run(tx, write=False)
+
+    # -- events -----------------------------------------------------------------------
+
+    async def load_events(
+        self, run_id: str, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[Event]:
+        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"  # noqa: S608
+        params: tuple[Any, ...] = (run_id, after_seq)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (*params, limit)
+
+        def tx(cur: Any) -> list[Any]:
+            return list(self._x(cur, sql, params).fetchall())
+
+        rows = await self._run(tx, write=False)
+        return [event_from_row(r) for r in rows]
+
+    async def get_blobs(self, hashes: Sequence[str]) -> dict[str, Any]:
+        if not hashes:
+            return {}
+        marks = ", ".join("?" for _ in hashes)
+
+        def tx(cur: Any) -> dict[str, Any]:
+            rows = self._x(
+                cur, f"SELECT hash, body FROM blobs WHERE hash IN ({marks})", tuple(hashes)  # noqa: S608
+            ).fetchall()
+            return {h: loads(b) for h, b in rows}
+
+        return await self._run(tx, write=False)
+
+    def _fence(self, cur: Any, lease: Lease, now: float, delta: RunDelta | None) -> None:
+        d = delta or RunDelta()
+        cur = self._x(
+            cur,
+            "UPDATE runs SET updated_at = ?, input_tokens = input_tokens + ?, "
+            "output_tokens = output_tokens + ?, cost_nanousd = cost_nanousd + ?, "
+            "saved_nanousd = saved_nanousd + ?, steps = steps + ?, "
+            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version) "
+            "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+            (
+                now,
+                d.input_tokens,
+                d.output_tokens,
+                d.cost_nanousd,
+                d.saved_nanousd,
+                d.steps,
+                d.invalidations,
+                d.code_version,
+                lease.run_id,
+                lease.worker_id,
+                lease.epoch,
+            ),
+        )
+        if cur.rowcount != 1:
+            raise LeaseLost(
+                f"worker {lease.worker_id!r} no longer holds the lease on run "
+                f"{lease.run_id!r} (epoch {lease.epoch}); another worker took it over"
+            )
+
+    def _insert_events(self, cur: Any, events: Sequence[Event]) -> list[Event]:
+        out = []
+        for event in events:
+            seq = self._x(cur, INSERT_EVENT, event_params(event)).fetchone()[0]
+            out.append(_with_seq(event, seq))
+        return out
+
+    async def append(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        *,
+        blobs: Mapping[str, str] | None = None,
+        delta: RunDelta | None = None,
+        consume_inbox: int | None = None,
+        now: float,
+    ) -> list[Event]:
+        def tx(cur: Any) -> list[Event]:
+            self._fence(cur, lease, now, delta)
+            if blobs:
+                for key, body in blobs.items():
+                    self._x(cur, INSERT_BLOB, (key, body, len(body)))
+            stored = self._insert_events(cur, events)
+            if consume_inbox is not None:
+                cur = self._x(
+                    cur,
+                    "UPDATE inbox SET consumed_seq = ? WHERE id = ? AND consumed_seq IS NULL",
+                    (stored[-1].seq, consume_inbox),
+                )
+                if cur.rowcount != 1:
+                    raise LeaseLost(f"message {consume_inbox} was consumed by another writer")
+            return stored
+
+        try:
+            return await self._run(tx)
+        except Exception as exc:
+            if self._is_conflict(exc):
+                raise LeaseLost(
+                    f"another worker already recorded this step of run {lease.run_id!r}; "
+                    "this worker's copy is discarded"
+                ) from None
+            raise
+
+    # -- leases -----------------------------------------------------------------------
+
+    async def claim(
+        self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
+    ) -> list[Lease]:
+        """Lease up to ``limit`` runnable runs (or just run ``only``) to ``worker_id``."""
+        if limit <= 0:
+            return []
+        return await self._run(lambda cur: self._claim(cur, worker_id, limit, now, ttl, only))
+
+    async def renew(
+        self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
+    ) -> tuple[set[str], set[str]]:
+        """Extend this worker's leases. Returns (runs still held, runs asked to cancel)."""
+        if not run_ids:
+            return set(), set()
+        marks = ", ".join("?" for _ in run_ids)
+
+        def tx(cur: Any) -> tuple[set[str], set[str]]:
+            self._x(
+                cur,
+                f"UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND id IN ({marks})",  # noqa: S608
+                (expires_at, worker_id, *run_ids),
+            )
+            rows = self._x(
+                cur,
+                f"SELECT id, cancel_requested FROM runs WHERE lease_owner = ? AND id IN ({marks})",  # noqa: S608
+                (worker_id, *run_ids),
+            ).fetchall()
+            return {r[0] for r in rows}, {r[0] for r in rows if r[1]}
+
+        return await self._run(tx)
+
+    async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
+        terminal = release.status in TERMINAL_STATUSES
+
+        def tx(cur: Any) -> list[Event]:
+            self._fence(cur, lease, now, release.delta)
+            stored = self._insert_events(cur, release.events)
+            self._x(
+                cur,
+                "UPDATE runs SET status = ?, not_before = ?, waiting_for = ?, output = ?, "
+                "error = ?, lease_owner = NULL, lease_expires_at = NULL, updated_at = ? "
+                "WHERE id = ?",
+                (
+                    release.status,
+                    None if terminal else release.not_before,
+                    None if release.waiting_for is None else dumps(release.waiting_for),
+                    dumps(release.output) if terminal else None,
+                    None if release.error is None else dumps(release.error),
+                    now,
+                    lease.run_id,
+                ),
+            )
+            if release.status == "waiting" and release.waiting_for:
+                # A message that arrived while the run was still leased found it 'running'
+                # and could not wake it; look once more now that it is parked.
+                marks = ", ".join("?" for _ in release.waiting_for)
+                self._x(
+                    cur,
+                    "UPDATE runs SET not_before = ? WHERE id = ? AND EXISTS (SELECT 1 FROM "  # noqa: S608
+                    "inbox WHERE inbox.run_id = ? AND inbox.consumed_seq IS NULL AND "
+                    f"inbox.name IN ({marks}))",
+                    (now, lease.run_id, lease.run_id, *release.waiting_for),
+                )
+            return stored
+
+        try:
+            stored = await self._run(tx)
+        except Exception as exc:
+            if self._is_conflict(exc):
+                raise LeaseLost(
+                    f"run {lease.run_id!r} was finished by another worker"
+                ) from None
+            raise
+        await self.notify()
+        return stored
+
+    # -- inbox and cancellation --------------------------------------------------------
+
+    async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int:
+        def tx(cur: Any) -> int:
+            row = self._x(cur, "SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            if row[0] in TERMINAL_STATUSES:
+                raise RunNotFound(
+                    f"run {run_id!r} is {row[0]} and takes no more messages"
+                )
+            msg_id = self._x(
+                cur,
+                "INSERT INTO inbox (run_id, name, payload, created_at) VALUES (?, ?, ?, ?) "
+                "RETURNING id",
+                (run_id, name, dumps(payload), now),
+            ).fetchone()[0]
+            # Wake a run parked on its inbox: it becomes claimable now.
+            self._x(
+                cur,
+                "UPDATE runs SET not_before = ? WHERE id = ? AND status = 'waiting'",
+                (now, run_id),
+            )
+            return int(msg_id)
+
+        msg_id = await self._run(tx)
+        await self.notify()
+        return msg_id
+
+    async def next_message(self, run_id: str, names: Sequence[str]) -> InboxMessage | None:
+        marks = ", ".join("?" for _ in names)
+        sql = (
+            "SELECT id, run_id, name, payload, created_at FROM inbox WHERE run_id = ? "  # noqa: S608
+            f"AND consumed_seq IS NULL AND name IN ({marks}) ORDER BY id LIMIT 1"
+        )
+
+        def tx(cur: Any) -> InboxMessage | None:
+            row = self._x(cur, sql, (run_id, *names)).fetchone()
+            if row is None:
+                return None
+            return InboxMessage(row[0], row[1], row[2], loads(row[3]), row[4])
+
+        return await self._run(tx, write=False)
+
+    async def request_cancel(self, run_id: str, *, now: float) -> RunRecord:
+        def tx(cur: Any) -> RunRecord:
+            self._x(
+                cur,
+                "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
+                "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
+                "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+                (now, now, run_id),
+            )
+            row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+            found = row.fetchone()
+            if found is None:
+                raise RunNotFound(f"no run with id {run_id!r}")
+            return run_from_row(found)
+
+        run = await self._run(tx)
+        await self.notify()
+        return run
+
+    # -- workers ----------------------------------------------------------------------
+
+    async def register_worker(self, info: WorkerInfo) -> None:
+        def tx(cur: Any) -> None:
+            self._x(
+                cur,
+                "INSERT INTO workers (id, code_version, started_at, heartbeat_at, draining, "
+                "hostname, pid) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.id,
+                    info.code_version,
+                    info.started_at,
+                    info.heartbeat_at,
+                    int(info.draining),
+                    info.hostname,
+                    info.pid,
+                ),
+            )
+
+        await self._run(tx)
+
+    async def heartbeat_worker(self, worker_id: str, *, now: float, draining: bool) -> None:
+        await self._run(
+            lambda cur: self._x(
+                cur,
+                "UPDATE workers SET heartbeat_at = ?, draining = ? WHERE id = ?",
+                (now, int(draining), worker_id),
+            )
+        )
+
+    async def live_workers(self, *, now: float, ttl: float) -> list[WorkerInfo]:
+        def tx(cur: Any) -> list[WorkerInfo]:
+            rows = self._x(
+                cur,
+                "SELECT id, code_version, started_at, heartbeat_at, draining, hostname, pid "
+                "FROM workers WHERE heartbeat_at >= ? ORDER BY started_at",
+                (now - ttl,),
+            ).fetchall()
+            return [
+                WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows
+            ]
+
+        return await self._run(tx, write=False)
+
+
+def _with_seq(event: Event, seq: int) -> Event:
+    return replace(event, seq=int(seq))
+
