@@ -8,7 +8,8 @@ Toren's message format (provider-neutral; each provider converts it to its wire 
 
     {"role": "system",    "content": "..."}
     {"role": "user",      "content": "..."}
-    {"role": "assistant", "content": "...", "tool_calls": [{"id": "c1", "name": "f", "arguments": {...}}]}
+    {"role": "assistant", "content": "...",
+     "tool_calls": [{"id": "c1", "name": "f", "arguments": {...}}]}
     {"role": "tool",      "tool_call_id": "c1", "name": "f", "content": "..."}
 """
 

@@ -1,0 +1,207 @@
+"""Toren's own retry loop for model calls, shared by every vendor provider.
+
+The vendor SDK clients are built with ``max_retries=0`` so that this is the only retry
+layer: one policy (:class:`~toren.providers.base.RetryPolicy`), one place that honours
+``Retry-After``, an injectable sleep (tests assert the delays instead of waiting them),
+a timeout per attempt, and one translation of failures into
+:class:`~toren.errors.ModelCallFailed` that never carries credentials or headers.
+
+Invariant: a :class:`ModelCallFailed` raised here is what the engine records and replay
+re-raises, so its message and details must be plain, serialisable and secret-free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, cast
+
+from toren.errors import ModelCallFailed
+from toren.providers.base import RetryPolicy
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+
+# Keys shorter than this are placeholders ("none", "x"); redacting them would mangle text.
+_MIN_SECRET_LEN = 8
+
+
+class MalformedResponse(Exception):
+    """The server answered, but not in the shape its API promises. Never retried: the
+    same server would most likely answer the same way again."""
+
+    def __init__(self, message: str, *, status: int | None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parsed(build: Callable[[], T], *, status: int) -> T:
+    """Run a response parser, reporting its ``ValueError`` as a :class:`MalformedResponse`."""
+    try:
+        return build()
+    except ValueError as exc:
+        raise MalformedResponse(str(exc), status=status) from exc
+
+
+async def decoded(items: AsyncIterator[T], *, status: int) -> AsyncGenerator[T, None]:
+    """Pass a stream's items through, reporting decode errors as :class:`MalformedResponse`.
+    Only errors of the stream itself: an exception raised by the consumer (``on_delta``)
+    is not thrown in here, so it stays what it is."""
+    try:
+        async for item in items:
+            yield item
+    except ValueError as exc:
+        raise MalformedResponse(str(exc), status=status) from exc
+
+
+class _Headers(Protocol):
+    def get(self, key: str) -> str | None: ...
+
+
+class _Response(Protocol):
+    headers: _Headers
+
+
+class _StatusError(Protocol):
+    """What the OpenAI and Anthropic SDKs' ``APIStatusError`` both provide."""
+
+    status_code: int
+    message: str
+    body: object
+    response: _Response
+
+
+@dataclass(frozen=True)
+class SdkErrors:
+    """The exception classes of one vendor SDK that the retry loop understands."""
+
+    status: type[Exception]
+    connection: type[Exception]
+
+
+@dataclass(frozen=True)
+class AttemptFailure:
+    """One failed attempt, reduced to what the retry decision and the error need."""
+
+    message: str
+    status: int | None
+    retryable: bool
+    error_type: str
+    retry_after: float | None = None
+
+
+def is_retryable_status(status: int) -> bool:
+    return status == 429 or status >= 500
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """The seconds form of ``Retry-After``; the HTTP-date form falls back to backoff."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _body_message(body: object) -> str | None:
+    """``error.message`` from either vendor's error envelope."""
+    error = body.get("error") if isinstance(body, Mapping) else None
+    message = error.get("message") if isinstance(error, Mapping) else None
+    return message if isinstance(message, str) and message else None
+
+
+def classify(exc: Exception, errors: SdkErrors, timeout: float) -> AttemptFailure | None:
+    """Map an attempt's exception to a failure; ``None`` means "not a call failure"
+    (a bug, or an exception from ``on_delta``), which must propagate untouched."""
+    kind = type(exc).__name__
+    if isinstance(exc, errors.status):
+        err = cast(_StatusError, exc)
+        return AttemptFailure(
+            message=_body_message(err.body) or err.message,
+            status=err.status_code,
+            retryable=is_retryable_status(err.status_code),
+            error_type=kind,
+            retry_after=parse_retry_after(err.response.headers.get("retry-after")),
+        )
+    if isinstance(exc, TimeoutError):
+        return AttemptFailure(f"no answer within {timeout:g}s", None, True, kind)
+    if isinstance(exc, errors.connection):
+        return AttemptFailure(str(exc) or "connection error", None, True, kind)
+    if isinstance(exc, MalformedResponse):
+        return AttemptFailure(f"malformed response: {exc}", exc.status, False, kind)
+    return None
+
+
+def redact(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if len(secret) >= _MIN_SECRET_LEN:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+def _hint(failure: AttemptFailure) -> str:
+    if failure.status in (401, 403):
+        return "Check the API key and base URL the provider was built with."
+    if failure.retryable:
+        return "The provider kept failing; retry the run later or raise RetryPolicy.max_attempts."
+    if failure.status is not None and 400 <= failure.status < 500:
+        return "Check the model name, messages, tools and params of the request."
+    return "Check that the base URL points at a server that speaks this provider's API."
+
+
+@dataclass(frozen=True)
+class Retrying:
+    """Runs one model call under a :class:`RetryPolicy` for one provider."""
+
+    provider: str
+    errors: SdkErrors
+    policy: RetryPolicy
+    timeout: float
+    sleep: Sleep
+    secrets: tuple[str, ...] = ()
+
+    async def call(self, model: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        attempts = max(1, self.policy.max_attempts)
+        for number in range(1, attempts + 1):
+            try:
+                # The SDK's own timeout bounds each read; this bounds the whole attempt,
+                # so a stream that trickles forever still ends.
+                async with asyncio.timeout(self.timeout):
+                    return await attempt()
+            except Exception as exc:
+                failure = classify(exc, self.errors, self.timeout)
+                if failure is None:
+                    raise
+                if not failure.retryable or number == attempts:
+                    # No exception chaining: the SDK error holds the request and its
+                    # Authorization header, and must not ride along into logs.
+                    raise self._failed(failure, model, number) from None
+            await self.sleep(self.delay(failure, number))
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def delay(self, failure: AttemptFailure, number: int) -> float:
+        """Seconds to wait after failed attempt ``number`` (1-based)."""
+        if failure.retry_after is not None:
+            return min(failure.retry_after, self.policy.max_backoff)
+        return self.policy.backoff(number - 1)
+
+    def _failed(self, failure: AttemptFailure, model: str, attempts: int) -> ModelCallFailed:
+        status = f"HTTP {failure.status}" if failure.status is not None else failure.error_type
+        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
+        message = (
+            f"{self.provider} call to model {model!r} failed ({status}) after {tries}: "
+            f"{redact(failure.message, self.secrets)}. {_hint(failure)}"
+        )
+        return ModelCallFailed(
+            message,
+            provider=self.provider,
+            model=model,
+            status=failure.status,
+            attempts=attempts,
+            retryable=failure.retryable,
+            error_type=failure.error_type,
+        )

@@ -1,0 +1,246 @@
+"""The Anthropic provider: the messages API through the official ``anthropic`` SDK.
+
+Quirks of this API that the conversion absorbs:
+
+- system messages become the top-level ``system`` parameter;
+- turns must alternate, so consecutive messages of one role merge into one turn (tool
+  results of one assistant turn all travel in the next user turn, as ``tool_result``
+  blocks);
+- ``max_tokens`` is required: 4096 unless ``request.params`` says otherwise;
+- OpenAI's ``stop`` is spelt ``stop_sequences`` here; other params pass through verbatim.
+
+Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
+``length``) so agent code need not know which vendor answered; others pass through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from contextlib import aclosing
+from typing import Any
+
+import anthropic
+from anthropic.types import Message as WireMessage
+
+from toren.errors import ProviderUnavailable
+from toren.providers._retry import (
+    MalformedResponse,
+    Retrying,
+    SdkErrors,
+    Sleep,
+    decoded,
+    parsed,
+)
+from toren.providers._wire import content_text, require, sampling_params
+from toren.providers.base import (
+    DeltaCallback,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    RetryPolicy,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+_ERRORS = SdkErrors(status=anthropic.APIStatusError, connection=anthropic.APIConnectionError)
+
+DEFAULT_MAX_TOKENS = 4096
+
+_FINISH_REASONS = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool_calls",
+    "max_tokens": "length",
+}
+
+Block = dict[str, Any]
+
+
+# --- wire format: Toren -> Anthropic -------------------------------------------------
+
+
+def _text_blocks(content: object) -> list[Block]:
+    if isinstance(content, list):
+        return list(content)  # already Anthropic content blocks (images, documents, ...)
+    text = content_text(content)
+    # The API rejects empty text blocks.
+    return [{"type": "text", "text": text}] if text else []
+
+
+def _assistant_blocks(message: Message) -> list[Block]:
+    blocks = _text_blocks(message.get("content"))
+    for call in (ToolCall.from_dict(c) for c in message.get("tool_calls") or ()):
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": dict(call.arguments)}
+        )
+    return blocks
+
+
+def _tool_result_block(message: Message) -> Block:
+    block: Block = {
+        "type": "tool_result",
+        "tool_use_id": str(require(message, "tool_call_id")),
+        "content": content_text(message.get("content")),
+    }
+    if message.get("is_error"):
+        block["is_error"] = True
+    return block
+
+
+def _turn(message: Message) -> tuple[str, list[Block]]:
+    role = require(message, "role")
+    if role == "assistant":
+        return "assistant", _assistant_blocks(message)
+    if role == "tool":
+        return "user", [_tool_result_block(message)]
+    return str(role), _text_blocks(message.get("content"))
+
+
+def wire_messages(messages: tuple[Message, ...]) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split out the system prompt and merge same-role neighbours into alternating turns."""
+    system = [content_text(m.get("content")) for m in messages if m.get("role") == "system"]
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.get("role") == "system":
+            continue
+        role, blocks = _turn(message)
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return ("\n\n".join(system) if system else None), turns
+
+
+def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": dict(tool.parameters),
+    }
+
+
+def _params(request: ModelRequest) -> dict[str, Any]:
+    params = sampling_params(request)
+    if "stop" in params:
+        stop = params.pop("stop")
+        params["stop_sequences"] = [stop] if isinstance(stop, str) else stop
+    return params
+
+
+def wire_request(request: ModelRequest) -> dict[str, Any]:
+    system, turns = wire_messages(request.messages)
+    params = _params(request)
+    kwargs: dict[str, Any] = {
+        "model": request.model,
+        "messages": turns,
+        "max_tokens": params.pop("max_tokens", DEFAULT_MAX_TOKENS),
+    }
+    if system is not None:
+        kwargs["system"] = system
+    if request.tools:
+        kwargs["tools"] = [wire_tool(t) for t in request.tools]
+    if params:
+        kwargs["extra_body"] = params
+    return kwargs
+
+
+# --- wire format: Anthropic -> Toren -------------------------------------------------
+
+
+def parse_message(message: WireMessage) -> ModelResponse:
+    """Raises ``ValueError`` for a tool call whose input is not an object."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in message.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use":
+            if not isinstance(block.input, Mapping):
+                raise ValueError(f"input of tool call {block.name!r} is not a JSON object")
+            calls.append(ToolCall(block.id, block.name, dict(block.input)))
+    reason = message.stop_reason or "end_turn"
+    return ModelResponse(
+        text="".join(texts),
+        tool_calls=tuple(calls),
+        usage=Usage(message.usage.input_tokens, message.usage.output_tokens),
+        finish_reason=_FINISH_REASONS.get(reason, reason),
+        model=message.model,
+    )
+
+
+def _as_message(value: object) -> WireMessage:
+    # A server that answers 200 with a non-JSON content type makes the SDK return a str.
+    if not isinstance(value, WireMessage):
+        raise ValueError(f"expected a message, got {type(value).__name__}")
+    return value
+
+
+# --- client and credentials ----------------------------------------------------------
+
+
+def _client(api_key: str | None, base_url: str | None, timeout: float) -> anthropic.AsyncAnthropic:
+    key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+    if not key:
+        raise ProviderUnavailable("no Anthropic API key: pass api_key=... or set ANTHROPIC_API_KEY")
+    url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+    # max_retries=0: Toren's retry loop is the only one, so the policy means what it says.
+    return anthropic.AsyncAnthropic(api_key=key, base_url=url, timeout=timeout, max_retries=0)
+
+
+class AnthropicProvider:
+    """:class:`~toren.providers.base.ModelProvider` over the Anthropic messages API.
+
+    ``client`` injects a ready ``AsyncAnthropic`` (its retries are switched off and it
+    is not closed by :meth:`aclose`); ``sleep`` is what waits between retries.
+    """
+
+    name = "anthropic"
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 60.0,
+        retry: RetryPolicy = RetryPolicy(),
+        client: anthropic.AsyncAnthropic | None = None,
+        *,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._owns_client = client is None
+        base = client if client is not None else _client(api_key, base_url, timeout)
+        self._client = base.with_options(max_retries=0)
+        secret = base.api_key or ""
+        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,))
+
+    async def complete(
+        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
+    ) -> ModelResponse:
+        kwargs = wire_request(request)
+        if on_delta is None:
+            return await self._retrying.call(request.model, lambda: self._create(kwargs))
+        return await self._retrying.call(request.model, lambda: self._stream(kwargs, on_delta))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.close()
+
+    async def _create(self, kwargs: Mapping[str, Any]) -> ModelResponse:
+        raw = await self._client.messages.with_raw_response.create(**kwargs)
+        try:
+            return parse_message(_as_message(await raw.parse()))
+        except ValueError as exc:
+            raise MalformedResponse(str(exc), status=raw.status_code) from exc
+
+    async def _stream(self, kwargs: Mapping[str, Any], on_delta: DeltaCallback) -> ModelResponse:
+        # A retried attempt streams again from the start, so on_delta may see a prefix
+        # twice; only the returned response is recorded.
+        async with self._client.messages.stream(**kwargs) as stream:
+            status = stream.response.status_code
+            async with aclosing(decoded(stream.text_stream, status=status)) as deltas:
+                async for delta in deltas:
+                    on_delta(delta)
+            final = await stream.get_final_message()
+        return parsed(lambda: parse_message(final), status=status)

@@ -1,0 +1,247 @@
+"""The OpenAI provider: chat completions through the official ``openai`` SDK.
+
+Works with every OpenAI-compatible server (vLLM, Ollama, LiteLLM, Azure-style gateways):
+the base URL and key are configurable, read from ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``
+when the provider is built (never at import, so two runtimes in one process can differ).
+
+``request.params`` go into the request body verbatim (``extra_body``), so a parameter the
+installed SDK does not know yet still reaches the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Mapping
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from openai.types.completion_usage import CompletionUsage
+
+from toren.errors import ProviderUnavailable
+from toren.providers._retry import Retrying, SdkErrors, Sleep, decoded, parsed
+from toren.providers._wire import arguments_object, content_text, require, sampling_params
+from toren.providers.base import (
+    DeltaCallback,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    RetryPolicy,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+
+_ERRORS = SdkErrors(status=openai.APIStatusError, connection=openai.APIConnectionError)
+
+# OpenAI-compatible local servers need no key, but the SDK refuses to start without one.
+_PLACEHOLDER_KEY = "no-key"
+
+
+# --- wire format: Toren -> OpenAI ----------------------------------------------------
+
+
+def wire_message(message: Message) -> dict[str, Any]:
+    role = require(message, "role")
+    if role == "assistant":
+        return _wire_assistant(message)
+    if role == "tool":
+        return {
+            "role": "tool",
+            "tool_call_id": str(require(message, "tool_call_id")),
+            "content": content_text(message.get("content")),
+        }
+    return {k: v for k, v in message.items() if k in ("role", "content", "name")}
+
+
+def _wire_assistant(message: Message) -> dict[str, Any]:
+    calls = [ToolCall.from_dict(c) for c in message.get("tool_calls") or ()]
+    wire: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+    if calls:
+        wire["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))},
+            }
+            for c in calls
+        ]
+    return wire
+
+
+def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {"type": "function", "function": tool.to_dict()}
+
+
+def wire_request(request: ModelRequest) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "model": request.model,
+        "messages": [wire_message(m) for m in request.messages],
+    }
+    if request.tools:
+        kwargs["tools"] = [wire_tool(t) for t in request.tools]
+    params = sampling_params(request)
+    if params:
+        kwargs["extra_body"] = params
+    return kwargs
+
+
+# --- wire format: OpenAI -> Toren ----------------------------------------------------
+
+
+def _usage(usage: CompletionUsage | None) -> Usage:
+    if usage is None:
+        return Usage()
+    return Usage(input_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
+
+
+def parse_completion(completion: ChatCompletion) -> ModelResponse:
+    """Raises ``ValueError`` when the completion lacks what every answer must have."""
+    if not completion.choices:
+        raise ValueError("the completion has no choices")
+    choice = completion.choices[0]
+    calls = tuple(
+        ToolCall(c.id, c.function.name, arguments_object(c.function.arguments, c.function.name))
+        for c in choice.message.tool_calls or ()
+        if c.type == "function"
+    )
+    return ModelResponse(
+        text=choice.message.content or "",
+        tool_calls=calls,
+        usage=_usage(completion.usage),
+        finish_reason=choice.finish_reason or "stop",
+        model=completion.model,
+    )
+
+
+@dataclass
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StreamAssembler:
+    """Folds streamed chunks into the response a non-streaming call would have given."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, _PartialCall] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: CompletionUsage | None = None
+    model: str = ""
+
+    def add(self, chunk: ChatCompletionChunk) -> str:
+        """Take one chunk; return its text delta ("" if none)."""
+        self.model = chunk.model or self.model
+        self.usage = chunk.usage or self.usage
+        if not chunk.choices:
+            return ""
+        choice = chunk.choices[0]
+        self.finish_reason = choice.finish_reason or self.finish_reason
+        for delta in choice.delta.tool_calls or ():
+            partial = self.calls.setdefault(delta.index, _PartialCall())
+            partial.id = delta.id or partial.id
+            if delta.function is not None:
+                partial.name = delta.function.name or partial.name
+                partial.arguments.append(delta.function.arguments or "")
+        text = choice.delta.content or ""
+        self.text.append(text)
+        return text
+
+    def response(self) -> ModelResponse:
+        calls = tuple(
+            ToolCall(p.id, p.name, arguments_object("".join(p.arguments), p.name))
+            for _, p in sorted(self.calls.items())
+        )
+        return ModelResponse(
+            text="".join(self.text),
+            tool_calls=calls,
+            usage=_usage(self.usage),
+            finish_reason=self.finish_reason or "stop",
+            model=self.model,
+        )
+
+
+# --- client and credentials ----------------------------------------------------------
+
+
+def _client(api_key: str | None, base_url: str | None, timeout: float) -> openai.AsyncOpenAI:
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    if not key and not url:
+        raise ProviderUnavailable(
+            "no OpenAI API key: pass api_key=... or set OPENAI_API_KEY "
+            "(for a local OpenAI-compatible server, set base_url / OPENAI_BASE_URL instead)"
+        )
+    # max_retries=0: Toren's retry loop is the only one, so the policy means what it says.
+    return openai.AsyncOpenAI(
+        api_key=key or _PLACEHOLDER_KEY, base_url=url, timeout=timeout, max_retries=0
+    )
+
+
+class OpenAIProvider:
+    """:class:`~toren.providers.base.ModelProvider` over OpenAI chat completions.
+
+    ``client`` injects a ready ``AsyncOpenAI`` (its retries are switched off and it is
+    not closed by :meth:`aclose`); ``sleep`` is what waits between retries.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 60.0,
+        retry: RetryPolicy = RetryPolicy(),
+        client: openai.AsyncOpenAI | None = None,
+        *,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._owns_client = client is None
+        base = client if client is not None else _client(api_key, base_url, timeout)
+        self._client = base.with_options(max_retries=0)
+        secret = base.api_key if isinstance(base.api_key, str) else ""
+        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,))
+
+    async def complete(
+        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
+    ) -> ModelResponse:
+        kwargs = wire_request(request)
+        if on_delta is None:
+            return await self._retrying.call(request.model, lambda: self._create(kwargs))
+        return await self._retrying.call(request.model, lambda: self._stream(kwargs, on_delta))
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.close()
+
+    async def _create(self, kwargs: Mapping[str, Any]) -> ModelResponse:
+        raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+        return parsed(lambda: parse_completion(_as_completion(raw.parse())), status=raw.status_code)
+
+    async def _stream(self, kwargs: Mapping[str, Any], on_delta: DeltaCallback) -> ModelResponse:
+        # A retried attempt streams again from the start, so on_delta may see a prefix
+        # twice; only the returned response is recorded.
+        stream = await self._client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )
+        status = stream.response.status_code
+        assembler = StreamAssembler()
+        async with stream, aclosing(decoded(stream.__aiter__(), status=status)) as chunks:
+            async for chunk in chunks:
+                if delta := assembler.add(chunk):
+                    on_delta(delta)
+        return parsed(assembler.response, status=status)
+
+
+def _as_completion(value: object) -> ChatCompletion:
+    # A server that answers 200 with a non-JSON content type makes the SDK return a str.
+    if not isinstance(value, ChatCompletion):
+        raise ValueError(f"expected a chat completion, got {type(value).__name__}")
+    return value

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import pytest
+
+from toren.providers.anthropic import AnthropicProvider
+from toren.providers.base import RetryPolicy
+from toren.providers.openai import OpenAIProvider
+
+from .fakes import FAKE_KEY, FakeEndpoint, FakeModelServer, serve_fake_models
+
+
+class SleepRecorder:
+    """Stands in for ``asyncio.sleep`` between retries: records, never waits."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Iterator[FakeModelServer]:
+    with serve_fake_models() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_models(fake_server: FakeModelServer) -> Iterator[FakeModelServer]:
+    fake_server.reset()
+    yield fake_server
+    fake_server.reset()
+
+
+@pytest.fixture
+def sleeps() -> SleepRecorder:
+    return SleepRecorder()
+
+
+Provider: TypeAlias = OpenAIProvider | AnthropicProvider
+
+
+def make_provider(
+    name: str, fake: FakeModelServer, sleeps: SleepRecorder, **config: Any
+) -> Provider:
+    config.setdefault("api_key", FAKE_KEY)
+    config.setdefault("timeout", 5.0)
+    config.setdefault("retry", RetryPolicy())
+    if name == "openai":
+        return OpenAIProvider(base_url=fake.openai_url, sleep=sleeps, **config)
+    return AnthropicProvider(base_url=fake.anthropic_url, sleep=sleeps, **config)
+
+
+@dataclass
+class Vendor:
+    """A provider wired to its fake endpoint, for tests that hold for every vendor."""
+
+    name: str
+    provider: Provider
+    endpoint: FakeEndpoint
+    sleeps: SleepRecorder
+
+
+@pytest.fixture(params=["openai", "anthropic"])
+async def vendor(
+    request: pytest.FixtureRequest, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> AsyncIterator[Vendor]:
+    name: str = request.param
+    provider = make_provider(name, fake_models, sleeps)
+    endpoint = fake_models.openai if name == "openai" else fake_models.anthropic
+    yield Vendor(name, provider, endpoint, sleeps)
+    await provider.aclose()

@@ -1,0 +1,372 @@
+"""Loopback fakes of the OpenAI and Anthropic HTTP APIs, for driving the real SDKs.
+
+The fakes speak the real wire formats (JSON bodies, SSE streams, error envelopes and
+``Retry-After``), so a test exercises the official SDK end to end with nothing patched.
+Each endpoint plays a script of replies in order and records every request it served::
+
+    with serve_fake_models() as fake:
+        fake.openai.script(Failure(429, retry_after="2"), Completion(text="hi"))
+        provider = OpenAIProvider(api_key=FAKE_KEY, base_url=fake.openai_url)
+        ...
+        assert fake.openai.served == 2
+
+A :class:`Completion` is one logical model reply; the endpoint renders it as a plain JSON
+body or as an SSE stream, whichever the request asked for. Reusable outside this package
+(e.g. an example agent pointed at ``openai:`` with ``OPENAI_BASE_URL=fake.openai_url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+FAKE_KEY = "sk-test-SECRET-0123456789abcdef"
+
+
+@dataclass(frozen=True)
+class FakeToolCall:
+    id: str
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A successful reply. ``chunk_size`` is how many characters of text (and of tool
+    arguments JSON) go into each streamed delta; ``delay`` stalls before answering."""
+
+    text: str = ""
+    tool_calls: tuple[FakeToolCall, ...] = ()
+    input_tokens: int = 11
+    output_tokens: int = 7
+    chunk_size: int = 4
+    delay: float = 0.0
+    stop_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An HTTP error in the vendor's error envelope."""
+
+    status: int
+    message: str = "fake failure"
+    retry_after: str | None = None
+
+
+@dataclass(frozen=True)
+class RawBody:
+    """A verbatim body, e.g. malformed JSON with status 200."""
+
+    body: str
+    status: int = 200
+    content_type: str = "application/json"
+
+
+Reply = Completion | Failure | RawBody
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+Renderer = Callable[[Completion, dict[str, Any]], Response]
+
+
+@dataclass
+class FakeEndpoint:
+    """One vendor endpoint: a script of replies, and a record of what it served."""
+
+    name: str
+    render: Renderer
+    render_error: Callable[[Failure], dict[str, Any]]
+    requests: list[RecordedRequest] = field(default_factory=list)
+    _script: deque[Reply] = field(default_factory=deque)
+
+    def script(self, *replies: Reply) -> None:
+        self._script.extend(replies)
+
+    @property
+    def served(self) -> int:
+        return len(self.requests)
+
+    @property
+    def last_body(self) -> dict[str, Any]:
+        return self.requests[-1].body
+
+    def reset(self) -> None:
+        self._script.clear()
+        self.requests.clear()
+
+    async def handle(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(RecordedRequest(body=body, headers=dict(request.headers)))
+        if not self._script:
+            # 418 is never retried, so an under-scripted test fails loudly, not slowly.
+            return self._error(Failure(418, f"fake {self.name}: no scripted reply left"))
+        reply = self._script.popleft()
+        if isinstance(reply, Failure):
+            return self._error(reply)
+        if isinstance(reply, RawBody):
+            return Response(reply.body, reply.status, media_type=reply.content_type)
+        await asyncio.sleep(reply.delay)
+        return self.render(reply, body)
+
+    def _error(self, failure: Failure) -> Response:
+        headers = {"retry-after": failure.retry_after} if failure.retry_after else {}
+        return JSONResponse(self.render_error(failure), failure.status, headers=headers)
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _sse(events: Iterator[str]) -> StreamingResponse:
+    async def body() -> AsyncIterator[bytes]:
+        for event in events:
+            yield event.encode()
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+# --- OpenAI chat completions ---------------------------------------------------------
+
+
+def _openai_finish(reply: Completion) -> str:
+    return reply.stop_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+
+def _openai_usage(reply: Completion) -> dict[str, int]:
+    total = reply.input_tokens + reply.output_tokens
+    return {
+        "prompt_tokens": reply.input_tokens,
+        "completion_tokens": reply.output_tokens,
+        "total_tokens": total,
+    }
+
+
+def _openai_json(reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
+    if reply.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+            }
+            for c in reply.tool_calls
+        ]
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": request["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": _openai_finish(reply),
+                "logprobs": None,
+            }
+        ],
+        "usage": _openai_usage(reply),
+    }
+
+
+def _openai_chunk(request: dict[str, Any], delta: dict[str, Any], finish: str | None) -> str:
+    chunk = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": request["model"],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(chunk)}\n\n"
+
+
+def _openai_tool_deltas(reply: Completion) -> Iterator[dict[str, Any]]:
+    for index, call in enumerate(reply.tool_calls):
+        head = {"index": index, "id": call.id, "type": "function"}
+        yield {"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}
+        for piece in _pieces(json.dumps(call.arguments), reply.chunk_size):
+            yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+
+
+def _openai_events(reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+    yield _openai_chunk(request, {"role": "assistant", "content": ""}, None)
+    for piece in _pieces(reply.text, reply.chunk_size):
+        yield _openai_chunk(request, {"content": piece}, None)
+    for delta in _openai_tool_deltas(reply):
+        yield _openai_chunk(request, delta, None)
+    yield _openai_chunk(request, {}, _openai_finish(reply))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        usage = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": request["model"],
+            "choices": [],
+            "usage": _openai_usage(reply),
+        }
+        yield f"data: {json.dumps(usage)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def render_openai(reply: Completion, request: dict[str, Any]) -> Response:
+    if request.get("stream"):
+        return _sse(_openai_events(reply, request))
+    return JSONResponse(_openai_json(reply, request))
+
+
+def openai_error(failure: Failure) -> dict[str, Any]:
+    return {"error": {"message": failure.message, "type": "fake_error", "code": None}}
+
+
+# --- Anthropic messages --------------------------------------------------------------
+
+
+def _anthropic_stop(reply: Completion) -> str:
+    return reply.stop_reason or ("tool_use" if reply.tool_calls else "end_turn")
+
+
+def _anthropic_blocks(reply: Completion) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
+    for call in reply.tool_calls:
+        tool_use = {"type": "tool_use", "id": call.id, "name": call.name}
+        blocks.append({**tool_use, "input": dict(call.arguments)})
+    return blocks
+
+
+def _anthropic_message(reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": _anthropic_blocks(reply),
+        "stop_reason": _anthropic_stop(reply),
+        "stop_sequence": None,
+        "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+    }
+
+
+def _event(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+
+def _anthropic_block_events(index: int, block: dict[str, Any], size: int) -> Iterator[str]:
+    if block["type"] == "text":
+        start, key, delta_type, payload = {**block, "text": ""}, "text", "text_delta", block["text"]
+    else:
+        start, key, delta_type = {**block, "input": {}}, "partial_json", "input_json_delta"
+        payload = json.dumps(block["input"])
+    yield _event("content_block_start", {"index": index, "content_block": start})
+    for piece in _pieces(payload, size):
+        delta = {"type": delta_type, key: piece}
+        yield _event("content_block_delta", {"index": index, "delta": delta})
+    yield _event("content_block_stop", {"index": index})
+
+
+def _anthropic_events(reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+    message = _anthropic_message(reply, request)
+    opening = {**message, "content": [], "stop_reason": None}
+    opening["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+    yield _event("message_start", {"message": opening})
+    yield _event("ping", {})
+    for index, block in enumerate(message["content"]):
+        yield from _anthropic_block_events(index, block, reply.chunk_size)
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
+    usage = {"output_tokens": reply.output_tokens}
+    yield _event("message_delta", {"delta": delta, "usage": usage})
+    yield _event("message_stop", {})
+
+
+def render_anthropic(reply: Completion, request: dict[str, Any]) -> Response:
+    if request.get("stream"):
+        return _sse(_anthropic_events(reply, request))
+    return JSONResponse(_anthropic_message(reply, request))
+
+
+def anthropic_error(failure: Failure) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": "fake_error", "message": failure.message}}
+
+
+# --- the server ----------------------------------------------------------------------
+
+
+class FakeModelServer:
+    """Both vendor APIs on one loopback port."""
+
+    def __init__(self) -> None:
+        self.openai = FakeEndpoint("openai", render_openai, openai_error)
+        self.anthropic = FakeEndpoint("anthropic", render_anthropic, anthropic_error)
+        self.port = 0
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self.openai.handle, methods=["POST"]),
+                Route("/v1/messages", self.anthropic.handle, methods=["POST"]),
+            ]
+        )
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def openai_url(self) -> str:
+        """What OpenAI SDKs take as ``base_url`` (they append ``/chat/completions``)."""
+        return f"{self.base_url}/v1"
+
+    @property
+    def anthropic_url(self) -> str:
+        """What Anthropic SDKs take as ``base_url`` (they append ``/v1/messages``)."""
+        return self.base_url
+
+    def reset(self) -> None:
+        self.openai.reset()
+        self.anthropic.reset()
+
+
+@contextmanager
+def serve_fake_models() -> Iterator[FakeModelServer]:
+    """Run a :class:`FakeModelServer` under uvicorn in a thread on 127.0.0.1, any port."""
+    fake = FakeModelServer()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    fake.port = sock.getsockname()[1]
+    # log_config=None: uvicorn must not reconfigure the test process's logging.
+    config = uvicorn.Config(fake.app, lifespan="off", log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait_started(server, thread)
+        yield fake
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def _wait_started(server: uvicorn.Server, thread: threading.Thread) -> None:
+    for _ in range(500):
+        if server.started:
+            return
+        if not thread.is_alive():
+            break
+        threading.Event().wait(0.01)
+    raise RuntimeError("fake model server did not start")

@@ -1,0 +1,200 @@
+"""AnthropicProvider: Toren's message format on the messages-API wire, both ways."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anthropic
+import pytest
+
+from toren.errors import ModelCallFailed, ProviderUnavailable
+from toren.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
+from toren.providers.base import ModelProvider, ModelRequest, ToolCall, ToolSpec
+
+from .conftest import SleepRecorder
+from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
+
+LOOKUP = ToolSpec(
+    name="lookup_order",
+    description="Find an order.",
+    parameters={"type": "object", "properties": {"order_id": {"type": "string"}}},
+)
+
+CONVERSATION = (
+    {"role": "system", "content": "You are terse."},
+    {"role": "system", "content": "Answer in English."},
+    {"role": "user", "content": "Where are A-17 and B-2?"},
+    {
+        "role": "assistant",
+        "content": "Looking.",
+        "tool_calls": [
+            {"id": "t1", "name": "lookup_order", "arguments": {"order_id": "A-17"}},
+            {"id": "t2", "name": "lookup_order", "arguments": {"order_id": "B-2"}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "t1", "name": "lookup_order", "content": "sent"},
+    {"role": "tool", "tool_call_id": "t2", "content": {"error": "no such order"}, "is_error": True},
+    {"role": "user", "content": "And?"},
+)
+
+
+@pytest.fixture
+async def provider(
+    fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> AsyncIterator[AnthropicProvider]:
+    provider = AnthropicProvider(api_key=FAKE_KEY, base_url=fake_models.anthropic_url, sleep=sleeps)
+    yield provider
+    await provider.aclose()
+
+
+def request(**params: object) -> ModelRequest:
+    return ModelRequest("anthropic", "claude-x", CONVERSATION, (LOOKUP,), params)
+
+
+async def test_request_is_sent_in_the_messages_wire_format(
+    provider: AnthropicProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.anthropic.script(Completion(text="A-17 shipped."))
+
+    await provider.complete(request())
+
+    sent = fake_models.anthropic.requests[0]
+    # Older SDKs send x-api-key, newer ones a bearer token.
+    bearer = sent.headers.get("authorization", "").removeprefix("Bearer ")
+    assert FAKE_KEY in (sent.headers.get("x-api-key"), bearer)
+    assert sent.body["system"] == "You are terse.\n\nAnswer in English."
+    assert sent.body["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert sent.body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Where are A-17 and B-2?"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking."},
+                {
+                    "type": "tool_use",
+                    "id": "t1",
+                    "name": "lookup_order",
+                    "input": {"order_id": "A-17"},
+                },
+                {
+                    "type": "tool_use",
+                    "id": "t2",
+                    "name": "lookup_order",
+                    "input": {"order_id": "B-2"},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "sent"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t2",
+                    "content": '{"error": "no such order"}',
+                    "is_error": True,
+                },
+                {"type": "text", "text": "And?"},
+            ],
+        },
+    ]
+    assert sent.body["tools"] == [
+        {
+            "name": "lookup_order",
+            "description": "Find an order.",
+            "input_schema": dict(LOOKUP.parameters),
+        }
+    ]
+
+
+async def test_params_pass_through_with_anthropic_spelling(
+    provider: AnthropicProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.anthropic.script(Completion(text="ok"))
+
+    await provider.complete(request(max_tokens=99, temperature=0.1, top_k=5, stop="END"))
+
+    body = fake_models.anthropic.last_body
+    assert body["max_tokens"] == 99
+    assert body["temperature"] == 0.1
+    assert body["top_k"] == 5
+    assert body["stop_sequences"] == ["END"]
+    assert "stop" not in body
+
+
+async def test_response_is_parsed(
+    provider: AnthropicProvider, fake_models: FakeModelServer
+) -> None:
+    call = FakeToolCall("toolu_1", "lookup_order", {"order_id": "A-17"})
+    fake_models.anthropic.script(Completion(text="Checking.", tool_calls=(call,)))
+
+    response = await provider.complete(request())
+
+    assert response.text == "Checking."
+    assert response.tool_calls == (ToolCall("toolu_1", "lookup_order", {"order_id": "A-17"}),)
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (11, 7)
+    assert response.finish_reason == "tool_calls"
+    assert response.model == "claude-x"
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "finish_reason"),
+    [("end_turn", "stop"), ("max_tokens", "length"), ("refusal", "refusal")],
+)
+async def test_stop_reasons_are_normalised(
+    provider: AnthropicProvider,
+    fake_models: FakeModelServer,
+    stop_reason: str,
+    finish_reason: str,
+) -> None:
+    fake_models.anthropic.script(Completion(text="x", stop_reason=stop_reason))
+
+    assert (await provider.complete(request())).finish_reason == finish_reason
+
+
+async def test_overloaded_529_is_retried(
+    provider: AnthropicProvider, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    fake_models.anthropic.script(Failure(529, "Overloaded"), Completion(text="ok"))
+
+    assert (await provider.complete(request())).text == "ok"
+    assert sleeps.delays == [0.5]
+    assert fake_models.anthropic.served == 2
+
+
+async def test_key_and_base_url_fall_back_to_the_environment(
+    fake_models: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", FAKE_KEY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", fake_models.anthropic_url)
+    provider = AnthropicProvider()
+    fake_models.anthropic.script(Completion(text="from env"))
+    try:
+        assert (await provider.complete(request())).text == "from env"
+    finally:
+        await provider.aclose()
+    assert isinstance(provider, ModelProvider)
+
+
+def test_missing_key_is_provider_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+
+    with pytest.raises(ProviderUnavailable, match="ANTHROPIC_API_KEY"):
+        AnthropicProvider()
+
+
+async def test_injected_client_has_its_retries_switched_off(
+    fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    client = anthropic.AsyncAnthropic(
+        api_key=FAKE_KEY, base_url=fake_models.anthropic_url, max_retries=5
+    )
+    provider = AnthropicProvider(client=client, sleep=sleeps)
+    fake_models.anthropic.script(*[Failure(503)] * 4)
+    try:
+        with pytest.raises(ModelCallFailed, match="HTTP 503"):
+            await provider.complete(request())
+    finally:
+        await client.close()
+
+    assert fake_models.anthropic.served == 4

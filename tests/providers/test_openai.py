@@ -1,0 +1,194 @@
+"""OpenAIProvider: Toren's message format on the chat-completions wire, both ways."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import openai
+import pytest
+
+from toren.errors import ModelCallFailed, ProviderUnavailable
+from toren.providers.base import ModelProvider, ModelRequest, ToolCall, ToolSpec
+from toren.providers.openai import OpenAIProvider, wire_message
+
+from .conftest import SleepRecorder
+from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
+
+LOOKUP = ToolSpec(
+    name="lookup_order",
+    description="Find an order.",
+    parameters={"type": "object", "properties": {"order_id": {"type": "string"}}},
+)
+
+CONVERSATION = (
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Where is A-17?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c1", "name": "lookup_order", "arguments": {"order_id": "A-17"}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "name": "lookup_order", "content": {"status": "sent"}},
+)
+
+
+@pytest.fixture
+async def provider(
+    fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> AsyncIterator[OpenAIProvider]:
+    provider = OpenAIProvider(api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps)
+    yield provider
+    await provider.aclose()
+
+
+def request(**params: object) -> ModelRequest:
+    return ModelRequest("openai", "gpt-4o-mini", CONVERSATION, (LOOKUP,), params)
+
+
+async def test_request_is_sent_in_the_chat_completions_wire_format(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.openai.script(Completion(text="It shipped."))
+
+    await provider.complete(request())
+
+    sent = fake_models.openai.requests[0]
+    assert sent.headers["authorization"] == f"Bearer {FAKE_KEY}"
+    assert sent.body["model"] == "gpt-4o-mini"
+    assert sent.body["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Where is A-17?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "lookup_order", "arguments": '{"order_id": "A-17"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"status": "sent"}'},
+    ]
+    assert sent.body["tools"] == [{"type": "function", "function": LOOKUP.to_dict()}]
+
+
+async def test_params_pass_through_but_transport_settings_do_not(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.openai.script(Completion(text="ok"))
+    params = {"temperature": 0.2, "max_tokens": 50, "top_p": 0.9, "stop": ["\n\n"], "seed": 7}
+
+    await provider.complete(request(**params, reasoning_effort="low", timeout=1, stream=True))
+
+    body = fake_models.openai.last_body
+    assert {k: body[k] for k in params} == params
+    assert body["reasoning_effort"] == "low"
+    assert "timeout" not in body
+    assert "stream" not in body
+
+
+async def test_response_is_parsed(provider: OpenAIProvider, fake_models: FakeModelServer) -> None:
+    call = FakeToolCall("call_9", "lookup_order", {"order_id": "B-2"})
+    fake_models.openai.script(Completion(text="Checking.", tool_calls=(call,), input_tokens=30))
+
+    response = await provider.complete(request())
+
+    assert response.text == "Checking."
+    assert response.tool_calls == (ToolCall("call_9", "lookup_order", {"order_id": "B-2"}),)
+    assert response.usage.input_tokens == 30
+    assert response.usage.output_tokens == 7
+    assert response.finish_reason == "tool_calls"
+    assert response.model == "gpt-4o-mini"
+    assert response.message() == {
+        "role": "assistant",
+        "content": "Checking.",
+        "tool_calls": [{"id": "call_9", "name": "lookup_order", "arguments": {"order_id": "B-2"}}],
+    }
+
+
+async def test_streaming_asks_for_usage(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.openai.script(Completion(text="hi", input_tokens=3, output_tokens=1))
+
+    response = await provider.complete(request(), on_delta=lambda _: None)
+
+    assert fake_models.openai.last_body["stream_options"] == {"include_usage": True}
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (3, 1)
+
+
+async def test_length_finish_reason_passes_through(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.openai.script(Completion(text="trunc", stop_reason="length"))
+
+    assert (await provider.complete(request())).finish_reason == "length"
+
+
+async def test_key_and_base_url_fall_back_to_the_environment_at_construction(
+    fake_models: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", FAKE_KEY)
+    monkeypatch.setenv("OPENAI_BASE_URL", fake_models.openai_url)
+    provider = OpenAIProvider()
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # too late to matter
+    fake_models.openai.script(Completion(text="from env"))
+    try:
+        response = await provider.complete(request())
+    finally:
+        await provider.aclose()
+
+    assert response.text == "from env"
+    assert isinstance(provider, ModelProvider)
+
+
+def test_missing_key_is_provider_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+    with pytest.raises(ProviderUnavailable, match="OPENAI_API_KEY"):
+        OpenAIProvider()
+
+
+async def test_local_server_needs_no_key(
+    fake_models: FakeModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    provider = OpenAIProvider(base_url=fake_models.openai_url)
+    fake_models.openai.script(Completion(text="local"))
+    try:
+        assert (await provider.complete(request())).text == "local"
+    finally:
+        await provider.aclose()
+
+
+async def test_injected_client_has_its_retries_switched_off(
+    fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    client = openai.AsyncOpenAI(api_key=FAKE_KEY, base_url=fake_models.openai_url, max_retries=5)
+    provider = OpenAIProvider(client=client, sleep=sleeps)
+    fake_models.openai.script(*[Failure(500)] * 4)
+    try:
+        with pytest.raises(ModelCallFailed, match="HTTP 500"):
+            await provider.complete(request())
+        await provider.aclose()
+        assert not client.is_closed()  # not ours to close
+    finally:
+        await client.close()
+
+    # Toren's 4 attempts, not 4 x (1 + 5) SDK retries.
+    assert fake_models.openai.served == 4
+
+
+def test_tool_arguments_survive_a_json_round_trip() -> None:
+    message = {
+        "role": "assistant",
+        "content": "x",
+        "tool_calls": [{"id": "c", "name": "f", "arguments": {"q": "ü", "n": [1, 2]}}],
+    }
+    wire = wire_message(message)
+    assert json.loads(wire["tool_calls"][0]["function"]["arguments"]) == {"q": "ü", "n": [1, 2]}
+    assert wire["content"] == "x"

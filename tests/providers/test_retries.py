@@ -1,0 +1,230 @@
+"""Behaviour every vendor provider shares, against the real SDKs and a loopback server:
+Toren's retry loop, the errors it raises, and streaming."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from toren.errors import ModelCallFailed
+from toren.providers.base import ModelRequest, RetryPolicy
+
+from .conftest import SleepRecorder, Vendor, make_provider
+from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
+
+
+def ask(vendor: Vendor) -> ModelRequest:
+    return ModelRequest(
+        provider=vendor.name,
+        model="model-x",
+        messages=({"role": "user", "content": "hello"},),
+    )
+
+
+def assert_secret_free(error: ModelCallFailed) -> None:
+    rendered = f"{error} {error!r} {error.details!r}"
+    assert FAKE_KEY not in rendered
+    assert "authorization" not in rendered.lower()
+    assert "x-api-key" not in rendered.lower()
+    # The SDK error holds the request headers; it must not ride along as the cause.
+    assert error.__cause__ is None
+    assert error.__suppress_context__
+
+
+async def test_429_waits_for_retry_after_then_succeeds(vendor: Vendor) -> None:
+    vendor.endpoint.script(Failure(429, "slow down", retry_after="3"), Completion(text="ok"))
+
+    response = await vendor.provider.complete(ask(vendor))
+
+    assert response.text == "ok"
+    assert vendor.endpoint.served == 2
+    assert vendor.sleeps.delays == [3.0]
+
+
+async def test_retry_after_is_capped_at_max_backoff(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    policy = RetryPolicy(max_backoff=7.0)
+    provider = make_provider(vendor.name, fake_models, sleeps, retry=policy)
+    vendor.endpoint.script(Failure(429, retry_after="3600"), Completion(text="ok"))
+    try:
+        await provider.complete(ask(vendor))
+    finally:
+        await provider.aclose()
+
+    assert sleeps.delays == [7.0]
+
+
+async def test_500_backs_off_then_succeeds(vendor: Vendor) -> None:
+    vendor.endpoint.script(Failure(500, "boom"), Failure(503, "busy"), Completion(text="ok"))
+
+    response = await vendor.provider.complete(ask(vendor))
+
+    assert response.text == "ok"
+    assert vendor.endpoint.served == 3
+    assert vendor.sleeps.delays == [0.5, 1.0]
+
+
+async def test_500_until_exhausted_raises_model_call_failed(vendor: Vendor) -> None:
+    vendor.endpoint.script(*[Failure(500, "the model is on fire")] * 4)
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    error = caught.value
+    assert vendor.endpoint.served == 4
+    assert vendor.sleeps.delays == [0.5, 1.0, 2.0]
+    assert "the model is on fire" in str(error)
+    assert "'model-x'" in str(error)
+    assert error.details["status"] == 500
+    assert error.details["attempts"] == 4
+    assert error.details["provider"] == vendor.name
+    assert error.details["retryable"] is True
+    assert_secret_free(error)
+
+
+async def test_401_is_not_retried_and_never_leaks_the_key(vendor: Vendor) -> None:
+    # Real servers echo (part of) a bad key back; Toren must not pass it on.
+    vendor.endpoint.script(Failure(401, f"Incorrect API key provided: {FAKE_KEY}"))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    error = caught.value
+    assert vendor.endpoint.served == 1
+    assert vendor.sleeps.delays == []
+    assert "Incorrect API key provided: [redacted]" in str(error)
+    assert error.details["status"] == 401
+    assert error.details["attempts"] == 1
+    assert error.details["retryable"] is False
+    assert_secret_free(error)
+
+
+async def test_400_is_not_retried(vendor: Vendor) -> None:
+    vendor.endpoint.script(Failure(400, "unknown parameter: frobnicate"))
+
+    with pytest.raises(ModelCallFailed, match="unknown parameter: frobnicate") as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    assert caught.value.details["status"] == 400
+    assert vendor.endpoint.served == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        RawBody('{"id": "truncated", "choices": ['),
+        RawBody("<html>gateway says hi</html>", content_type="text/html"),
+    ],
+    ids=["truncated-json", "not-json"],
+)
+async def test_malformed_body_is_not_retried(vendor: Vendor, body: RawBody) -> None:
+    vendor.endpoint.script(body)
+
+    with pytest.raises(ModelCallFailed, match="malformed response") as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    assert caught.value.details["status"] == 200
+    assert caught.value.details["attempts"] == 1
+    assert vendor.endpoint.served == 1
+    assert_secret_free(caught.value)
+
+
+async def test_malformed_stream_is_not_retried(vendor: Vendor) -> None:
+    vendor.endpoint.script(
+        RawBody("event: message_start\ndata: {oops\n\n", content_type="text/event-stream")
+    )
+
+    with pytest.raises(ModelCallFailed, match="malformed response") as caught:
+        await vendor.provider.complete(ask(vendor), on_delta=lambda _: None)
+
+    assert caught.value.details["status"] == 200
+    assert vendor.endpoint.served == 1
+
+
+async def test_attempt_timeout_is_retried(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    provider = make_provider(vendor.name, fake_models, sleeps, timeout=0.2)
+    vendor.endpoint.script(Completion(text="late", delay=0.6), Completion(text="on time"))
+    try:
+        response = await provider.complete(ask(vendor))
+    finally:
+        await provider.aclose()
+
+    assert response.text == "on time"
+    assert vendor.endpoint.served == 2
+    assert sleeps.delays == [0.5]
+
+
+async def test_connection_refused_is_retried_then_fails(
+    vendor: Vendor, sleeps: SleepRecorder
+) -> None:
+    with socket.socket() as probe:  # a port that nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = FakeModelServer()
+    dead.port = port
+    provider = make_provider(vendor.name, dead, sleeps, retry=RetryPolicy(max_attempts=3))
+    try:
+        with pytest.raises(ModelCallFailed) as caught:
+            await provider.complete(ask(vendor))
+    finally:
+        await provider.aclose()
+
+    assert caught.value.details["attempts"] == 3
+    assert caught.value.details["status"] is None
+    assert sleeps.delays == [0.5, 1.0]
+
+
+async def test_on_delta_errors_propagate_untouched(vendor: Vendor) -> None:
+    vendor.endpoint.script(Completion(text="hello there"))
+
+    def explode(delta: str) -> None:
+        raise ValueError("the UI went away")
+
+    with pytest.raises(ValueError, match="the UI went away"):
+        await vendor.provider.complete(ask(vendor), on_delta=explode)
+    assert vendor.endpoint.served == 1
+
+
+async def test_streamed_response_equals_plain_response(vendor: Vendor) -> None:
+    reply = Completion(
+        text="Let me look that up.",
+        tool_calls=(
+            FakeToolCall("call_1", "lookup_order", {"order_id": "A-17", "fields": ["status"]}),
+            FakeToolCall("call_2", "now", {}),
+        ),
+        input_tokens=42,
+        output_tokens=17,
+        chunk_size=3,
+    )
+    vendor.endpoint.script(reply, reply)
+    deltas: list[str] = []
+
+    plain = await vendor.provider.complete(ask(vendor))
+    streamed = await vendor.provider.complete(ask(vendor), on_delta=deltas.append)
+
+    assert streamed == plain
+    assert deltas == ["Let", " me", " lo", "ok ", "tha", "t u", "p."]
+    assert [c.arguments for c in plain.tool_calls] == [
+        {"order_id": "A-17", "fields": ["status"]},
+        {},
+    ]
+    assert (plain.usage.input_tokens, plain.usage.output_tokens) == (42, 17)
+    assert plain.finish_reason == "tool_calls"
+    assert plain.model == "model-x"
+    assert vendor.endpoint.last_body["stream"] is True
+
+
+async def test_streaming_retries_like_plain_calls(vendor: Vendor) -> None:
+    vendor.endpoint.script(Failure(429, retry_after="1"), Completion(text="abcdef"))
+    deltas: list[str] = []
+
+    response = await vendor.provider.complete(ask(vendor), on_delta=deltas.append)
+
+    assert response.text == "abcdef"
+    assert "".join(deltas) == "abcdef"
+    assert vendor.sleeps.delays == [1.0]
+    assert vendor.endpoint.served == 2

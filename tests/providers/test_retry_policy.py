@@ -1,0 +1,68 @@
+"""The pure parts of the retry loop: delays, Retry-After, redaction."""
+
+from __future__ import annotations
+
+import pytest
+
+from toren.providers._retry import (
+    AttemptFailure,
+    Retrying,
+    SdkErrors,
+    is_retryable_status,
+    parse_retry_after,
+    redact,
+)
+from toren.providers.base import RetryPolicy
+
+
+async def _no_sleep(seconds: float) -> None:
+    pass
+
+
+def retrying(policy: RetryPolicy) -> Retrying:
+    errors = SdkErrors(status=LookupError, connection=ConnectionError)
+    return Retrying("test", errors, policy, 1.0, _no_sleep)
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("3", 3.0), (" 1.5 ", 1.5), ("0", 0.0), ("-1", None), ("soon", None), (None, None)],
+)
+def test_retry_after_seconds_form(header: str | None, seconds: float | None) -> None:
+    assert parse_retry_after(header) == seconds
+
+
+def test_retry_after_http_date_falls_back_to_backoff() -> None:
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+
+
+@pytest.mark.parametrize(("status", "retryable"), [(429, True), (500, True), (529, True)])
+def test_retryable_statuses(status: int, retryable: bool) -> None:
+    assert is_retryable_status(status) is retryable
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 418, 422])
+def test_client_errors_are_final(status: int) -> None:
+    assert not is_retryable_status(status)
+
+
+def test_delay_is_exponential_and_capped() -> None:
+    policy = RetryPolicy(max_attempts=8, initial_backoff=1.0, multiplier=3.0, max_backoff=10.0)
+    failure = AttemptFailure("x", 500, True, "E")
+
+    delays = [retrying(policy).delay(failure, n) for n in range(1, 5)]
+
+    assert delays == [1.0, 3.0, 9.0, 10.0]
+
+
+def test_retry_after_wins_over_backoff_but_not_over_the_cap() -> None:
+    policy = RetryPolicy(max_backoff=5.0)
+    r = retrying(policy)
+
+    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=2.0), 3) == 2.0
+    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.0), 1) == 5.0
+
+
+def test_redact_leaves_placeholder_keys_alone() -> None:
+    assert redact("key sk-abcdefgh12 is bad", ("sk-abcdefgh12",)) == "key [redacted] is bad"
+    assert redact("none of it", ("none",)) == "none of it"
