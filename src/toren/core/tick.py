@@ -169,6 +169,7 @@ class TickRunner:
         self._barrier: asyncio.Task[Any] | None = None
         self._inflight = 0
         self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
+        self._parked: list[tuple[float | None, tuple[str, ...]]] = []
         self._wake = asyncio.Event()
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -248,6 +249,8 @@ class TickRunner:
                 for _ in range(8):
                     await asyncio.sleep(0)
                 if self._parkable() and not self._task.done():
+                    # Snapshot first: cancelling the agent task unwinds the waiters.
+                    self._parked = list(self._waiters)
                     self._stop(_Park("waiting"))
         with contextlib.suppress(BaseException):
             await self._task
@@ -315,9 +318,9 @@ class TickRunner:
         return stored
 
     async def _park_release(self) -> TickResult:
-        deadlines = [d for d, _ in self._waiters if d is not None]
+        deadlines = [d for d, _ in self._parked if d is not None]
         not_before = min(deadlines) if deadlines else None
-        names = sorted({n for _, ns in self._waiters for n in ns})
+        names = sorted({n for _, ns in self._parked for n in ns})
         event = self._run_event(RunWaiting(not_before=not_before, messages=names))
         await self._release(
             Release("waiting", not_before=not_before, waiting_for=names, events=[event])

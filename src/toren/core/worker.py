@@ -52,6 +52,7 @@ class LocalWorkerRuntime:
         self._stopping = asyncio.Event()
         self._capacity = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
+        self._stop_task: asyncio.Task[None] | None = None
         self.started_at: float | None = None
 
     @property
@@ -98,10 +99,10 @@ class LocalWorkerRuntime:
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
 
     async def wait_stopped(self) -> None:
+        """Return once a stop (e.g. from a signal) has finished draining."""
         await self._stopping.wait()
-        for task in self._loops:
-            with contextlib.suppress(BaseException):
-                await task
+        assert self._stop_task is not None
+        await asyncio.shield(self._stop_task)
 
     # -- claiming -------------------------------------------------------------------------
 
@@ -198,10 +199,14 @@ class LocalWorkerRuntime:
 
     async def stop(self, drain_window: float | None = None) -> None:
         """Drain: stop claiming, give running ticks up to the drain window, then make the
-        rest release their runs (their in-flight steps will run again elsewhere)."""
-        if self._stopping.is_set():
-            return
-        self._stopping.set()
+        rest release their runs (their in-flight steps will run again elsewhere). Every
+        caller waits for the same drain to finish."""
+        if self._stop_task is None:
+            self._stop_task = asyncio.ensure_future(self._drain(drain_window))
+            self._stopping.set()
+        await asyncio.shield(self._stop_task)
+
+    async def _drain(self, drain_window: float | None) -> None:
         window = self.settings.drain_window if drain_window is None else drain_window
         store, clock = self.deps.store, self.deps.clock
         with contextlib.suppress(Exception):

@@ -1,0 +1,134 @@
+"""Golden digest vectors of 0.1. These NEVER change below a major version: a different
+digest for the same request would invalidate every in-flight run's replay and re-bill
+users. If this test fails, the change that made it fail is a breaking change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toren.core.digest import (
+    HashCache,
+    canonical_json,
+    message_hash,
+    model_digest,
+    request_digest,
+    tool_spec_hash,
+)
+from toren.errors import InvalidInput
+from toren.providers.base import ModelRequest, ToolSpec
+
+VECTORS = json.loads(
+    (Path(__file__).parents[1] / "fixtures" / "v0_1" / "digest_vectors.json").read_text("utf-8")
+)
+
+
+def _model_request(case: dict[str, Any]) -> ModelRequest:
+    tools = tuple(ToolSpec(t["name"], t["description"], t["parameters"]) for t in case["tools"])
+    return ModelRequest(
+        case["provider"], case["model"], tuple(case["messages"]), tools, case["params"]
+    )
+
+
+def digest_of(case: dict[str, Any]) -> str:
+    if case["kind"] == "model":
+        return model_digest(_model_request(case))
+    return request_digest(case["kind"], case["body"])
+
+
+def test_there_are_enough_vectors() -> None:
+    assert len(VECTORS["requests"]) >= 30
+
+
+@pytest.mark.parametrize("vector", VECTORS["requests"], ids=lambda v: v["name"])
+def test_request_digest_is_frozen(vector: dict[str, Any]) -> None:
+    assert digest_of(vector["input"]) == vector["digest"]
+
+
+@pytest.mark.parametrize("vector", VECTORS["messages"], ids=lambda v: v["input"]["role"])
+def test_message_hash_is_frozen(vector: dict[str, Any]) -> None:
+    assert message_hash(vector["input"]) == vector["hash"]
+
+
+def test_tool_spec_hash_is_frozen() -> None:
+    for vector in VECTORS["tools"]:
+        assert tool_spec_hash(vector["input"]) == vector["hash"]
+
+
+def _by_name(name: str) -> dict[str, Any]:
+    return next(v for v in VECTORS["requests"] if v["name"] == name)
+
+
+def test_key_order_does_not_matter() -> None:
+    assert _by_name("model_key_order_a")["digest"] == _by_name("model_key_order_b")["digest"]
+
+
+def test_transport_settings_never_enter_the_digest() -> None:
+    assert (
+        _by_name("model_transport_params_ignored")["digest"]
+        == _by_name("model_params_float")["digest"]
+    )
+
+
+def test_int_and_float_are_distinct() -> None:
+    digests = {
+        _by_name(n)["digest"]
+        for n in ("model_params_float_int_like", "model_params_int", "model_params_float")
+    }
+    assert len(digests) == 3
+
+
+def test_each_vector_is_distinct() -> None:
+    digests = [v["digest"] for v in VECTORS["requests"]]
+    same = {("model_key_order_a", "model_key_order_b"), ("model_params_float", "model_transport_params_ignored")}
+    dupes = {
+        tuple(sorted((a["name"], b["name"])))
+        for a in VECTORS["requests"]
+        for b in VECTORS["requests"]
+        if a["name"] < b["name"] and a["digest"] == b["digest"]
+    }
+    assert dupes == {tuple(sorted(p)) for p in same}
+    assert len(set(digests)) == len(digests) - len(same)
+
+
+def test_canonical_form() -> None:
+    assert canonical_json({"b": 1, "a": [1.0, 0.1, "é", None, True]}) == (
+        '{"a":[1.0,0.1,"é",null,true],"b":1}'.encode()
+    )
+    assert canonical_json({"x": 1e100, "y": -0.0, "z": 2**70}) == b'{"x":1e+100,"y":-0.0,"z":1180591620717411303424}'
+
+
+@pytest.mark.parametrize(
+    "bad", [float("nan"), float("inf"), {1: "int key"}, {"s": {1, 2}}, b"bytes", object()]
+)
+def test_non_json_requests_are_refused(bad: Any) -> None:
+    with pytest.raises(InvalidInput, match="cannot digest"):
+        canonical_json({"v": bad})
+
+
+def test_hash_cache_reuses_unchanged_messages_and_notices_mutation() -> None:
+    cache = HashCache()
+    history = [{"role": "user", "content": f"m{i}"} for i in range(50)]
+    first = [cache.message(m) for m in history]
+    assert first == [message_hash(m) for m in history]
+    history[10]["content"] = "edited in place"
+    history[20]["extra"] = {"k": [1, 2]}
+    again = [cache.message(m) for m in history]
+    assert again == [message_hash(m) for m in history]
+    assert again[10] != first[10] and again[20] != first[20]
+    history[20]["extra"]["k"].append(3)  # nested mutation
+    assert cache.message(history[20]) == message_hash(history[20])
+    history[30]["content"] = 1  # then True: equal in Python, different in JSON
+    assert cache.message(history[30]) == message_hash(history[30])
+    history[30]["content"] = True
+    assert cache.message(history[30]) == message_hash(history[30])
+
+
+def test_model_digest_with_cache_equals_without() -> None:
+    case = _by_name("model_tool_call_turn")["input"]
+    request = _model_request(case)
+    cache = HashCache()
+    assert model_digest(request, cache) == model_digest(request) == model_digest(request, cache)
