@@ -32,13 +32,15 @@ def registry() -> toren.Registry:
 
 async def main(url: str, ledger: str, run_id: str, latency: str) -> int:
     store = await toren.connect(url)
-    provider = ScriptedProvider({"default": {"text": "ok {last_user}"}, "latency": float(latency)},
-                                ledger_path=ledger)
+    provider = ScriptedProvider(
+        {"default": {"text": "ok {last_user}"}, "latency": float(latency)}, ledger_path=ledger
+    )
     settings = toren.Settings(
         lease=LeaseSettings(ttl=0.6, heartbeat=0.15), poll_interval=0.05, drain_window=0.3
     )
-    deps = toren.TickDeps(store=store, agents=registry(), providers={"scripted": provider},
-                          settings=settings)
+    deps = toren.TickDeps(
+        store=store, agents=registry(), providers={"scripted": provider}, settings=settings
+    )
     worker = toren.LocalWorkerRuntime(deps, concurrency=4)
     await worker.start()
     worker.install_signal_handlers()  # SIGTERM drains

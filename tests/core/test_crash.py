@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 import toren
-from toren.providers.scripted import read_ledger
 from tests.core.crash_worker import STEPS, registry
+from toren.providers.scripted import read_ledger
 
 ROOT = Path(__file__).parents[2]
 KILLS = 20
@@ -27,7 +27,15 @@ def spawn(url: str, ledger: Path, run_id: str, latency: float = 0.01) -> subproc
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(ledger.with_suffix(".stderr"), "ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.core.crash_worker", url, str(ledger), run_id, str(latency)],
+            [
+                sys.executable,
+                "-m",
+                "tests.core.crash_worker",
+                url,
+                str(ledger),
+                run_id,
+                str(latency),
+            ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
@@ -63,7 +71,7 @@ async def test_sigkill_twenty_times(db_url: str, tmp_path: Path) -> None:
         targets = sorted(rng.sample(range(1, STEPS - 1), KILLS))
         for target in targets:
             proc = spawn(db_url, ledger, run.id)
-            await wait_until(lambda: distinct_steps(ledger) >= target, 60, proc)
+            await wait_until(lambda t=target: distinct_steps(ledger) >= t, 60, proc)
             # Jitter: die before, during or after the commit of the step in flight.
             await asyncio.sleep(rng.uniform(0, 0.012))
             proc.send_signal(signal.SIGKILL)

@@ -83,7 +83,10 @@ def test_int_and_float_are_distinct() -> None:
 
 def test_each_vector_is_distinct() -> None:
     digests = [v["digest"] for v in VECTORS["requests"]]
-    same = {("model_key_order_a", "model_key_order_b"), ("model_params_float", "model_transport_params_ignored")}
+    same = {
+        ("model_key_order_a", "model_key_order_b"),
+        ("model_params_float", "model_transport_params_ignored"),
+    }
     dupes = {
         tuple(sorted((a["name"], b["name"])))
         for a in VECTORS["requests"]
@@ -98,7 +101,10 @@ def test_canonical_form() -> None:
     assert canonical_json({"b": 1, "a": [1.0, 0.1, "é", None, True]}) == (
         '{"a":[1.0,0.1,"é",null,true],"b":1}'.encode()
     )
-    assert canonical_json({"x": 1e100, "y": -0.0, "z": 2**70}) == b'{"x":1e+100,"y":-0.0,"z":1180591620717411303424}'
+    assert (
+        canonical_json({"x": 1e100, "y": -0.0, "z": 2**70})
+        == b'{"x":1e+100,"y":-0.0,"z":1180591620717411303424}'
+    )
 
 
 @pytest.mark.parametrize(

@@ -75,8 +75,12 @@ async def test_prompt_edit_invalidates_exactly_the_suffix(store: Store) -> None:
     mailbox = Mailbox()
     provider = ScriptedProvider()
     v1 = toren.Registry()
-    v1.add("chain", chain_agent(12, prompt_at=7, prompt="v1", email_at=9), tools=mailbox.tools(),
-           code_version="A")
+    v1.add(
+        "chain",
+        chain_agent(12, prompt_at=7, prompt="v1", email_at=9),
+        tools=mailbox.tools(),
+        code_version="A",
+    )
     run = await toren.start_run(store, v1, "chain")
 
     # Version A runs the whole chain once (steps 0-11 and the email after step 9) but is
@@ -95,8 +99,12 @@ async def test_prompt_edit_invalidates_exactly_the_suffix(store: Store) -> None:
     assert provider.served == 12 and len(mailbox.sent) == 1
 
     v2 = toren.Registry()
-    v2.add("chain", chain_agent(12, prompt_at=7, prompt="v2 edited", email_at=9),
-           tools=mailbox.tools(), code_version="B")
+    v2.add(
+        "chain",
+        chain_agent(12, prompt_at=7, prompt="v2 edited", email_at=9),
+        tools=mailbox.tools(),
+        code_version="B",
+    )
     await store.send_message(run.id, "never", None, now=0)  # wake it (message unused by B)
     second = await toren.tick(run.id, make_deps(store, v2, provider))
     assert second.status == "completed", second.error
@@ -111,12 +119,13 @@ async def test_prompt_edit_invalidates_exactly_the_suffix(store: Store) -> None:
     assert inv.from_pos == 7 and inv.cause == "digest_mismatch" and inv.code_version == "B"
     assert inv.expected_digest and inv.actual_digest and inv.expected_digest != inv.actual_digest
     model_positions_after = [
-        e.position for e in events
-        if e.type == "ModelCallRecorded" and e.seq > invalidations[0].seq
+        e.position for e in events if e.type == "ModelCallRecorded" and e.seq > invalidations[0].seq
     ]
     # Model steps 7, 8, 9 then the email tool (position 10), then model steps 10, 11.
     assert model_positions_after == [7, 8, 9, 11, 12]
-    tools_after = [e for e in events if e.type == "ToolCallRecorded" and e.seq > invalidations[0].seq]
+    tools_after = [
+        e for e in events if e.type == "ToolCallRecorded" and e.seq > invalidations[0].seq
+    ]
     assert [t.position for t in tools_after] == [10]
     assert tools_after[0].payload.reused_from_seq is not None
     assert (await store.get_run(run.id)).invalidations == 1  # type: ignore[union-attr]
@@ -139,6 +148,7 @@ async def test_reexecute_tool_runs_again_after_invalidation(store: Store) -> Non
         async def fn(ctx: toren.Context, input: Any) -> Any:
             await ctx.model("scripted:echo", [{"role": "user", "content": prompt}])
             return await ctx.tool("price", {})
+
         return fn
 
     tools = {"price": toren.ToolDef("price", price, ToolSpec("price"), reexecute=True)}
@@ -273,6 +283,7 @@ async def test_spawn_child_stream_and_invalidation_with_parent(store: Store) -> 
             out = await ctx.spawn("child", {"n": 2})
             await ctx.wait_for_message("go")
             return out
+
         return fn
 
     async def child(ctx: toren.Context, input: Any) -> Any:
@@ -299,8 +310,11 @@ async def test_spawn_child_stream_and_invalidation_with_parent(store: Store) -> 
     result = await toren.tick(run.id, make_deps(store, b, provider))
     assert result.status == "completed" and result.output == ["c0", "c1"]
     events = await store.load_events(run.id)
-    inv = [(e.stream, e.payload.from_pos, e.payload.cause) for e in events
-           if e.type == "StreamInvalidated"]
+    inv = [
+        (e.stream, e.payload.from_pos, e.payload.cause)
+        for e in events
+        if e.type == "StreamInvalidated"
+    ]
     # The parent changed at 0; the child started at 1 is invalidated with it.
     assert inv == [("main", 0, "digest_mismatch"), ("main/1", 0, "parent_invalidated")]
     assert provider.served == 6
@@ -315,6 +329,7 @@ async def test_fewer_steps_in_new_code_supersede_the_tail(store: Store) -> None:
                 await ctx.model("scripted:echo", [{"role": "user", "content": str(i)}])
             await ctx.wait_for_message("go")
             return n
+
         return fn
 
     a = toren.Registry()
@@ -361,14 +376,14 @@ async def test_cancellation_cannot_be_swallowed(store: Store) -> None:
         try:
             reached.set()
             await asyncio.sleep(30)
-        except Exception:  # noqa: BLE001 - the point: this must not catch cancellation
+        except Exception:
             after.append("swallowed")
         return "finished anyway"
 
     reg = toren.Registry()
     reg.add("s", stubborn)
     deps = make_deps(store, reg, ScriptedProvider())
-    run = await toren.start_run(store, reg, "s")
+    await toren.start_run(store, reg, "s")
     lease = (await store.claim("w1", 1, now=deps.clock.now(), ttl=30))[0]
     runner = toren.core.tick.TickRunner(deps, lease)
     task = asyncio.ensure_future(runner.run())
@@ -411,7 +426,11 @@ async def test_agent_missing_on_this_worker_defers_the_run(store: Store) -> None
     result = await toren.tick(run.id, make_deps(store, other, ScriptedProvider()))
     assert result.status == "deferred" and "unknown agent 'chain'" in result.error["message"]
     stored = await store.get_run(run.id)
-    assert stored is not None and stored.status == "queued" and stored.error["code"] == "agent_not_found"
+    assert (
+        stored is not None
+        and stored.status == "queued"
+        and stored.error["code"] == "agent_not_found"
+    )
     # Nothing lost: a worker that knows the agent completes it once the deferral passes.
     deps = make_deps(store, reg, ScriptedProvider(), clock=toren.ManualClock(stored.not_before + 1))
     assert (await toren.tick(run.id, deps)).status == "completed"
@@ -430,8 +449,10 @@ async def test_corrupt_event_payload_is_named(store: Store, db_url: str) -> None
 
 
 async def _corrupt(store: Store, url: str, run_id: str) -> None:
-    sql = ("UPDATE events SET payload = '{broken' WHERE seq = (SELECT MIN(seq) FROM events "
-           "WHERE run_id = ? AND type = 'ModelCallRecorded')")
+    sql = (
+        "UPDATE events SET payload = '{broken' WHERE seq = (SELECT MIN(seq) FROM events "
+        "WHERE run_id = ? AND type = 'ModelCallRecorded')"
+    )
     await store._run(lambda cur: store._x(cur, sql, (run_id,)))  # type: ignore[attr-defined]
 
 
@@ -449,10 +470,14 @@ async def test_unknown_event_types_and_fields_are_ignored(store: Store) -> None:
     reg.add("chain", parked)
     await toren.tick(run.id, make_deps(store, reg, provider))
     # A newer release wrote an event type and a field this one does not know.
-    sql_new_type = ("INSERT INTO events (run_id, stream, type, created_at, payload) "
-                    "VALUES (?, 'main', 'FutureThing', 0, '{\"x\": 1}')")
-    sql_new_field = ("UPDATE events SET payload = REPLACE(payload, '\"provider\"', "
-                     "'\"future_field\":42,\"provider\"') WHERE run_id = ? AND type = 'ModelCallRecorded'")
+    sql_new_type = (
+        "INSERT INTO events (run_id, stream, type, created_at, payload) "
+        "VALUES (?, 'main', 'FutureThing', 0, '{\"x\": 1}')"
+    )
+    sql_new_field = (
+        "UPDATE events SET payload = REPLACE(payload, '\"provider\"', "
+        "'\"future_field\":42,\"provider\"') WHERE run_id = ? AND type = 'ModelCallRecorded'"
+    )
     await store._run(lambda cur: store._x(cur, sql_new_type, (run.id,)))  # type: ignore[attr-defined]
     await store._run(lambda cur: store._x(cur, sql_new_field, (run.id,)))  # type: ignore[attr-defined]
     await store.send_message(run.id, "go", None, now=0)

@@ -19,8 +19,12 @@ from toren.core.replay import Invalidate, Live, Replay, RunLog, decide, descenda
 _seq = iter(range(1, 10_000))
 
 
-def ev(stream: str, pos: int | None, payload, digest: str | None = None, gen: int = 0, cv: str = "A") -> Event:
-    e = make_event("r", payload, stream=stream, position=pos, generation=gen, digest=digest, code_version=cv)
+def ev(
+    stream: str, pos: int | None, payload, digest: str | None = None, gen: int = 0, cv: str = "A"
+) -> Event:
+    e = make_event(
+        "r", payload, stream=stream, position=pos, generation=gen, digest=digest, code_version=cv
+    )
     return Event(**{**e.__dict__, "seq": next(_seq)})
 
 
@@ -37,8 +41,15 @@ def invalidate(stream: str, from_pos: int) -> Event:
 
 
 def test_fold_builds_views_per_stream() -> None:
-    log = RunLog.fold("r", [ev("", None, RunStarted(agent="a")), model(0, "d0"), model(1, "d1"),
-                            model(0, "c0", stream="main/1")])
+    log = RunLog.fold(
+        "r",
+        [
+            ev("", None, RunStarted(agent="a")),
+            model(0, "d0"),
+            model(1, "d1"),
+            model(0, "c0", stream="main/1"),
+        ],
+    )
     assert log.started is not None and log.started.agent == "a"
     assert sorted(log.streams) == ["main", "main/1"]
     assert [s.digest for _, s in sorted(log.streams["main"].steps.items())] == ["d0", "d1"]
@@ -50,14 +61,26 @@ def test_decide_replay_live_invalidate() -> None:
     assert isinstance(decide(view, 0, "model", "d0"), Replay)
     assert isinstance(decide(view, 2, "model", "d2"), Live)
     changed = decide(view, 1, "model", "other")
-    assert isinstance(changed, Invalidate) and changed.from_pos == 1 and changed.expected.digest == "d1"
+    assert (
+        isinstance(changed, Invalidate)
+        and changed.from_pos == 1
+        and changed.expected.digest == "d1"
+    )
     kind = decide(view, 0, "tool", "d0")
     assert isinstance(kind, Invalidate)  # same digest, different kind: still a mismatch
 
 
 def test_invalidation_truncates_the_view_but_not_the_log() -> None:
-    events = [model(0, "d0"), model(1, "d1"), model(2, "d2"), invalidate("main", 1),
-              model(1, "n1", )]
+    events = [
+        model(0, "d0"),
+        model(1, "d1"),
+        model(2, "d2"),
+        invalidate("main", 1),
+        model(
+            1,
+            "n1",
+        ),
+    ]
     log = RunLog.fold("r", events)
     view = log.streams["main"]
     assert {p: s.digest for p, s in view.steps.items()} == {0: "d0", 1: "n1"}
@@ -75,8 +98,12 @@ def test_two_phase_steps() -> None:
 
 
 def test_reuse_matches_nth_occurrence_and_skips_failures() -> None:
-    events = [tool(0, "send", result=1), tool(1, "send", error={"message": "boom"}),
-              tool(2, "send", result=3), invalidate("main", 0)]
+    events = [
+        tool(0, "send", result=1),
+        tool(1, "send", error={"message": "boom"}),
+        tool(2, "send", result=3),
+        invalidate("main", 0),
+    ]
     log = RunLog.fold("r", events)
     view = log.streams["main"]
     first = reusable_tool(log, view, "send")
@@ -91,7 +118,9 @@ def test_reuse_matches_nth_occurrence_and_skips_failures() -> None:
 
 def test_reuse_is_counted_from_the_log_across_ticks() -> None:
     first = tool(0, "send", result=1)
-    reused = ev("main", 0, ToolCallRecorded(name="t", result=1, reused_from_seq=first.seq), "send", gen=1)
+    reused = ev(
+        "main", 0, ToolCallRecorded(name="t", result=1, reused_from_seq=first.seq), "send", gen=1
+    )
     log = RunLog.fold("r", [first, invalidate("main", 0), reused])
     assert reusable_tool(log, log.streams["main"], "send") is None
 

@@ -42,7 +42,9 @@ async def test_many_runs_concurrently_in_one_worker(store: Store) -> None:
     reg = toren.Registry()
     reg.add("slow", steps_agent(3))
     provider = ScriptedProvider({"default": {"text": "{last_user}"}, "latency": 0.05})
-    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": provider}, settings=settings())
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": provider}, settings=settings()
+    )
     runs = [await toren.start_run(store, reg, "slow", {"i": i}) for i in range(40)]
     async with toren.LocalWorkerRuntime(deps, concurrency=40) as worker:
         peak = 0
@@ -64,8 +66,12 @@ async def test_new_runs_wake_an_idle_worker(db_url: str) -> None:
     starter = worker_store if db_url.startswith("sqlite") else await toren.connect(db_url)
     reg = toren.Registry()
     reg.add("one", steps_agent(1))
-    deps = toren.TickDeps(store=worker_store, agents=reg, providers={"scripted": ScriptedProvider()},
-                          settings=settings(poll_interval=60.0))
+    deps = toren.TickDeps(
+        store=worker_store,
+        agents=reg,
+        providers={"scripted": ScriptedProvider()},
+        settings=settings(poll_interval=60.0),
+    )
     try:
         async with toren.LocalWorkerRuntime(deps):
             await asyncio.sleep(0.2)  # let the worker go idle (and LISTEN)
@@ -86,8 +92,13 @@ async def test_expired_lease_is_recovered_by_another_worker(store: Store) -> Non
     # A worker claimed the run and died: its lease simply stops being renewed.
     dead = await store.claim("dead-worker", 1, now=clock.now(), ttl=5)
     assert [lease.run_id for lease in dead] == [run.id]
-    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": ScriptedProvider()},
-                          clock=clock, settings=settings())
+    deps = toren.TickDeps(
+        store=store,
+        agents=reg,
+        providers={"scripted": ScriptedProvider()},
+        clock=clock,
+        settings=settings(),
+    )
     assert (await toren.tick(run.id, deps)).status == "not_claimed"  # still leased
     await clock.advance(6)
     result = await toren.tick(run.id, deps)
@@ -95,8 +106,8 @@ async def test_expired_lease_is_recovered_by_another_worker(store: Store) -> Non
     final = await store.get_run(run.id)
     assert final is not None and final.lease_recoveries == 1
     # The dead worker can never write again: its fencing token is stale.
-    from toren.errors import LeaseLost
     from toren.core.events import RunWaiting, make_event
+    from toren.errors import LeaseLost
 
     with pytest.raises(LeaseLost):
         await store.append(dead[0], [make_event(run.id, RunWaiting())], now=clock.now())
@@ -140,7 +151,9 @@ async def test_drain_releases_unfinished_runs(store: Store) -> None:
     reg = toren.Registry()
     reg.add("d", agent, tools={"slow": toren.ToolDef("slow", slow, ToolSpec("slow"))})
     provider = ScriptedProvider()
-    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": provider}, settings=settings())
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": provider}, settings=settings()
+    )
     run = await toren.start_run(store, reg, "d")
     worker = toren.LocalWorkerRuntime(deps)
     await worker.start()
@@ -151,7 +164,9 @@ async def test_drain_releases_unfinished_runs(store: Store) -> None:
     # Another worker picks it up at once and re-runs only the in-flight step.
     fast = toren.Registry()
     fast.add("d", agent, tools={"slow": toren.ToolDef("slow", lambda: "quick", ToolSpec("slow"))})
-    deps2 = toren.TickDeps(store=store, agents=fast, providers={"scripted": provider}, settings=settings())
+    deps2 = toren.TickDeps(
+        store=store, agents=fast, providers={"scripted": provider}, settings=settings()
+    )
     async with toren.LocalWorkerRuntime(deps2):
         final = await toren.wait_for_run(store, run.id, timeout=20)
     assert final.status == "completed" and final.output == "quick" and provider.served == 1
@@ -173,7 +188,10 @@ def test_sigterm_drains_a_worker_process(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.core.crash_worker", db, str(ledger), run_id, "0.2"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = asyncio.run(_wait_ledger(ledger, 2))

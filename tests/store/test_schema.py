@@ -57,7 +57,9 @@ def test_existing_entries_never_change() -> None:
 def test_column_render() -> None:
     col = Column("process", "text", not_null=True, default="'main'")
     assert col.render("postgres") == "process TEXT NOT NULL DEFAULT 'main'"
-    assert render(AddColumn("runs", col), "postgres").endswith("ADD COLUMN IF NOT EXISTS process TEXT NOT NULL DEFAULT 'main'")
+    assert render(AddColumn("runs", col), "postgres").endswith(
+        "ADD COLUMN IF NOT EXISTS process TEXT NOT NULL DEFAULT 'main'"
+    )
 
 
 async def _columns(store: Any, table: str) -> list[tuple[str, str]]:
@@ -76,7 +78,9 @@ async def _columns(store: Any, table: str) -> list[tuple[str, str]]:
 async def test_applying_the_ddl_twice_is_a_no_op(db_url: str) -> None:
     store = await connect(db_url)
     try:
-        before = {t: await _columns(store, t) for t in ("runs", "events", "blobs", "inbox", "workers")}
+        before = {
+            t: await _columns(store, t) for t in ("runs", "events", "blobs", "inbox", "workers")
+        }
         await store.migrate()
         await store.migrate()
         after = {t: await _columns(store, t) for t in before}
@@ -108,18 +112,30 @@ async def test_first_schema_database_upgrades_in_place(db_url: str) -> None:
         for sql in statements:
             cur.execute(sql)
         # Queries exactly as the first release wrote them (explicit columns).
-        store._x(cur, "INSERT INTO runs (id, agent, status, input, created_at, updated_at) "  # type: ignore[attr-defined]
-                 "VALUES (?, ?, ?, ?, ?, ?)", ("run_old", "legacy", "queued", '{"a":1}', 1.0, 1.0))
-        store._x(cur, "INSERT INTO events (run_id, stream, type, created_at, payload, slot) "  # type: ignore[attr-defined]
-                 "VALUES (?, ?, ?, ?, ?, ?)", ("run_old", "", "RunStarted", 1.0,
-                 '{"agent":"legacy","input":{"a":1}}', "run:start"))
+        store._x(
+            cur,
+            "INSERT INTO runs (id, agent, status, input, created_at, updated_at) "  # type: ignore[attr-defined]
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            ("run_old", "legacy", "queued", '{"a":1}', 1.0, 1.0),
+        )
+        store._x(
+            cur,
+            "INSERT INTO events (run_id, stream, type, created_at, payload, slot) "  # type: ignore[attr-defined]
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            ("run_old", "", "RunStarted", 1.0, '{"agent":"legacy","input":{"a":1}}', "run:start"),
+        )
 
     try:
         await store._run(create_old)  # type: ignore[attr-defined]
         await store.migrate()
         run = await store.get_run("run_old")
         assert run is not None
-        assert (run.agent, run.process, run.status, run.input) == ("legacy", "main", "queued", {"a": 1})
+        assert (run.agent, run.process, run.status, run.input) == (
+            "legacy",
+            "main",
+            "queued",
+            {"a": 1},
+        )
         assert run.steps == 0 and run.cost_nanousd == 0 and run.waiting_for is None
         events = await store.load_events("run_old")
         assert [e.type for e in events] == ["RunStarted"]
@@ -133,15 +149,41 @@ async def test_old_queries_work_on_the_new_schema(db_url: str) -> None:
     today's schema (new columns take their defaults)."""
     store = await connect(db_url)
     old_queries = [
-        ("INSERT INTO runs (id, agent, status, input, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-         ("run_a", "x", "queued", "null", 1.0, 1.0)),
-        ("UPDATE runs SET lease_owner = ?, lease_epoch = lease_epoch + 1, lease_expires_at = ? "
-         "WHERE id = ? AND lease_owner IS NULL", ("w1", 99.0, "run_a")),
-        ("INSERT INTO events (run_id, stream, position, generation, slot, type, digest, code_version, "
-         "worker_id, created_at, format_version, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-         ("run_a", "main", 0, 0, "main#0:0", "ValueRecorded", "d", "v", "w1", 2.0, 1, '{"what":"now","value":2.0}')),
-        ("INSERT INTO inbox (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)", ("run_a", "m", "1", 3.0)),
-        ("INSERT INTO workers (id, code_version, started_at, heartbeat_at) VALUES (?, ?, ?, ?)", ("w1", "v", 1.0, 1.0)),
+        (
+            "INSERT INTO runs (id, agent, status, input, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+            ("run_a", "x", "queued", "null", 1.0, 1.0),
+        ),
+        (
+            "UPDATE runs SET lease_owner = ?, lease_epoch = lease_epoch + 1, lease_expires_at = ? "
+            "WHERE id = ? AND lease_owner IS NULL",
+            ("w1", 99.0, "run_a"),
+        ),
+        (
+            "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, code_version, "
+            "worker_id, created_at, format_version, payload) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                "run_a",
+                "main",
+                0,
+                0,
+                "main#0:0",
+                "ValueRecorded",
+                "d",
+                "v",
+                "w1",
+                2.0,
+                1,
+                '{"what":"now","value":2.0}',
+            ),
+        ),
+        (
+            "INSERT INTO inbox (run_id, name, payload, created_at) VALUES (?, ?, ?, ?)",
+            ("run_a", "m", "1", 3.0),
+        ),
+        (
+            "INSERT INTO workers (id, code_version, started_at, heartbeat_at) VALUES (?, ?, ?, ?)",
+            ("w1", "v", 1.0, 1.0),
+        ),
         ("INSERT INTO blobs (hash, body) VALUES (?, ?)", ("h", "{}")),
     ]
     selects = [

@@ -210,7 +210,9 @@ class Event:
     seq: int = 0
 
     def payload_json(self) -> str:
-        data = self.payload.raw if isinstance(self.payload, UnknownEvent) else self.payload.to_dict()
+        data = (
+            self.payload.raw if isinstance(self.payload, UnknownEvent) else self.payload.to_dict()
+        )
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
 
     def to_dict(self) -> dict[str, Any]:

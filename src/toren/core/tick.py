@@ -538,7 +538,9 @@ class TickRunner:
         previous = self._barrier
         self._barrier = asyncio.ensure_future(self._write_invalidation(previous, events))
 
-    async def _write_invalidation(self, previous: asyncio.Task[Any] | None, events: list[Event]) -> None:
+    async def _write_invalidation(
+        self, previous: asyncio.Task[Any] | None, events: list[Event]
+    ) -> None:
         if previous is not None and not previous.done():
             await asyncio.shield(previous)
         try:
@@ -616,7 +618,9 @@ class TickRunner:
         if self._interrupted:
             self._saved += to_nano(payload.cost_usd)
         if payload.error is not None:
-            raise ModelCallFailed(payload.error.get("message", "model call failed"), **payload.error)
+            raise ModelCallFailed(
+                payload.error.get("message", "model call failed"), **payload.error
+            )
         return ModelResponse.from_dict(payload.response or {})
 
     def _provider(self, name: str, program: AgentProgram) -> ModelProvider:
@@ -717,7 +721,10 @@ class TickRunner:
     ) -> dict[str, str]:
         """Message and tool bodies not stored yet: a conversation's history is stored once."""
         blobs: dict[str, str] = {}
-        pairs = [*zip(msg_hashes, request.messages), *zip(tool_hashes, request.tools)]
+        pairs = [
+            *zip(msg_hashes, request.messages, strict=True),
+            *zip(tool_hashes, request.tools, strict=True),
+        ]
         for key, obj in pairs:
             if key not in self._known_blobs:
                 data = obj.to_dict() if hasattr(obj, "to_dict") else obj
@@ -805,9 +812,7 @@ class TickRunner:
             )
             self._count(Usage())
             if error is not None:
-                raise ToolFailed(
-                    f"tool {name!r} failed: {error['message']}", **error
-                )
+                raise ToolFailed(f"tool {name!r} failed: {error['message']}", **error)
             return result
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
@@ -944,7 +949,6 @@ class TickRunner:
         self, ctx: Context, pos: int, digest: str, process: str, input: Any
     ) -> Awaitable[Any]:
         decision, gen = self._decide(ctx.stream, pos, "child", digest)
-        child_stream = f"{ctx.stream}/{pos}"
         if isinstance(decision, Replay):
             step = decision.step
             if step.complete:
@@ -953,7 +957,9 @@ class TickRunner:
                 done = step.done.payload
                 assert isinstance(done, ChildCompleted)
                 if done.error is not None:
-                    return _fail(StepFailed(done.error.get("message", "child failed"), **done.error))
+                    return _fail(
+                        StepFailed(done.error.get("message", "child failed"), **done.error)
+                    )
                 return _done(done.output)
             return self._run_child(ctx, pos, step.first.generation, digest, process, input, False)
         return self._run_child(ctx, pos, gen, digest, process, input, True)

@@ -125,7 +125,9 @@ class LocalWorkerRuntime:
             if len(leases) == free and free > 0:
                 continue  # there may be more work waiting
             self._capacity.clear()
-            waits = [asyncio.ensure_future(store.wait_for_work(self.settings.poll_interval))]
+            waits: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(store.wait_for_work(self.settings.poll_interval))
+            ]
             if free <= 0:
                 waits.append(asyncio.ensure_future(self._capacity.wait()))
             waits.append(asyncio.ensure_future(self._stopping.wait()))
@@ -136,7 +138,9 @@ class LocalWorkerRuntime:
     def _launch(self, lease: Lease) -> None:
         if lease.recovered:
             self.metrics.lease_recoveries += 1
-            log.info("worker %s recovered run %s from an expired lease", self.worker_id, lease.run_id)
+            log.info(
+                "worker %s recovered run %s from an expired lease", self.worker_id, lease.run_id
+            )
         runner = TickRunner(self.deps, lease)
         task = asyncio.ensure_future(self._tick(runner))
         self._active[lease.run_id] = (runner, task)
@@ -213,7 +217,9 @@ class LocalWorkerRuntime:
             await store.heartbeat_worker(self.worker_id, now=clock.now(), draining=True)
         tasks = [task for _, task in self._active.values()]
         if tasks:
-            log.info("worker %s draining %d runs (window %.1fs)", self.worker_id, len(tasks), window)
+            log.info(
+                "worker %s draining %d runs (window %.1fs)", self.worker_id, len(tasks), window
+            )
             await asyncio.wait(tasks, timeout=window)
         for runner, _ in list(self._active.values()):
             runner.drain()

@@ -101,7 +101,7 @@ class PostgresStore(SqlStore):
             "status = CASE WHEN runs.status = 'waiting' THEN 'running' ELSE runs.status END, "
             "lease_recoveries = runs.lease_recoveries + "
             "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
-            f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "  # noqa: S608
+            f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "
             f"{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
             "FOR UPDATE SKIP LOCKED) c "
             "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status",

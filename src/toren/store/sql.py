@@ -2,8 +2,9 @@
 rewrites them to ``%s``) and name every column: an older release must be able to run
 against a newer schema, and a newer one against an older row layout.
 
-The logic is written once, as synchronous functions over a DB-API cursor, and each dialect
-runs them on its own threads (see ``SqlStore._run``).
+Parametrised SQL only: f-strings here splice constant column lists and ``?``
+placeholder lists, never a value. The logic is written once, as synchronous functions
+over a DB-API cursor, and each dialect runs them on its own threads (``SqlStore._run``).
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ class SqlStore:
             where.append("id < ?")
             params.append(before)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        sql = f"SELECT {RUN_COLUMNS} FROM runs {clause} ORDER BY id DESC LIMIT ?"  # noqa: S608
+        sql = f"SELECT {RUN_COLUMNS} FROM runs {clause} ORDER BY id DESC LIMIT ?"
 
         def tx(cur: Any) -> list[RunRecord]:
             return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
@@ -257,7 +258,8 @@ class SqlStore:
                 "lease_recoveries",
                 "invalidations",
             )
-            return {"runs_by_status": by_status, **{k: int(v) for k, v in zip(keys, totals)}}
+            sums = {k: int(v) for k, v in zip(keys, totals, strict=True)}
+            return {"runs_by_status": by_status, **sums}
 
         return await self._run(tx, write=False)
 
@@ -266,7 +268,7 @@ class SqlStore:
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
-        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"  # noqa: S608
+        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
         params: tuple[Any, ...] = (run_id, after_seq)
         if limit is not None:
             sql += " LIMIT ?"
@@ -285,7 +287,9 @@ class SqlStore:
 
         def tx(cur: Any) -> dict[str, Any]:
             rows = self._x(
-                cur, f"SELECT hash, body FROM blobs WHERE hash IN ({marks})", tuple(hashes)  # noqa: S608
+                cur,
+                f"SELECT hash, body FROM blobs WHERE hash IN ({marks})",
+                tuple(hashes),
             ).fetchall()
             return {h: loads(b) for h, b in rows}
 
@@ -384,12 +388,12 @@ class SqlStore:
         def tx(cur: Any) -> tuple[set[str], set[str]]:
             self._x(
                 cur,
-                f"UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND id IN ({marks})",  # noqa: S608
+                f"UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND id IN ({marks})",
                 (expires_at, worker_id, *run_ids),
             )
             rows = self._x(
                 cur,
-                f"SELECT id, cancel_requested FROM runs WHERE lease_owner = ? AND id IN ({marks})",  # noqa: S608
+                f"SELECT id, cancel_requested FROM runs WHERE lease_owner = ? AND id IN ({marks})",
                 (worker_id, *run_ids),
             ).fetchall()
             return {r[0] for r in rows}, {r[0] for r in rows if r[1]}
@@ -423,7 +427,7 @@ class SqlStore:
                 marks = ", ".join("?" for _ in release.waiting_for)
                 self._x(
                     cur,
-                    "UPDATE runs SET not_before = ? WHERE id = ? AND EXISTS (SELECT 1 FROM "  # noqa: S608
+                    "UPDATE runs SET not_before = ? WHERE id = ? AND EXISTS (SELECT 1 FROM "
                     "inbox WHERE inbox.run_id = ? AND inbox.consumed_seq IS NULL AND "
                     f"inbox.name IN ({marks}))",
                     (now, lease.run_id, lease.run_id, *release.waiting_for),
@@ -434,9 +438,7 @@ class SqlStore:
             stored = await self._run(tx)
         except Exception as exc:
             if self._is_conflict(exc):
-                raise LeaseLost(
-                    f"run {lease.run_id!r} was finished by another worker"
-                ) from None
+                raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
             raise
         await self.notify()
         return stored
@@ -449,9 +451,7 @@ class SqlStore:
             if row is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             if row[0] in TERMINAL_STATUSES:
-                raise RunNotFound(
-                    f"run {run_id!r} is {row[0]} and takes no more messages"
-                )
+                raise RunNotFound(f"run {run_id!r} is {row[0]} and takes no more messages")
             msg_id = self._x(
                 cur,
                 "INSERT INTO inbox (run_id, name, payload, created_at) VALUES (?, ?, ?, ?) "
@@ -473,7 +473,7 @@ class SqlStore:
     async def next_message(self, run_id: str, names: Sequence[str]) -> InboxMessage | None:
         marks = ", ".join("?" for _ in names)
         sql = (
-            "SELECT id, run_id, name, payload, created_at FROM inbox WHERE run_id = ? "  # noqa: S608
+            "SELECT id, run_id, name, payload, created_at FROM inbox WHERE run_id = ? "
             f"AND consumed_seq IS NULL AND name IN ({marks}) ORDER BY id LIMIT 1"
         )
 
@@ -542,13 +542,10 @@ class SqlStore:
                 "FROM workers WHERE heartbeat_at >= ? ORDER BY started_at",
                 (now - ttl,),
             ).fetchall()
-            return [
-                WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows
-            ]
+            return [WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
 
         return await self._run(tx, write=False)
 
 
 def _with_seq(event: Event, seq: int) -> Event:
     return replace(event, seq=int(seq))
-

@@ -99,7 +99,7 @@ class SQLiteStore(SqlStore):
     ) -> list[Lease]:
         only_sql, only_params = ("AND id = ? ", (only,)) if only else ("", ())
         rows = cur.execute(
-            f"SELECT id, lease_owner, lease_epoch, status FROM runs WHERE {CLAIMABLE} "  # noqa: S608
+            f"SELECT id, lease_owner, lease_epoch, status FROM runs WHERE {CLAIMABLE} "
             f"{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ?",
             (now, now, now, *only_params, limit),
         ).fetchall()

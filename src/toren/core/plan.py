@@ -1,0 +1,222 @@
+"""The replay plan: before deploying, replay every in-flight run against the current code
+without executing anything live, and report which streams would be invalidated, from
+which step, with which digests, and what re-running the superseded suffix would cost.
+
+It is a tick in dry-run mode: replays resolve from the log exactly as in a real tick,
+while every step that would run live, and every invalidation, holds its branch instead
+of acting. So the plan reports exactly what the next real resume would do up to the
+first step it would execute live (later divergence depends on live results, which a plan
+cannot know).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from toren.core.context import Context
+from toren.core.events import ModelCallRecorded
+from toren.core.program import AgentResolver
+from toren.core.replay import RunLog, Step, descendants
+from toren.core.tick import TickDeps, TickRunner
+from toren.errors import AgentNotFound, CorruptEventLog
+from toren.store.base import Lease, RunRecord, Store
+
+IN_FLIGHT = ("queued", "running", "waiting")
+
+
+@dataclass(frozen=True)
+class StreamFinding:
+    stream: str
+    from_pos: int
+    cause: str
+    expected_digest: str | None
+    actual_digest: str | None
+    expected_kind: str | None
+    actual_kind: str | None
+    written_by: tuple[str, ...]
+    suffix_steps: int
+    suffix_model_calls: int
+    suffix_tokens: int
+    suffix_cost_usd: Decimal
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "from_pos": self.from_pos,
+            "cause": self.cause,
+            "expected_digest": self.expected_digest,
+            "actual_digest": self.actual_digest,
+            "expected_kind": self.expected_kind,
+            "actual_kind": self.actual_kind,
+            "written_by": list(self.written_by),
+            "suffix_steps": self.suffix_steps,
+            "suffix_model_calls": self.suffix_model_calls,
+            "suffix_tokens": self.suffix_tokens,
+            "suffix_cost_usd": str(self.suffix_cost_usd),
+        }
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    agent: str
+    process: str
+    status: str
+    code_version: str
+    replayed_steps: int = 0
+    findings: tuple[StreamFinding, ...] = ()
+    problem: str | None = None  # the run cannot be planned (unknown agent, corrupt log)
+    streams: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def clean(self) -> bool:
+        return not self.findings and self.problem is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "agent": self.agent,
+            "process": self.process,
+            "status": self.status,
+            "code_version": self.code_version,
+            "clean": self.clean,
+            "replayed_steps": self.replayed_steps,
+            "streams": list(self.streams),
+            "findings": [f.to_dict() for f in self.findings],
+            "problem": self.problem,
+            "rerun_cost_usd": str(sum((f.suffix_cost_usd for f in self.findings), Decimal(0))),
+        }
+
+
+class PlanRunner(TickRunner):
+    """A tick that only replays: live steps and invalidations hold their branch."""
+
+    def __init__(self, deps: TickDeps, run: RunRecord) -> None:
+        super().__init__(deps, Lease(run.id, "plan", -1))
+        self.findings: list[StreamFinding] = []
+
+    async def plan(self) -> RunPlan:
+        run = await self.store.get_run(self.run_id)
+        assert run is not None
+        try:
+            program = self.deps.agents.resolve(run.agent, run.process)
+        except AgentNotFound as exc:
+            return self._plan(run, "?", problem=exc.message)
+        self.code_version = self.deps.code_version or program.code_version
+        try:
+            events = await self.store.load_events(self.run_id)
+        except CorruptEventLog as exc:
+            return self._plan(run, self.code_version, problem=exc.message)
+        self.log = RunLog.fold(self.run_id, events)
+        root = Context(self, run.process, program, run.input)
+        self._task = asyncio.ensure_future(self._main(root))
+        await self._drive()
+        return self._plan(run, self.code_version)
+
+    def _plan(self, run: RunRecord, version: str, problem: str | None = None) -> RunPlan:
+        return RunPlan(
+            run.id,
+            run.agent,
+            run.process,
+            run.status,
+            version,
+            replayed_steps=self.replayed,
+            findings=tuple(self.findings),
+            problem=problem,
+            streams=tuple(sorted(self.log.streams)),
+        )
+
+    # -- dry-run overrides ------------------------------------------------------------------
+
+    def _invalidate(
+        self,
+        stream: str,
+        from_pos: int,
+        *,
+        expected: Step | None,
+        actual_kind: str | None,
+        actual_digest: str | None,
+    ) -> None:
+        view = self.log.stream(stream)
+        suffix = [s for p, s in sorted(view.steps.items()) if p >= from_pos]
+        children = [
+            s.first.payload.child_stream  # type: ignore[attr-defined]
+            for s in suffix
+            if s.first.type == "ChildStarted"
+        ]
+        for child in descendants(self.log, children):
+            suffix.extend(self.log.stream(child).steps.values())
+        calls = [s.first.payload for s in suffix if isinstance(s.first.payload, ModelCallRecorded)]
+        if expected is None:
+            cause = "stream_ended"
+        elif expected.kind != actual_kind:
+            cause = "kind_mismatch"
+        else:
+            cause = "digest_mismatch"
+        self.findings.append(
+            StreamFinding(
+                stream=stream,
+                from_pos=from_pos,
+                cause=cause,
+                expected_digest=expected.digest if expected else None,
+                actual_digest=actual_digest,
+                expected_kind=expected.kind if expected else None,
+                actual_kind=actual_kind,
+                written_by=tuple(sorted({s.code_version for s in suffix})),
+                suffix_steps=len(suffix),
+                suffix_model_calls=len(calls),
+                suffix_tokens=sum(c.input_tokens + c.output_tokens for c in calls),
+                suffix_cost_usd=sum((Decimal(c.cost_usd) for c in calls), Decimal(0)),
+            )
+        )
+        view.truncate(from_pos)
+
+    async def _hold(self, *_: Any, **__: Any) -> Any:
+        async with self._busy():
+            await self._park(None, ())
+
+    _live_model = _hold
+    _live_tool = _hold
+    _live_value = _hold
+    _start_timer = _hold
+    _await_timer = _hold
+    _start_message_wait = _hold
+    _await_message = _hold
+
+    async def _run_child(
+        self, ctx: Context, pos: int, gen: int, digest: str, process: str, input: Any, live: bool
+    ) -> Any:
+        if live:
+            return await self._hold()
+        return await super()._run_child(ctx, pos, gen, digest, process, input, live)
+
+
+async def plan_run(deps: TickDeps, run: RunRecord) -> RunPlan:
+    return await PlanRunner(deps, run).plan()
+
+
+async def plan_runs(
+    store: Store,
+    agents: AgentResolver,
+    *,
+    deps: TickDeps | None = None,
+    statuses: Sequence[str] = IN_FLIGHT,
+    limit: int = 10_000,
+) -> list[RunPlan]:
+    """Plan every in-flight run (queued, running, waiting), newest first."""
+    deps = deps or TickDeps(store=store, agents=agents)
+    plans: list[RunPlan] = []
+    for status in statuses:
+        cursor = None
+        while len(plans) < limit:
+            page = await store.list_runs(status=status, limit=200, before=cursor)
+            if not page:
+                break
+            for run in page:
+                plans.append(await plan_run(deps, run))
+            cursor = page[-1].id
+    return plans

@@ -1,0 +1,69 @@
+"""The replay plan reports exactly what a real resume then invalidates."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import toren
+from toren.core.plan import plan_runs
+from toren.providers.base import Usage
+from toren.providers.scripted import ScriptedProvider
+from toren.store import Store
+
+
+def agent(prompt_at: int, prompt: str, n: int = 6):
+    async def fn(ctx: toren.Context, input: Any) -> Any:
+        msgs: list[dict[str, Any]] = []
+        for i in range(n):
+            msgs.append({"role": "user", "content": f"s{i}" + (prompt if i == prompt_at else "")})
+            msgs.append((await ctx.model("scripted:echo", msgs)).message())
+        await ctx.wait_for_message("go")
+        return len(msgs)
+
+    return fn
+
+
+def price(_ref: str, usage: Usage) -> Decimal:
+    return Decimal("0.001") * (usage.input_tokens + usage.output_tokens)
+
+
+async def test_plan_is_clean_then_matches_the_real_invalidation(store: Store) -> None:
+    provider = ScriptedProvider()
+    a = toren.Registry()
+    a.add("x", agent(3, "v1"), code_version="A")
+    runs = [await toren.start_run(store, a, "x", {"i": i}) for i in range(3)]
+    deps_a = toren.TickDeps(store=store, agents=a, providers={"scripted": provider}, pricing=price)
+    for run in runs:
+        assert (await toren.tick(run.id, deps_a)).status == "waiting"
+    queued = await toren.start_run(store, a, "x", {"i": 99})  # never started: nothing recorded
+
+    plans = await plan_runs(store, a)
+    assert len(plans) == 4 and all(p.clean for p in plans)
+    assert provider.served == 18  # planning executed nothing
+
+    b = toren.Registry()
+    b.add("x", agent(3, "v2 edited"), code_version="B")
+    plans = {p.run_id: p for p in await plan_runs(store, b)}
+    assert provider.served == 18
+    assert plans[queued.id].clean
+    for run in runs:
+        plan = plans[run.id]
+        assert not plan.clean
+        (finding,) = plan.findings
+        assert (finding.stream, finding.from_pos, finding.cause) == ("main", 3, "digest_mismatch")
+        assert finding.suffix_model_calls == 3 and finding.written_by == ("A",)
+        assert finding.suffix_cost_usd > 0
+
+    # The real resume invalidates exactly what the plan said.
+    deps_b = toren.TickDeps(store=store, agents=b, providers={"scripted": provider}, pricing=price)
+    for run in runs:
+        await store.send_message(run.id, "go", None, now=0)
+        assert (await toren.tick(run.id, deps_b)).status == "completed"
+        inv = [e for e in await store.load_events(run.id) if e.type == "StreamInvalidated"]
+        finding = plans[run.id].findings[0]
+        assert [
+            (e.stream, e.payload.from_pos, e.payload.expected_digest, e.payload.actual_digest)
+            for e in inv
+        ] == [(finding.stream, finding.from_pos, finding.expected_digest, finding.actual_digest)]
+    assert provider.served == 18 + 9
