@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 from toren.errors import AgentNotFound
-from toren.providers.base import ModelProvider, ToolSpec
+from toren.providers.base import ModelProvider, ToolSpec, Usage
 
 if TYPE_CHECKING:
     from toren.core.context import Context
 
 AgentFn = Callable[["Context", Any], Awaitable[Any]]
+Pricing = Callable[[str, Usage], Decimal]  # ("provider:model", usage) -> estimated USD
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class AgentProgram:
     # script file, an ``openai`` provider with the agent's base_url). They take precedence
     # over the runtime-wide providers in ``TickDeps.providers``.
     providers: Mapping[str, ModelProvider] = field(default_factory=dict)
+    # The agent's price table (defaults plus its agent.yaml overrides); wins over the
+    # runtime-wide ``TickDeps.pricing``.
+    pricing: Pricing | None = None
 
 
 class AgentResolver(Protocol):

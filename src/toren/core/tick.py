@@ -20,7 +20,7 @@ import uuid as _uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toren.config import Settings
 from toren.core.clock import Clock, SystemClock
@@ -44,7 +44,7 @@ from toren.core.events import (
     ValueRecorded,
     make_event,
 )
-from toren.core.program import AgentProgram, AgentResolver, ToolDef
+from toren.core.program import AgentProgram, AgentResolver, Pricing, ToolDef
 from toren.core.replay import (
     Invalidate,
     Live,
@@ -73,9 +73,11 @@ from toren.errors import (
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, Usage
 from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo, to_nano
 
+if TYPE_CHECKING:
+    from toren.agents.telemetry import Telemetry
+
 log = logging.getLogger("toren.tick")
 
-Pricing = Callable[[str, Usage], Decimal]  # ("provider:model", usage) -> USD
 LiveFeed = Callable[[str, dict[str, Any]], None]  # (run_id, item) -> None; never blocks
 
 
@@ -93,6 +95,7 @@ class TickDeps:
     code_version: str | None = None
     pricing: Pricing | None = None
     live: LiveFeed | None = None
+    telemetry: Telemetry | None = None  # toren.agents.telemetry.create_telemetry()
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,12 @@ def error_dict(exc: BaseException) -> dict[str, Any]:
     code = exc.code if isinstance(exc, TorenError) else "agent_error"
     message = exc.message if isinstance(exc, TorenError) else str(exc)
     return {"type": type(exc).__name__, "code": code, "message": message}
+
+
+def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str = "") -> StepFailed:
+    """Rebuild the exception of a recorded failed step (live or replayed alike)."""
+    details = {k: v for k, v in error.items() if k != "message"}
+    return cls(prefix + str(error.get("message", "step failed")), **details)
 
 
 def _json_value(value: Any, what: str) -> Any:
@@ -226,9 +235,17 @@ class TickRunner:
         if any(e.code_version != self.code_version for e in events if e.digest):
             await self._load_live_versions()
         root = Context(self, run.process, program, run.input)
-        self._task = asyncio.ensure_future(self._main(root))
-        await self._drive()
-        return await self._conclude()
+        telemetry = self.deps.telemetry
+        with (
+            telemetry.run_span(
+                self.run_id, agent=run.agent, process=run.process, code_version=self.code_version
+            )
+            if telemetry is not None
+            else contextlib.nullcontext()
+        ):
+            self._task = asyncio.ensure_future(self._main(root))
+            await self._drive()
+            return await self._conclude()
 
     async def _main(self, ctx: Context) -> Any:
         output = await ctx.program.fn(ctx, ctx.input)
@@ -618,9 +635,7 @@ class TickRunner:
         if self._interrupted:
             self._saved += to_nano(payload.cost_usd)
         if payload.error is not None:
-            raise ModelCallFailed(
-                payload.error.get("message", "model call failed"), **payload.error
-            )
+            raise recorded_error(ModelCallFailed, payload.error)
         return ModelResponse.from_dict(payload.response or {})
 
     def _provider(self, name: str, program: AgentProgram) -> ModelProvider:
@@ -673,8 +688,9 @@ class TickRunner:
             latency = (time.perf_counter() - started) * 1000
             usage = response.usage if response else Usage()
             cost = Decimal(0)
-            if self.deps.pricing is not None and response is not None:
-                cost = self.deps.pricing(f"{request.provider}:{request.model}", usage)
+            pricing = ctx.program.pricing or self.deps.pricing
+            if pricing is not None and response is not None:
+                cost = pricing(f"{request.provider}:{request.model}", usage)
             msg_hashes = [self.hashes.message(m) for m in request.messages]
             tool_hashes = [self.hashes.tool(t) for t in request.tools]
             blobs = self._new_blobs(request, msg_hashes, tool_hashes)
@@ -704,8 +720,20 @@ class TickRunner:
                 ),
             )
             self._count(usage, nano)
+            if self.deps.telemetry is not None:
+                self.deps.telemetry.on_model_call(
+                    self.run_id,
+                    ctx.stream,
+                    pos,
+                    request,
+                    response,
+                    latency / 1000,
+                    False,
+                    error=None if error is None else error["message"],
+                    cost_usd=cost,
+                )
             if error is not None:
-                raise ModelCallFailed(error.get("message", "model call failed"), **error)
+                raise recorded_error(ModelCallFailed, error)
             assert response is not None
             return response
 
@@ -763,7 +791,7 @@ class TickRunner:
         assert isinstance(payload, ToolCallRecorded)
         self.replayed += 1
         if payload.error is not None:
-            raise ToolFailed(payload.error.get("message", "tool failed"), **payload.error)
+            raise recorded_error(ToolFailed, payload.error, f"tool {payload.name!r} failed: ")
         return payload.result
 
     async def _live_tool(
@@ -811,8 +839,18 @@ class TickRunner:
                 delta=RunDelta(steps=1, code_version=self.code_version),
             )
             self._count(Usage())
+            if self.deps.telemetry is not None:
+                self.deps.telemetry.on_tool_call(
+                    self.run_id,
+                    ctx.stream,
+                    pos,
+                    name,
+                    payload.latency_ms / 1000,
+                    False,
+                    error=None if error is None else error["message"],
+                )
             if error is not None:
-                raise ToolFailed(f"tool {name!r} failed: {error['message']}", **error)
+                raise recorded_error(ToolFailed, error, f"tool {name!r} failed: ")
             return result
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
@@ -957,9 +995,7 @@ class TickRunner:
                 done = step.done.payload
                 assert isinstance(done, ChildCompleted)
                 if done.error is not None:
-                    return _fail(
-                        StepFailed(done.error.get("message", "child failed"), **done.error)
-                    )
+                    return _fail(recorded_error(StepFailed, done.error))
                 return _done(done.output)
             return self._run_child(ctx, pos, step.first.generation, digest, process, input, False)
         return self._run_child(ctx, pos, gen, digest, process, input, True)
@@ -991,10 +1027,8 @@ class TickRunner:
                 await self._write(
                     [self._event(ctx.stream, pos, gen, digest, ChildCompleted(error=err), True)]
                 )
-            raise StepFailed(
-                f"child process {process!r} (stream {child_stream!r}) failed: {err['message']}",
-                **err,
-            ) from exc
+            prefix = f"child process {process!r} (stream {child_stream!r}) failed: "
+            raise recorded_error(StepFailed, err, prefix) from exc
         async with self._busy():
             await self._write(
                 [self._event(ctx.stream, pos, gen, digest, ChildCompleted(output=output), True)]

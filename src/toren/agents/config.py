@@ -1,0 +1,384 @@
+"""The agent.yaml schema: pydantic models, deprecated aliases and the published JSON Schema.
+
+agent.yaml is one of Toren's most settled surfaces. Below 1.0 a key may be added in a
+minor; a key is renamed or removed only through :data:`DEPRECATED_KEYS`, which keeps the old
+spelling working for one more minor with a :class:`TorenDeprecationWarning` naming the new
+key. Every model forbids unknown keys, so a typo is an error that names the key, never a
+silently ignored setting. ``docs/agent-yaml.md`` documents every key; keep it in step.
+
+Secrets never live here: a provider names the environment variable that holds its key
+(``api_key_env``), and the loader reads it only when the provider is constructed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from toren.deprecations import TorenDeprecationWarning, warn_deprecated
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "DEPRECATED_KEYS",
+    "KNOWN_PROVIDER_TYPES",
+    "SCHEMA_URL",
+    "AgentConfig",
+    "HumanConfig",
+    "LimitsConfig",
+    "McpServerConfig",
+    "ModelParams",
+    "PriceConfig",
+    "ProcessConfig",
+    "ProviderConfig",
+    "TorenDeprecationWarning",
+    "agent_json_schema",
+    "apply_deprecations",
+    "parse_model_ref",
+]
+
+SCHEMA_URL = "https://toren.run/schema/agent.schema.json"
+
+# Provider implementations shipped with Toren. Another name may be used in a model ref
+# when ``providers:`` declares it with one of these ``type``s (e.g. an Ollama server
+# declared as ``ollama: {type: openai, base_url: ...}``).
+KNOWN_PROVIDER_TYPES = ("anthropic", "openai", "scripted")
+
+# Tools the built-in loop provides itself; they may be listed in ``tools:``.
+BUILTIN_TOOLS = ("ask_human",)
+
+# old key -> (new key, first release that rejects the old key). Applies to the top level
+# of agent.yaml and to every entry of ``processes:``. An entry stays here for exactly one
+# minor after the rename, then moves to the "removed" list in CHANGELOG.md.
+DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
+    "system_prompt": ("instructions", "0.3.0"),
+}
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+ENTRY_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+ENV_VAR_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+PREFIX_PATTERN = r"^[A-Za-z0-9_-]*$"
+# What each pattern means, for error messages (a regex is not an explanation).
+PATTERN_HELP = {
+    NAME_PATTERN: "a name of letters, digits, '.', '_' or '-' starting with a letter or "
+    "digit, at most 64 characters",
+    ENTRY_PATTERN: "'module:function', e.g. 'agent:main'",
+    ENV_VAR_PATTERN: "the name of an environment variable, e.g. OPENAI_API_KEY",
+    PREFIX_PATTERN: "letters, digits, '_' or '-'",
+}
+_MODEL_REF = re.compile(r"^(?P<provider>[A-Za-z0-9][A-Za-z0-9_-]*):(?P<model>\S.*)$")
+
+# Parameters that configure the connection, not the request. They are refused in
+# ``model_params`` because they belong in ``providers:`` and must never enter a digest.
+_TRANSPORT_KEYS = frozenset(
+    {"api_key", "base_url", "headers", "extra_headers", "timeout", "max_retries", "stream"}
+)
+
+
+def parse_model_ref(ref: str) -> tuple[str, str]:
+    """``"openai:gpt-4o-mini"`` -> ``("openai", "gpt-4o-mini")``; ValueError otherwise."""
+    match = _MODEL_REF.match(ref)
+    if not match:
+        raise ValueError(
+            f"a model reference 'provider:model' such as 'openai:gpt-4o-mini', "
+            f"'anthropic:claude-sonnet-4-5' or 'scripted:script.yaml'; found {ref!r}"
+        )
+    return match["provider"], match["model"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=False)
+
+
+ModelRef = Annotated[
+    str,
+    Field(
+        description="`provider:model`, e.g. `openai:gpt-4o-mini`, "
+        "`anthropic:claude-sonnet-4-5`, `scripted:script.yaml`.",
+        examples=["openai:gpt-4o-mini", "anthropic:claude-sonnet-4-5", "scripted:script.yaml"],
+    ),
+]
+
+
+def _check_model_ref(value: str | None) -> str | None:
+    if value is not None:
+        parse_model_ref(value)
+    return value
+
+
+class LimitsConfig(_Strict):
+    """Run limits. A run that reaches one fails with ``LimitExceeded`` and says which."""
+
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most steps (model calls plus tool calls) one run may take.",
+    )
+    max_cost_usd: Decimal | None = Field(
+        default=None,
+        gt=0,
+        description="Budget in USD (estimated from the price table) for one run.",
+    )
+    step_timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds one model or tool call may take before it fails.",
+    )
+
+
+class ModelParams(BaseModel):
+    """Sampling parameters sent with every model call. Known keys are checked; other keys
+    pass through to the provider unchanged (for vendor-specific parameters)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    stop: list[str] | None = None
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _no_transport_keys(self) -> ModelParams:
+        extra = set(self.model_extra or {})
+        bad = sorted(extra & _TRANSPORT_KEYS)
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is a connection setting, not a model parameter; "
+                f"set it under 'providers:' instead"
+            )
+        return self
+
+    def as_params(self) -> dict[str, Any]:
+        """The parameters as plain JSON values, unset ones left out (they enter digests)."""
+        data = self.model_dump(exclude_none=True, mode="json")
+        return {key: data[key] for key in sorted(data)}
+
+
+class ProviderConfig(_Strict):
+    """How to reach a provider. Keys are never written here, only the variable holding one."""
+
+    type: Literal["openai", "anthropic", "scripted"] | None = Field(
+        default=None,
+        description="Implementation to use; defaults to the provider's name when that is "
+        "one of openai, anthropic, scripted.",
+    )
+    base_url: str | None = Field(
+        default=None,
+        description="API base URL, e.g. http://localhost:11434/v1 for Ollama.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=ENV_VAR_PATTERN,
+        description="Name of the environment variable holding the API key.",
+    )
+    timeout: float | None = Field(default=None, gt=0, description="Seconds per HTTP request.")
+    max_retries: int | None = Field(
+        default=None, ge=0, description="Retries on 429 and 5xx responses."
+    )
+
+
+class McpServerConfig(_Strict):
+    """An MCP server started over stdio; its tools become the agent's tools."""
+
+    command: str = Field(min_length=1, description="Executable to start, e.g. `npx`.")
+    args: list[str] = Field(default_factory=list, description="Command-line arguments.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables (literal values, not secrets).",
+    )
+    cwd: str | None = Field(
+        default=None, description="Working directory, relative to the agent directory."
+    )
+    tools: list[str] | None = Field(
+        default=None, description="Only these tools of the server (default: all)."
+    )
+    prefix: str = Field(
+        default="",
+        pattern=PREFIX_PATTERN,
+        description="Prepended to the server's tool names, to keep them apart.",
+    )
+
+
+class HumanConfig(_Strict):
+    """The built-in `ask_human` tool: it waits for a message sent to the run."""
+
+    message: str = Field(
+        default="human",
+        min_length=1,
+        description="Name of the message the run waits for.",
+    )
+    timeout: float | None = Field(
+        default=None,
+        gt=0,
+        description="Seconds to wait before telling the model nobody answered "
+        "(default: wait forever).",
+    )
+
+
+class PriceConfig(_Strict):
+    """A price override, in USD per million tokens."""
+
+    input_usd_per_mtok: Decimal = Field(ge=0)
+    output_usd_per_mtok: Decimal = Field(ge=0)
+
+
+class _Overridable(_Strict):
+    """Keys a process may set to override the agent's top level."""
+
+    description: str | None = None
+    model: ModelRef | None = None
+    instructions: str | None = Field(default=None, description="System prompt, inline.")
+    instructions_file: str | None = Field(
+        default=None, description="System prompt read from a file relative to the agent."
+    )
+    tools: list[str] | None = Field(
+        default=None,
+        description="Tools from tools.py (and built-ins such as `ask_human`). "
+        "Omitted: every public function of tools.py. `[]`: none.",
+    )
+    mcp_servers: Any = None
+    model_params: ModelParams | None = None
+    limits: LimitsConfig | None = None
+    entry: str | None = Field(
+        default=None,
+        pattern=ENTRY_PATTERN,
+        description="`module:function` written against the context API; replaces the "
+        "built-in loop. The module is looked up in the agent directory first.",
+    )
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, value: str | None) -> str | None:
+        return _check_model_ref(value)
+
+    @model_validator(mode="after")
+    def _one_instructions(self) -> _Overridable:
+        if self.instructions is not None and self.instructions_file is not None:
+            raise ValueError("set either 'instructions' or 'instructions_file', not both")
+        return self
+
+
+class ProcessConfig(_Overridable):
+    """A named entry point of the agent. Unset keys inherit the agent's top level."""
+
+    mcp_servers: list[str] | None = Field(
+        default=None,
+        description="Names of the agent's MCP servers this process uses (default: all).",
+    )
+
+
+class AgentConfig(_Overridable):
+    """The whole agent.yaml."""
+
+    schema_: str | None = Field(default=None, alias="$schema", description="Editor hint.")
+    name: str = Field(pattern=NAME_PATTERN, description="The agent's name, unique per project.")
+    description: str | None = None
+    mcp_servers: dict[str, McpServerConfig] = Field(
+        default_factory=dict, description="MCP servers by name (stdio transport)."
+    )
+    providers: dict[str, ProviderConfig] = Field(
+        default_factory=dict, description="Provider settings by provider name."
+    )
+    human: HumanConfig = Field(default_factory=HumanConfig)
+    processes: dict[str, ProcessConfig] = Field(
+        default_factory=dict,
+        description="Named entry points. `main` always exists and takes the top-level "
+        "settings; an entry here overrides them for that process.",
+    )
+    pricing: dict[str, PriceConfig] = Field(
+        default_factory=dict,
+        description="Price overrides by model ref, USD per million tokens.",
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("processes")
+    @classmethod
+    def _process_names(cls, value: dict[str, ProcessConfig]) -> dict[str, ProcessConfig]:
+        for name in value:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(
+                    f"process name {name!r} must match {NAME_PATTERN} "
+                    "(letters, digits, '.', '_', '-')"
+                )
+        return value
+
+    @field_validator("pricing")
+    @classmethod
+    def _pricing_refs(cls, value: dict[str, PriceConfig]) -> dict[str, PriceConfig]:
+        for ref in value:
+            parse_model_ref(ref)
+        return value
+
+
+def apply_deprecations(data: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """Rename deprecated keys at the top level and in each process, warning once for each.
+
+    ``where`` names the file in the warning. The old key and its replacement both present
+    is an error, not a guess: :class:`ValueError` with the key path.
+    """
+    out = _rename(dict(data), where=where, path="")
+    processes = out.get("processes")
+    if isinstance(processes, Mapping):
+        out["processes"] = {
+            name: _rename(dict(proc), where=where, path=f"processes.{name}.")
+            if isinstance(proc, Mapping)
+            else proc
+            for name, proc in processes.items()
+        }
+    return out
+
+
+def _rename(data: dict[str, Any], *, where: str, path: str) -> dict[str, Any]:
+    for old, (new, removed_in) in DEPRECATED_KEYS.items():
+        if old not in data:
+            continue
+        if new in data:
+            raise ValueError(
+                f"{where}: {path}{old}: found both {old!r} (deprecated) and {new!r}; "
+                f"expected only {new!r}"
+            )
+        warn_deprecated(f"{path}{old}", f"{path}{new}", removed_in, where=where, stacklevel=5)
+        data = {(new if key == old else key): value for key, value in data.items()}
+    return data
+
+
+def agent_json_schema() -> dict[str, Any]:
+    """The JSON Schema of agent.yaml, as published in ``agent.schema.json``."""
+    schema = AgentConfig.model_json_schema(by_alias=True, mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = SCHEMA_URL
+    schema["title"] = "Toren agent.yaml"
+    # Deprecated keys are still accepted: editors should not flag them as errors.
+    for old, (new, removed_in) in DEPRECATED_KEYS.items():
+        for target in (schema, schema["$defs"]["ProcessConfig"]):
+            target["properties"][old] = {
+                "deprecated": True,
+                "description": f"Deprecated: use `{new}`. Removed in {removed_in}.",
+            }
+    return schema
+
+
+def schema_path() -> Path:
+    return Path(__file__).with_name("agent.schema.json")
+
+
+def render_schema() -> str:
+    """The exact text of the committed ``agent.schema.json``."""
+    return json.dumps(agent_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def write_schema(path: Path | None = None) -> Path:
+    """Regenerate the committed ``agent.schema.json``::
+
+    python -c "from toren.agents.config import write_schema; write_schema()"
+    """
+    target = path or schema_path()
+    target.write_text(render_schema(), encoding="utf-8")
+    return target

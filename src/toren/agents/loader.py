@@ -1,0 +1,643 @@
+"""Agent directories: load and check ``agent.yaml``, ``tools.py`` and the entry module
+into an :class:`AgentDefinition` (``resolver.py`` turns it into the engine's programs).
+
+Every mistake in an agent directory is reported as one :class:`AgentConfigError` naming
+the file, the line, the key path, what was found and what is expected. A broken agent
+never surfaces as a bare traceback or a pydantic dump.
+
+Agent code (``tools.py``, the ``entry`` module) is imported as a package private to the
+directory and its content hash, ``_toren_agent_<name>_<hash>``: two agents may both
+have a ``tools.py``, and an edited directory loads fresh code under a new name (this is
+what ``toren dev`` relies on) while runs still holding the old program keep working.
+Inside agent code, import sibling modules relatively (``from .helpers import x``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+import traceback
+import types
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from toren.agents.config import (
+    BUILTIN_TOOLS,
+    KNOWN_PROVIDER_TYPES,
+    AgentConfig,
+    HumanConfig,
+    LimitsConfig,
+    ProcessConfig,
+    apply_deprecations,
+    parse_model_ref,
+)
+from toren.agents.diagnostics import (
+    Loc,
+    Problem,
+    config_error,
+    describe_found,
+    problems_from_pydantic,
+)
+from toren.agents.loop import LoopSpec, make_loop
+from toren.agents.pricing import PriceTable, default_table
+from toren.agents.tools import tools_from_module
+from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef
+from toren.errors import AgentConfigError, AgentNotFound
+from toren.providers.base import ModelProvider
+
+__all__ = [
+    "IGNORED_DIRS",
+    "AgentDefinition",
+    "ProcessDefinition",
+    "directory_hash",
+    "load_agent",
+]
+
+AGENT_FILE = "agent.yaml"
+TOOLS_FILE = "tools.py"
+# Not part of the agent's code: runtime state, caches, VCS metadata.
+IGNORED_DIRS = frozenset(
+    {".toren", "__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+)
+
+
+# -- results ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProcessDefinition:
+    """One process with the top-level settings merged in."""
+
+    name: str
+    description: str
+    model: str | None
+    instructions: str
+    tools: tuple[str, ...]  # from tools.py, plus built-ins
+    mcp_servers: tuple[str, ...]
+    model_params: Mapping[str, Any]
+    limits: Limits
+    entry: str | None
+    entry_fn: AgentFn | None = None
+
+    @property
+    def uses_builtin_loop(self) -> bool:
+        return self.entry_fn is None
+
+
+@dataclass(frozen=True)
+class AgentDefinition:
+    """A loaded, checked agent directory."""
+
+    name: str
+    description: str
+    root: Path
+    file: Path
+    config: AgentConfig
+    code_version: str
+    content_hash: str
+    processes: Mapping[str, ProcessDefinition]
+    tools: Mapping[str, ToolDef]  # every tool of tools.py
+    prices: PriceTable = field(default_factory=default_table)
+    provider_types: Mapping[str, str] = field(default_factory=dict)
+
+    def program(
+        self,
+        process: str = "main",
+        *,
+        mcp_tools: Mapping[str, Mapping[str, ToolDef]] | None = None,
+        providers: Mapping[str, ModelProvider] | None = None,
+    ) -> AgentProgram:
+        """The program for ``process``. ``mcp_tools`` maps server name -> its tools
+        (the resolver starts the servers); ``providers`` are agent-bound providers."""
+        proc = self.process(process)
+        tools = {name: self.tools[name] for name in proc.tools if name in self.tools}
+        for server in proc.mcp_servers:
+            for name, tool in (mcp_tools or {}).get(server, {}).items():
+                if name in tools:
+                    raise AgentConfigError(
+                        f"{self.file}: at 'mcp_servers.{server}': found the tool {name!r}, "
+                        f"which tools.py (or another server) also defines; expected unique "
+                        f"tool names (set 'mcp_servers.{server}.prefix' to tell them apart)",
+                        file=str(self.file),
+                        key=f"mcp_servers.{server}",
+                    )
+                tools[name] = tool
+        return AgentProgram(
+            agent=self.name,
+            process=proc.name,
+            fn=proc.entry_fn or make_loop(self._loop_spec(proc, tools)),
+            tools=tools,
+            code_version=self.code_version,
+            limits=proc.limits,
+            processes=tuple(self.processes),
+            providers=dict(providers or {}),
+            pricing=self.prices.cost,
+        )
+
+    def process(self, name: str) -> ProcessDefinition:
+        try:
+            return self.processes[name]
+        except KeyError:
+            raise AgentNotFound(
+                f"agent {self.name!r} has no process {name!r}; its processes are "
+                f"{sorted(self.processes)} (declared under 'processes:' in {self.file})"
+            ) from None
+
+    def _loop_spec(self, proc: ProcessDefinition, tools: Mapping[str, ToolDef]) -> LoopSpec:
+        assert proc.model is not None  # checked at load time
+        human: HumanConfig | None = None
+        if "ask_human" in proc.tools and "ask_human" not in tools:
+            human = self.config.human
+        return LoopSpec(
+            agent=self.name,
+            process=proc.name,
+            model=proc.model,
+            instructions=proc.instructions,
+            tools=tuple(t.spec for t in tools.values()),
+            params=proc.model_params,
+            limits=proc.limits,
+            human=human,
+        )
+
+
+# -- code version -----------------------------------------------------------------------
+
+
+def _agent_files(root: Path) -> list[Path]:
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
+        files += [Path(dirpath, f) for f in filenames if not f.endswith((".pyc", ".pyo"))]
+    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+
+
+def directory_hash(root: str | Path) -> str:
+    """A hash of the agent directory: sorted relative paths and file contents, without
+    ``IGNORED_DIRS``. It is the default code version, recorded on every event."""
+    root = Path(root)
+    digest = hashlib.sha256(b"toren.agentdir.v1\n")
+    for path in _agent_files(root):
+        rel = path.relative_to(root).as_posix().encode()
+        data = path.read_bytes()
+        digest.update(b"%d:%s\0%d:" % (len(rel), rel, len(data)))
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+# -- YAML with line numbers and duplicate-key detection ---------------------------------
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int, first_line: int) -> None:
+        super().__init__(key)
+        self.key, self.line, self.first_line = key, line, first_line
+
+
+class _Loader(yaml.SafeLoader):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if (
+                not isinstance(key_node, yaml.ScalarNode)
+                or key_node.tag == "tag:yaml.org,2002:merge"
+            ):
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _line_map(
+    node: yaml.Node | None, path: Loc = (), out: dict[Loc, int] | None = None
+) -> dict[Loc, int]:
+    out = {} if out is None else out
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            sub = (*path, str(key_node.value))
+            out[sub] = key_node.start_mark.line + 1
+            _line_map(value_node, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            out[(*path, index)] = item.start_mark.line + 1
+            _line_map(item, (*path, index), out)
+    return out
+
+
+def _parse_yaml(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except _DuplicateKey as dup:
+        raise config_error(
+            file,
+            [
+                Problem(
+                    (str(dup.key),),
+                    f"the key {dup.key!r} a second time (first on line {dup.first_line})",
+                    "each key at most once in a mapping",
+                )
+            ],
+            {(str(dup.key),): dup.line},
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = (
+            f"{file}:{mark.line + 1}: at line {mark.line + 1}, column {mark.column + 1}"
+            if mark is not None
+            else file
+        )
+        raise AgentConfigError(
+            f"{where}: found invalid YAML "
+            f"({exc.problem or exc.context}); expected a YAML mapping such as "
+            "'name: my-agent' (check indentation, colons and quotes)",
+            file=file,
+            key="",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise AgentConfigError(
+            f"{file}: found invalid YAML ({exc}); expected a YAML mapping", file=file
+        ) from None
+    finally:
+        loader.dispose()
+    return data, _line_map(node)
+
+
+# -- loading agent code -----------------------------------------------------------------
+
+
+def _package(name: str, root: Path, content_hash: str) -> str:
+    safe = re.sub(r"\W", "_", name)
+    package = f"_toren_agent_{safe}_{content_hash}"
+    if package not in sys.modules:
+        module = types.ModuleType(package)
+        module.__path__ = [str(root)]
+        module.__package__ = package
+        module.__file__ = None
+        sys.modules[package] = module
+    return package
+
+
+def _error_line(exc: BaseException, file: Path) -> int | None:
+    line = None
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if Path(frame.filename) == file:
+            line = frame.lineno
+    if isinstance(exc, SyntaxError) and exc.filename and Path(exc.filename) == file:
+        line = exc.lineno
+    return line
+
+
+def _function_line(fn: Any) -> int | None:
+    try:
+        return inspect.getsourcelines(fn)[1]
+    except (TypeError, OSError):
+        return None
+
+
+def _code_problem(file: Path, exc: BaseException, what: str, expected: str) -> AgentConfigError:
+    line = _error_line(exc, file)
+    where = f"{file}:{line}" if line else str(file)
+    return AgentConfigError(
+        f"{where}: {what}: found {type(exc).__name__}: {exc}; expected {expected}",
+        file=str(file),
+        key=what,
+    )
+
+
+# -- the loader -------------------------------------------------------------------------
+
+
+def _locate(path: str | Path) -> tuple[Path, Path]:
+    path = Path(path).resolve()
+    if path.is_dir():
+        file = path / AGENT_FILE
+        if not file.is_file():
+            raise AgentConfigError(
+                f"{path}: found a directory without {AGENT_FILE}; expected an agent "
+                f"directory containing {AGENT_FILE} (create one with 'toren init')",
+                file=str(file),
+            )
+        return path, file
+    if not path.is_file():
+        raise AgentConfigError(
+            f"{path}: found nothing (no such file or directory); expected an agent "
+            f"directory or its {AGENT_FILE}",
+            file=str(path),
+        )
+    return path.parent, path
+
+
+def load_agent(path: str | Path, *, code_version: str | None = None) -> AgentDefinition:
+    """Load and check the agent in directory ``path`` (or at ``path``/agent.yaml).
+
+    ``code_version`` overrides the directory hash as the recorded code version (e.g. the
+    image's git SHA from ``TOREN_CODE_VERSION``; the caller reads the environment).
+    Raises :class:`AgentConfigError` for anything wrong with the directory.
+    """
+    root, file = _locate(path)
+    return _AgentLoader(root, file).load(code_version)
+
+
+class _AgentLoader:
+    def __init__(self, root: Path, file: Path) -> None:
+        self.root = root
+        self.file = file
+        self.src = str(file)
+        self.lines: dict[Loc, int] = {}
+        self.problems: list[Problem] = []
+
+    def fail(self, problems: Sequence[Problem]) -> AgentConfigError:
+        return config_error(self.src, problems, self.lines)
+
+    def problem(self, path: Loc, found: str, expected: str) -> None:
+        self.problems.append(Problem(path, found, expected))
+
+    def load(self, code_version: str | None) -> AgentDefinition:
+        config = self._config()
+        content_hash = directory_hash(self.root)
+        tools = self._tools(config, content_hash)
+        providers = self._provider_types(config)
+        processes = {
+            name: self._process(config, name, proc, tools, providers, content_hash)
+            for name, proc in {"main": ProcessConfig(), **config.processes}.items()
+        }
+        if self.problems:
+            raise self.fail(self.problems)
+        return AgentDefinition(
+            name=config.name,
+            description=config.description or "",
+            root=self.root,
+            file=self.file,
+            config=config,
+            code_version=code_version or content_hash,
+            content_hash=content_hash,
+            processes=processes,
+            tools=tools,
+            prices=default_table().with_overrides(config.pricing),
+            provider_types=providers,
+        )
+
+    # agent.yaml itself
+
+    def _config(self) -> AgentConfig:
+        try:
+            text = self.file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AgentConfigError(
+                f"{self.src}: found an unreadable file ({exc}); expected a UTF-8 text file",
+                file=self.src,
+            ) from None
+        data, self.lines = _parse_yaml(text, self.src)
+        if not isinstance(data, dict):
+            found = "an empty file" if data is None else describe_found(data)
+            raise self.fail(
+                [Problem((), found, "a mapping of keys to values, at least 'name' and 'model'")]
+            )
+        try:
+            data = apply_deprecations(data, where=self.src)
+        except ValueError as exc:
+            raise AgentConfigError(str(exc), file=self.src) from None
+        try:
+            return AgentConfig.model_validate(data)
+        except ValidationError as exc:
+            raise self.fail(problems_from_pydantic(exc, data, AgentConfig)) from None
+
+    def _provider_types(self, config: AgentConfig) -> dict[str, str]:
+        types_: dict[str, str] = {name: name for name in KNOWN_PROVIDER_TYPES}
+        for name, provider in config.providers.items():
+            kind = provider.type or (name if name in KNOWN_PROVIDER_TYPES else None)
+            if kind is None:
+                self.problem(
+                    ("providers", name, "type"),
+                    "nothing",
+                    f"the implementation of provider {name!r}, one of "
+                    f"{list(KNOWN_PROVIDER_TYPES)} (e.g. 'type: openai' for an "
+                    "OpenAI-compatible server)",
+                )
+                continue
+            types_[name] = kind
+        return types_
+
+    # tools.py
+
+    def _tools(self, config: AgentConfig, content_hash: str) -> dict[str, ToolDef]:
+        path = self.root / TOOLS_FILE
+        if not path.is_file():
+            return {}
+        package = _package(config.name, self.root, content_hash)
+        try:
+            module = importlib.import_module(f"{package}.tools")
+        except Exception as exc:
+            raise _code_problem(
+                path, exc, "importing tools.py", "a tools.py that imports cleanly"
+            ) from None
+        try:
+            return tools_from_module(module)
+        except TypeError as exc:
+            line = _function_line(getattr(exc, "function", None))
+            raise AgentConfigError(
+                f"{path}{f':{line}' if line else ''}: found {exc}; "
+                "expected tool functions with named, typed parameters "
+                "(str, int, float, bool, list[...], dict[...], Literal, enums, pydantic models)",
+                file=str(path),
+            ) from None
+
+    # processes
+
+    def _process(
+        self,
+        config: AgentConfig,
+        name: str,
+        proc: ProcessConfig,
+        tools: Mapping[str, ToolDef],
+        providers: Mapping[str, str],
+        content_hash: str,
+    ) -> ProcessDefinition:
+        def pick(key: str) -> tuple[Any, Loc]:
+            if key in proc.model_fields_set:
+                return getattr(proc, key), ("processes", name, key)
+            return getattr(config, key), (key,)
+
+        entry, entry_loc = pick("entry")
+        model, model_loc = pick("model")
+        tool_names, tools_loc = pick("tools")
+        entry_fn = self._entry(entry, entry_loc, config, content_hash) if entry else None
+        if model is None and entry is None:
+            self.problem(
+                model_loc,
+                describe_found(None) if "model" in proc.model_fields_set else "nothing",
+                "a model reference such as 'openai:gpt-4o-mini' (required unless the "
+                "process names an 'entry:')",
+            )
+        elif model is not None:
+            self._check_model(model, model_loc, providers)
+        return ProcessDefinition(
+            name=name,
+            description=proc.description or (config.description if name == "main" else "") or "",
+            model=model,
+            instructions=self._instructions(config, proc, name),
+            tools=self._tool_names(tool_names, tools_loc, tools),
+            mcp_servers=self._mcp_names(config, proc, name),
+            model_params=_merge_params(config, proc),
+            limits=_merge_limits(config.limits, proc.limits),
+            entry=entry,
+            entry_fn=entry_fn,
+        )
+
+    def _mcp_names(self, config: AgentConfig, proc: ProcessConfig, name: str) -> tuple[str, ...]:
+        if proc.mcp_servers is None:
+            return tuple(config.mcp_servers)
+        for index, server in enumerate(proc.mcp_servers):
+            if server not in config.mcp_servers:
+                self.problem(
+                    ("processes", name, "mcp_servers", index),
+                    f"the server {server!r}",
+                    "a server declared under the top-level 'mcp_servers:' (declared: "
+                    f"{', '.join(config.mcp_servers) or 'none'})",
+                )
+        return tuple(s for s in proc.mcp_servers if s in config.mcp_servers)
+
+    def _check_model(self, model: str, loc: Loc, providers: Mapping[str, str]) -> None:
+        provider, model_name = parse_model_ref(model)
+        if provider not in providers:
+            self.problem(
+                loc,
+                f"the provider {provider!r} in {model!r}",
+                f"one of {sorted(providers)} or a provider declared under 'providers:' "
+                "(e.g. 'openai:gpt-4o-mini')",
+            )
+        elif providers[provider] == "scripted" and not (self.root / model_name).is_file():
+            self.problem(
+                loc,
+                f"{model!r}, but there is no file {model_name!r} in {self.root}",
+                "'scripted:<file>' naming a script file relative to the agent directory",
+            )
+
+    def _instructions(self, config: AgentConfig, proc: ProcessConfig, name: str) -> str:
+        owner: AgentConfig | ProcessConfig = config
+        prefix: Loc = ()
+        if {"instructions", "instructions_file"} & proc.model_fields_set:
+            owner, prefix = proc, ("processes", name)
+        if owner.instructions_file is None:
+            return owner.instructions or ""
+        path = self.root / owner.instructions_file
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = "no such file" if isinstance(exc, FileNotFoundError) else str(exc)
+            self.problem(
+                (*prefix, "instructions_file"),
+                f"{owner.instructions_file!r} ({reason}: {path})",
+                "a UTF-8 text file, relative to the agent directory",
+            )
+            return ""
+
+    def _tool_names(
+        self, names: list[str] | None, loc: Loc, tools: Mapping[str, ToolDef]
+    ) -> tuple[str, ...]:
+        if names is None:
+            return tuple(tools)
+        known = [*tools, *(b for b in BUILTIN_TOOLS if b not in tools)]
+        for index, name in enumerate(names):
+            if name not in known:
+                source = "tools.py" if tools else f"tools.py (there is none in {self.root})"
+                self.problem(
+                    (*loc, index),
+                    f"the tool {name!r}",
+                    f"a function defined in {source} or a built-in tool; known tools: "
+                    f"{', '.join(known) or 'none'}",
+                )
+        return tuple(dict.fromkeys(names))
+
+    def _entry(
+        self, entry: str, loc: Loc, config: AgentConfig, content_hash: str
+    ) -> AgentFn | None:
+        module_name, _, attr = entry.partition(":")
+        rel = Path(*module_name.split("."))
+        local = (self.root / rel).with_suffix(".py").is_file() or (
+            self.root / rel / "__init__.py"
+        ).is_file()
+        target = (
+            f"{_package(config.name, self.root, content_hash)}.{module_name}"
+            if local
+            else module_name
+        )
+        try:
+            module = importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if local or exc.name != module_name.split(".")[0]:
+                raise _code_problem(
+                    self.root / rel.with_suffix(".py"),
+                    exc,
+                    f"importing {entry!r}",
+                    "a module that imports cleanly",
+                ) from None
+            self.problem(
+                loc,
+                f"{entry!r}, but there is no {rel.with_suffix('.py')} in {self.root} "
+                f"and no installed module {module_name!r}",
+                "'module:function' naming a module in the agent directory",
+            )
+            return None
+        except Exception as exc:
+            raise _code_problem(
+                self.root / rel.with_suffix(".py"),
+                exc,
+                f"importing {entry!r}",
+                "a module that imports cleanly",
+            ) from None
+        fn = getattr(module, attr, None)
+        if fn is None:
+            self.problem(
+                loc,
+                f"{entry!r}, but module {module_name!r} has no attribute {attr!r}",
+                f"'{module_name}:<function>' naming an async function of that module",
+            )
+            return None
+        if not inspect.iscoroutinefunction(fn):
+            self.problem(
+                loc,
+                f"{entry!r}, which is "
+                + (
+                    "a plain (not async) function"
+                    if inspect.isfunction(fn)
+                    else f"a {type(fn).__name__}"
+                ),
+                "an async function: 'async def main(ctx, input)'",
+            )
+            return None
+        return fn  # type: ignore[no-any-return]
+
+
+def _merge_params(config: AgentConfig, proc: ProcessConfig) -> dict[str, Any]:
+    params = config.model_params.as_params() if config.model_params else {}
+    if proc.model_params is not None:
+        params.update(proc.model_params.as_params())
+    return {key: params[key] for key in sorted(params)}
+
+
+def _merge_limits(top: LimitsConfig | None, override: LimitsConfig | None) -> Limits:
+    values: dict[str, Any] = {}
+    for source in (top, override):
+        if source is not None:
+            values.update({key: getattr(source, key) for key in source.model_fields_set})
+    cost = values.get("max_cost_usd")
+    return Limits(
+        max_steps=values.get("max_steps"),
+        max_cost_usd=float(cost) if cost is not None else None,
+        step_timeout=values.get("step_timeout"),
+    )

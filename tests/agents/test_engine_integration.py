@@ -1,0 +1,129 @@
+"""The agents layer on the real engine: DirectoryResolver + built-in loop + scripted
+provider through ``toren.tick`` on SQLite and PostgreSQL.
+
+Skipped only while the engine (``toren.core.tick``) is not importable.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("toren.core.tick")
+
+import toren
+from toren.agents import DirectoryResolver
+from toren.agents.pricing import cost
+from toren.core.context import Context
+from toren.store import Store
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "support-agent"
+
+HITL_SCRIPT = """
+responses:
+  - tool_calls: [{name: ask_human, arguments: {question: "May I email the customer?"}}]
+  - tool_calls:
+      - {name: lookup_order, arguments: {order_id: "A-17"}}
+      - {name: send_email, arguments: {to: "c@example.com", subject: "A-17", body: "shipped"}}
+  - tool_calls: [{name: lookup_order, arguments: {order_id: "Z-9"}}]
+  - text: "Done. Last tool said: {last_tool}"
+default: {text: "done"}
+"""
+
+
+def test_the_context_offers_what_the_loop_uses() -> None:
+    for name in ("model", "tool", "wait_for_message", "usage", "run_id", "process"):
+        assert hasattr(Context, name), name
+
+
+def _agent_dir(tmp_path: Path, script: str | None = None, limits: str = "") -> Path:
+    root = shutil.copytree(EXAMPLE, tmp_path / "agents" / "support-agent")
+    if script is not None:
+        (root / "script.yaml").write_text(script)
+    if limits:
+        text = (root / "agent.yaml").read_text()
+        text = text.replace("  max_steps: 20\n", limits)
+        (root / "agent.yaml").write_text(text)
+    return root
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def outbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "outbox.jsonl"
+    monkeypatch.setenv("SUPPORT_AGENT_OUTBOX", str(path))
+    return path
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv("TOREN_SCRIPTED_LEDGER", str(path))
+    return path
+
+
+async def test_example_agent_runs_on_the_engine(
+    store: Store, tmp_path: Path, outbox: Path, ledger: Path
+) -> None:
+    _agent_dir(tmp_path)
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        run = await toren.start_run(store, resolver, "support-agent", "Where is A-17?")
+        result = await toren.tick(run.id, deps)
+    assert result.status == "completed", result
+    assert result.output["answer"].startswith("Your order A-17 has shipped")
+    assert result.output["tool_calls"] == 2
+    assert len(_lines(outbox)) == 1 and len(_lines(ledger)) == 3
+    events = await store.load_events(run.id)
+    kinds = [e.type for e in events]
+    assert kinds.count("ModelCallRecorded") == 3 and kinds.count("ToolCallRecorded") == 2
+
+
+async def test_human_in_the_loop_waits_then_resumes_without_repeating_work(
+    store: Store, tmp_path: Path, outbox: Path, ledger: Path
+) -> None:
+    # 4 model calls + 1 wait + 3 tool calls = exactly 8 steps: the limit must hold on replay.
+    _agent_dir(tmp_path, HITL_SCRIPT, limits="  max_steps: 8\n")
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        run = await toren.start_run(store, resolver, "support-agent", {"message": "A-17?"})
+        first = await toren.tick(run.id, deps)
+        assert first.status == "waiting", first
+        stored = await store.get_run(run.id)
+        assert stored is not None and stored.status == "waiting"
+        assert len(_lines(ledger)) == 1 and _lines(outbox) == []
+
+        await store.send_message(run.id, "human", {"message": "yes"}, now=time.time())
+        second = await toren.tick(run.id, deps)
+    assert second.status == "completed", second
+    assert second.output["answer"].startswith("Done. Last tool said: error: tool 'lookup_order'")
+    assert "no order 'Z-9'" in second.output["answer"]
+    assert len(_lines(ledger)) == 4  # the first model call was replayed, not paid again
+    assert len(_lines(outbox)) == 1  # the email went out once
+
+
+async def test_max_steps_ends_the_run_with_a_clear_reason(
+    store: Store, tmp_path: Path, outbox: Path, ledger: Path
+) -> None:
+    script = HITL_SCRIPT.replace(
+        '{name: ask_human, arguments: {question: "May I email the customer?"}}',
+        '{name: lookup_order, arguments: {order_id: "B-3"}}',
+    )
+    _agent_dir(tmp_path, script, "  max_steps: 4\n")
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        run = await toren.start_run(store, resolver, "support-agent", "hi")
+        result = await toren.tick(run.id, deps)
+    assert result.status == "failed"
+    assert result.error is not None and result.error["code"] == "limit_exceeded"
+    assert "max_steps=4" in result.error["message"]

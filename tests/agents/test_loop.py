@@ -1,0 +1,197 @@
+"""The built-in loop against a fake context: turns, concurrent tools, errors, limits, HITL."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from toren.agents.config import HumanConfig
+from toren.agents.loop import LoopSpec, make_loop, parse_input, tool_result_text
+from toren.agents.tools import tool_from_function
+from toren.core.program import AgentProgram, Limits, ToolDef
+from toren.errors import InvalidInput, LimitExceeded
+
+from .fakes import FakeContext, ModelCall, calls, text
+
+
+def _program(
+    *fns: Any, limits: Limits | None = None, human: bool = False, **spec: Any
+) -> AgentProgram:
+    tools: dict[str, ToolDef] = {t.name: t for t in map(tool_from_function, fns)}
+    loop = make_loop(
+        LoopSpec(
+            agent="a",
+            process="main",
+            model=spec.pop("model", "scripted:s.yaml"),
+            instructions=spec.pop("instructions", "Be helpful."),
+            tools=tuple(t.spec for t in tools.values()),
+            limits=limits or Limits(),
+            human=HumanConfig(timeout=60) if human else None,
+            **spec,
+        )
+    )
+    return AgentProgram(agent="a", process="main", fn=loop, tools=tools)
+
+
+def lookup_order(order_id: str) -> dict[str, str]:
+    """Look up an order."""
+    return {"order_id": order_id, "status": "shipped"}
+
+
+def explode(reason: str) -> str:
+    """Always fails."""
+    raise RuntimeError(f"boom: {reason}")
+
+
+async def _run(program: AgentProgram, ctx: FakeContext, input: Any = "hi") -> Any:
+    ctx.program = program
+    return await asyncio.wait_for(program.fn(ctx, input), 5)  # type: ignore[arg-type]
+
+
+async def test_answer_without_tools() -> None:
+    program = _program(lookup_order, params={"temperature": 0.2})
+    ctx = FakeContext(responses=[text("Hello!")])
+    out = await _run(program, ctx, {"message": "hi there"})
+    assert out == {"answer": "Hello!", "finish_reason": "stop", "turns": 1, "tool_calls": 0}
+    call = ctx.model_calls[0]
+    assert call.model == "scripted:s.yaml" and call.params == {"temperature": 0.2}
+    assert call.messages == [
+        {"role": "system", "content": "Be helpful."},
+        {"role": "user", "content": "hi there"},
+    ]
+    assert [t.name for t in call.tools] == ["lookup_order"]
+
+
+async def test_tool_round_trip_feeds_results_back_in_order() -> None:
+    ctx = FakeContext(
+        responses=[
+            calls(("lookup_order", {"order_id": "A-17"}), ("lookup_order", {"order_id": "B-3"})),
+            text("Both shipped."),
+        ]
+    )
+    out = await _run(_program(lookup_order), ctx)
+    assert out["answer"] == "Both shipped." and out["turns"] == 2 and out["tool_calls"] == 2
+    second = ctx.model_calls[1].messages
+    assert second[2]["role"] == "assistant" and len(second[2]["tool_calls"]) == 2
+    assert second[3] == {
+        "role": "tool",
+        "tool_call_id": "c0",
+        "name": "lookup_order",
+        "content": '{"order_id": "A-17", "status": "shipped"}',
+    }
+    assert second[4]["tool_call_id"] == "c1" and "B-3" in second[4]["content"]
+    assert ctx.steps == [
+        ("model", "scripted:s.yaml"),
+        ("tool", "lookup_order"),
+        ("tool", "lookup_order"),
+        ("model", "scripted:s.yaml"),
+    ]
+
+
+async def test_tool_calls_of_one_turn_run_concurrently() -> None:
+    # Each tool waits until both have started: this only finishes if they overlap.
+    started = 0
+    both = asyncio.Event()
+
+    async def meet(name: str) -> str:
+        """Rendezvous."""
+        nonlocal started
+        started += 1
+        if started == 2:
+            both.set()
+        await asyncio.wait_for(both.wait(), 2)
+        return name
+
+    ctx = FakeContext(responses=[calls(("meet", {"name": "x"}), ("meet", {"name": "y"}))])
+    out = await _run(_program(meet), ctx)
+    assert out["tool_calls"] == 2
+    tool_messages = [m for m in ctx.model_calls[1].messages if m["role"] == "tool"]
+    assert [m["content"] for m in tool_messages] == ["x", "y"]
+
+
+async def test_tool_error_is_fed_back_to_the_model_not_a_crash() -> None:
+    ctx = FakeContext(responses=[calls(("explode", {"reason": "disk"})), text("Sorry.")])
+    out = await _run(_program(explode), ctx)
+    assert out["answer"] == "Sorry."
+    tool_message = ctx.model_calls[1].messages[-1]
+    assert tool_message["role"] == "tool"
+    assert tool_message["content"] == "error: RuntimeError: boom: disk"
+
+
+async def test_bad_arguments_are_fed_back_too() -> None:
+    ctx = FakeContext(responses=[calls(("lookup_order", {"order": "A"})), text("ok")])
+    await _run(_program(lookup_order), ctx)
+    content = ctx.model_calls[1].messages[-1]["content"]
+    assert content.startswith("error: ToolArgumentsError: invalid arguments for tool")
+    assert "order_id: Field required" in content
+
+
+async def test_unknown_tool_is_answered_without_a_step() -> None:
+    ctx = FakeContext(responses=[calls(("launch_rockets", {})), text("ok")])
+    await _run(_program(lookup_order), ctx)
+    content = ctx.model_calls[1].messages[-1]["content"]
+    assert (
+        content
+        == "error: there is no tool named 'launch_rockets'; available tools: ['lookup_order']"
+    )
+    assert [kind for kind, _ in ctx.steps] == ["model", "model"]
+
+
+async def test_max_steps_stops_the_run_with_a_clear_reason() -> None:
+    def forever(call: ModelCall) -> Any:
+        return calls(("lookup_order", {"order_id": "A"}))
+
+    ctx = FakeContext(responses=forever)
+    with pytest.raises(LimitExceeded) as info:
+        await _run(_program(lookup_order, limits=Limits(max_steps=5)), ctx)
+    assert "max_steps=5" in str(info.value) and "limits.max_steps" in str(info.value)
+    assert info.value.details["limit"] == "max_steps"
+    assert ctx.usage.steps <= 5
+
+
+async def test_max_cost_stops_the_run() -> None:
+    def forever(call: ModelCall) -> Any:
+        return calls(("lookup_order", {"order_id": "A"}))
+
+    ctx = FakeContext(responses=forever, cost_per_call=Decimal("0.02"))
+    with pytest.raises(LimitExceeded) as info:
+        await _run(_program(lookup_order, limits=Limits(max_cost_usd=0.05)), ctx)
+    assert "max_cost_usd=0.05" in str(info.value) and "$0.06" in str(info.value)
+    assert len(ctx.model_calls) == 3
+
+
+async def test_ask_human_waits_for_a_message() -> None:
+    ctx = FakeContext(
+        responses=[calls(("ask_human", {"question": "Refund 120 EUR?"})), text("Refunded.")],
+        inbox={"human": [{"message": "yes, approved"}]},
+    )
+    program = _program(lookup_order, human=True)
+    out = await _run(program, ctx)
+    assert out["answer"] == "Refunded."
+    assert ("wait_for_message", "human") in ctx.steps
+    assert ctx.model_calls[1].messages[-1]["content"] == "yes, approved"
+    assert "ask_human" in [t.name for t in ctx.model_calls[0].tools]
+
+
+async def test_ask_human_timeout_is_told_to_the_model() -> None:
+    ctx = FakeContext(responses=[calls(("ask_human", {"question": "?"})), text("ok")])
+    await _run(_program(human=True), ctx)
+    assert ctx.model_calls[1].messages[-1]["content"] == "no answer from a human within 60 seconds"
+
+
+def test_input_shapes() -> None:
+    assert parse_input("hi") == "hi"
+    assert parse_input({"message": "hi", "extra": 1}) == "hi"
+    for bad in (None, 3, {"text": "hi"}, ["hi"]):
+        with pytest.raises(InvalidInput, match="string or"):
+            parse_input(bad)
+
+
+def test_tool_results_serialise_with_sorted_keys() -> None:
+    # A result read back from Postgres JSONB may come in another key order.
+    assert tool_result_text({"b": 1, "a": [1, 2]}) == tool_result_text({"a": [1, 2], "b": 1})
+    assert tool_result_text("plain") == "plain"
+    assert tool_result_text({"é": 1}) == '{"é": 1}'
