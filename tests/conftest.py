@@ -26,7 +26,7 @@ def _pg_available() -> str | None:
         with psycopg.connect(PG_ADMIN, connect_timeout=3) as conn:
             conn.execute("SELECT 1")
         return None
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"PostgreSQL not reachable at {PG_ADMIN}: {exc}"
 
 

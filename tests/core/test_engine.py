@@ -486,3 +486,34 @@ async def test_unknown_event_types_and_fields_are_ignored(store: Store) -> None:
     events = await store.load_events(run.id)
     assert any(e.type == "FutureThing" for e in events)
     assert json.loads(next(e for e in events if e.type == "FutureThing").payload_json()) == {"x": 1}
+
+
+async def test_failed_steps_are_recorded_and_replayed(store: Store) -> None:
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        raise RuntimeError("disk full")
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        try:
+            await ctx.tool("flaky")
+        except toren.ToolFailed as exc:
+            first = exc.message
+        try:
+            await ctx.tool("missing")
+        except toren.ToolFailed as exc:
+            second = exc.details["code"]
+        await ctx.wait_for_message("go")
+        return [first, second]
+
+    reg = toren.Registry()
+    reg.add("f", agent, tools={"flaky": toren.ToolDef("flaky", flaky, ToolSpec("flaky"))})
+    deps = make_deps(store, reg, ScriptedProvider())
+    run = await toren.start_run(store, reg, "f")
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    await store.send_message(run.id, "go", None, now=0)
+    result = await toren.tick(run.id, deps)
+    assert result.status == "completed"
+    assert result.output == ["tool 'flaky' failed: disk full", "unknown_tool"]
+    assert len(calls) == 1  # the recorded failure replayed; the tool did not run again

@@ -164,7 +164,9 @@ def _load(script: str | Path | Mapping[str, Any]) -> dict[str, Any]:
             "model reference (model: scripted:<file relative to the agent directory>)"
         ) from None
     except yaml.YAMLError as exc:
-        raise AgentConfigError(f"scripted model script {str(path)!r} is not valid YAML: {exc}") from None
+        raise AgentConfigError(
+            f"scripted model script {str(path)!r} is not valid YAML: {exc}"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
