@@ -138,3 +138,37 @@ def test_model_digest_with_cache_equals_without() -> None:
     request = _model_request(case)
     cache = HashCache()
     assert model_digest(request, cache) == model_digest(request) == model_digest(request, cache)
+
+
+def test_incremental_digest_equals_the_full_computation() -> None:
+    from toren.providers.base import Message
+
+    cache = HashCache()
+    history: list[Any] = [Message(role="system", content="be brief")]
+    tools = (ToolSpec("f", "d", {"type": "object", "properties": {}}),)
+    for i in range(30):
+        history.append(Message(role="user", content=f"q{i} é"))
+        params = {"temperature": 0.5} if i % 3 else {}
+        request = ModelRequest("openai", "gpt-4o-mini", tuple(history), tools if i % 2 else (), params)
+        assert cache.model(request).digest == model_digest(request)
+        history.append({"role": "assistant", "content": f"a{i}"})
+    # A request that is not an extension of the previous one (an edited earlier message).
+    edited = [*history[:5], {"role": "user", "content": "edited"}, *history[6:]]
+    request = ModelRequest("openai", "gpt-4o-mini", tuple(edited), (), {})
+    assert cache.model(request).digest == model_digest(request)
+    shorter = ModelRequest("openai", "gpt-4o-mini", tuple(history[:3]), (), {})
+    assert cache.model(shorter).digest == model_digest(shorter)
+    empty = ModelRequest("openai", "gpt-4o-mini", (), (), {})
+    assert cache.model(empty).digest == model_digest(empty)
+
+
+def test_immutable_messages_cannot_change_under_the_cache() -> None:
+    from toren.providers.base import Message
+
+    m = Message(role="user", content="x", tool_calls=[{"id": "1", "arguments": {"a": [1]}}])
+    with pytest.raises(TypeError, match="immutable"):
+        m["content"] = "y"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        m.update(content="y")
+    assert isinstance(m["tool_calls"], tuple)
+    assert HashCache().message(m) == message_hash(dict(m))

@@ -517,3 +517,32 @@ async def test_failed_steps_are_recorded_and_replayed(store: Store) -> None:
     assert result.status == "completed"
     assert result.output == ["tool 'flaky' failed: disk full", "unknown_tool"]
     assert len(calls) == 1  # the recorded failure replayed; the tool did not run again
+
+
+async def test_conversation_history_is_stored_once(store: Store) -> None:
+    """A growing conversation stores each message once: the size of what a step records
+    does not grow with the history, and the full request can be read back."""
+    from toren.core.history import load_messages
+    from toren.providers.base import Message
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        history: list[Any] = [Message(role="system", content="s" * 500)]
+        for i in range(120):
+            history.append({"role": "user", "content": f"question {i} " + "q" * 300})
+            history.append((await ctx.model("scripted:echo", history)).message())
+        return len(history)
+
+    reg = toren.Registry()
+    reg.add("conv", agent)
+    run = await toren.start_run(store, reg, "conv")
+    assert (await toren.tick(run.id, make_deps(store, reg, ScriptedProvider()))).output == 241
+    calls = [e for e in await store.load_events(run.id) if e.type == "ModelCallRecorded"]
+    sizes = [len(e.payload_json()) for e in calls]
+    assert max(sizes[100:]) < 1.2 * max(sizes[5:15])  # O(1) per step, not O(history)
+    nodes = await store.get_blobs([c.payload.message_list for c in calls])
+    assert all(len(node["items"]) <= 2 for node in list(nodes.values())[1:])
+    last = calls[-1].payload
+    messages = await load_messages(store, last.message_list)
+    assert len(messages) == last.message_count == 240
+    assert messages[0] == {"role": "system", "content": "s" * 500}
+    assert messages[-1]["content"].startswith("question 119")

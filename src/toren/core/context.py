@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from toren.core.digest import model_digest, request_digest
+from toren.core.digest import request_digest
 from toren.errors import InvalidInput
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec
 
@@ -88,8 +88,8 @@ class Context:
         specs = tuple(t if isinstance(t, ToolSpec) else _tool_spec(t) for t in tools)
         request = ModelRequest(provider, name, tuple(messages), specs, dict(params))
         pos = self._position()
-        digest = model_digest(request, self._runner.hashes)
-        return self._runner.model_step(self, pos, digest, request, on_delta)
+        hashed = self._runner.hashes.model(request)
+        return self._runner.model_step(self, pos, hashed, request, on_delta)
 
     def tool(self, name: str, args: Mapping[str, Any] | None = None) -> Awaitable[Any]:
         """Run a tool of this agent. Raises ``ToolFailed`` if the tool raised."""

@@ -32,12 +32,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toren.errors import InvalidInput
-from toren.providers.base import TRANSPORT_PARAMS, ModelRequest, ToolSpec
+from toren.providers.base import TRANSPORT_PARAMS, Message, ModelRequest, ToolSpec
 
 DIGEST_VERSION = 1
 _REQUEST_PREFIX = b"toren.request.v1\n"
 _MESSAGE_PREFIX = b"toren.message.v1\n"
 _TOOL_PREFIX = b"toren.tool.v1\n"
+_LIST_PREFIX = b"toren.msglist.v1\n"
+# The canonical form of a model request starts with its message hashes (sorted keys:
+# "body" < "kind", and "messages" is the first key of the body), which lets a growing
+# conversation's digest be computed incrementally from a saved hash state.
+_MODEL_HEAD = _REQUEST_PREFIX + b'{"body":{"messages":['
 
 _encoder = json.JSONEncoder(
     ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
@@ -124,33 +129,92 @@ def model_request_body(
 def model_digest(request: ModelRequest, cache: HashCache | None = None) -> str:
     """Digest of a model call. Only provider, model, messages, tools and semantic params
     enter it: API keys, headers, timeouts and retry settings never do."""
-    cache = cache or HashCache()
-    msgs = [cache.message(m) for m in request.messages]
-    tools = [cache.tool(t) for t in request.tools]
+    if cache is not None:
+        return cache.model(request).digest
+    msgs = [message_hash(m) for m in request.messages]
+    tools = [tool_spec_hash(t) for t in request.tools]
     return request_digest("model", model_request_body(request, msgs, tools))
 
 
-class HashCache:
-    """Remembers the hash of message and tool objects seen before, unchanged.
+def message_list_node(prev: str | None, items: Sequence[str]) -> tuple[str, str]:
+    """A node of a stored message list: the list is ``prev``'s list plus ``items``. A
+    growing conversation stores one small node per call, so its history is stored once
+    (O(n)), not once per call (O(n^2)). Returns (node hash, node body)."""
+    body = canonical_json({"prev": prev, "items": list(items)})
+    return _sha(_LIST_PREFIX, body), body.decode("utf-8")
 
-    Agents append to one list of message dicts and re-send it on every call. Re-encoding
-    the whole history each time would make step cost grow with the conversation. An entry
-    is keyed by object identity and holds a *shape*: the object's nested values themselves
-    (strong references, so no id can be recycled) with their types. Comparing shapes is
-    mostly identity checks, far cheaper than encoding and hashing the bytes, and a message
-    mutated in place can never be served a stale hash.
+
+class HashedRequest:
+    """A model request's digest with the message and tool hashes it was computed from."""
+
+    __slots__ = ("digest", "messages", "tools")
+
+    def __init__(self, digest: str, messages: list[str], tools: list[str]) -> None:
+        self.digest = digest
+        self.messages = messages
+        self.tools = tools
+
+
+class HashCache:
+    """Remembers the hashes of messages and tools seen before, and the running digest
+    state of growing conversations, so a step costs time in proportion to its new content.
+
+    * An immutable :class:`~toren.providers.base.Message` is hashed once and recognised
+      by identity afterwards (the cache holds a strong reference, so no id is recycled).
+    * A plain dict is re-checked on every call against a *shape*: its nested values
+      themselves, with their types. A dict mutated in place is always re-hashed; the check
+      costs time per message, which is why ``Message`` exists.
+    * The request digest is fed incrementally: when a request's message hashes extend the
+      previous request's, only the new hashes are hashed (from a copy of the saved sha256
+      state); the bytes hashed are exactly those of :func:`request_digest`.
     """
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "_frozen", "_lists")
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[Any, Any, str]] = {}
+        self._frozen: dict[int, tuple[Message, str]] = {}
+        self._lists: dict[str, tuple[list[str], Any]] = {}
 
     def message(self, message: Mapping[str, Any]) -> str:
+        if type(message) is Message:
+            hit = self._frozen.get(id(message))
+            if hit is not None and hit[0] is message:
+                return hit[1]
+            digest = message_hash(message)
+            self._frozen[id(message)] = (message, digest)
+            return digest
         return self._lookup(message, message_hash)
 
     def tool(self, spec: ToolSpec | Mapping[str, Any]) -> str:
         return self._lookup(spec, tool_spec_hash)
+
+    def model(self, request: ModelRequest) -> HashedRequest:
+        msgs = [self.message(m) for m in request.messages]
+        tools = [self.tool(t) for t in request.tools]
+        rest = model_request_body(request, (), tools)
+        del rest["messages"]
+        tail = b"]," + canonical_json(rest)[1:] + b',"kind":"model"}'
+        state = self._list_state(msgs)
+        state.update(tail)
+        return HashedRequest(state.hexdigest(), msgs, tools)
+
+    def _list_state(self, msgs: list[str]) -> Any:
+        """A sha256 state fed with the head and all of ``msgs`` (not yet the tail)."""
+        key = msgs[0] if msgs else ""
+        saved = self._lists.get(key)
+        if saved is not None and len(saved[0]) <= len(msgs) and msgs[: len(saved[0])] == saved[0]:
+            state, done = saved[1].copy(), len(saved[0])
+        else:
+            state, done = hashlib.sha256(_MODEL_HEAD), 0
+        for i in range(done, len(msgs)):
+            state.update(b',"' if i else b'"')
+            state.update(msgs[i].encode("ascii"))
+            state.update(b'"')
+        if len(self._lists) > 1_000:
+            self._lists.clear()
+        self._lists[key] = (msgs, state.copy())
+        return state
 
     def _lookup(self, obj: Any, compute: Any) -> str:
         entry = self._entries.get(id(obj))

@@ -48,13 +48,17 @@ class RunStarted(Payload):
 
 @dataclass(frozen=True)
 class ModelCallRecorded(Payload):
-    """A finished model call. ``messages`` and ``tools`` are content addresses in the
-    ``blobs`` table; the response is stored inline. Exactly one of response/error is set."""
+    """A finished model call. The request's messages are stored by reference:
+    ``message_list`` is the content address of a list node in ``blobs`` (the previous
+    list of the conversation plus the new message hashes), so a conversation's history
+    is stored once. ``tools`` are tool-spec content addresses. The response is stored
+    inline. Exactly one of response/error is set."""
 
     TYPE: ClassVar[str] = "ModelCallRecorded"
     provider: str = ""
     model: str = ""
-    messages: list[str] = field(default_factory=list)
+    message_list: str | None = None
+    message_count: int = 0
     tools: list[str] = field(default_factory=list)
     params: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] | None = None

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 from toren.config import Settings
 from toren.core.clock import Clock, SystemClock
 from toren.core.context import Context, RunUsage
-from toren.core.digest import HashCache, canonical_json, semantic_params
+from toren.core.digest import (
+    HashCache,
+    HashedRequest,
+    canonical_json,
+    message_list_node,
+    semantic_params,
+)
 from toren.core.events import (
     ChildCompleted,
     ChildStarted,
@@ -70,7 +76,7 @@ from toren.errors import (
     ToolFailed,
     TorenError,
 )
-from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, Usage
+from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolSpec, Usage
 from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo, to_nano
 
 if TYPE_CHECKING:
@@ -174,6 +180,8 @@ class TickRunner:
         self.code_version = deps.code_version or "dev"
         self.record: RunRecord | None = None
         self._known_blobs: set[str] = set()
+        # Per stream: the message hashes of its last model request and their list node.
+        self._lists: dict[str, tuple[list[str], str]] = {}
         self._lock = asyncio.Lock()
         self._barrier: asyncio.Task[Any] | None = None
         self._inflight = 0
@@ -222,7 +230,7 @@ class TickRunner:
         self.code_version = self.deps.code_version or program.code_version
         events = await self.store.load_events(self.run_id)
         self.log = RunLog.fold(self.run_id, events)
-        self._known_blobs = _referenced_blobs(events)
+        self._known_blobs = {h for e in events for h in _tool_refs(e)}
         self._interrupted = (
             self.lease.recovered
             or self.lease.previous_status == "running"
@@ -619,18 +627,20 @@ class TickRunner:
         self,
         ctx: Context,
         pos: int,
-        digest: str,
+        hashed: HashedRequest,
         request: ModelRequest,
         on_delta: Callable[[str], None] | None,
     ) -> Awaitable[ModelResponse]:
-        decision, gen = self._decide(ctx.stream, pos, "model", digest)
+        decision, gen = self._decide(ctx.stream, pos, "model", hashed.digest)
         if isinstance(decision, Replay):
-            return self._replay_model(decision.step)
-        return self._live_model(ctx, pos, gen, digest, request, on_delta)
+            return self._replay_model(ctx.stream, decision.step, hashed)
+        return self._live_model(ctx, pos, gen, hashed, request, on_delta)
 
-    async def _replay_model(self, step: Step) -> ModelResponse:
+    async def _replay_model(self, stream: str, step: Step, hashed: HashedRequest) -> ModelResponse:
         payload = step.first.payload
         assert isinstance(payload, ModelCallRecorded)
+        if payload.message_list is not None:
+            self._lists[stream] = (hashed.messages, payload.message_list)
         self.replayed += 1
         if self._interrupted:
             self._saved += to_nano(payload.cost_usd)
@@ -661,7 +671,7 @@ class TickRunner:
         ctx: Context,
         pos: int,
         gen: int,
-        digest: str,
+        hashed: HashedRequest,
         request: ModelRequest,
         on_delta: Callable[[str], None] | None,
     ) -> ModelResponse:
@@ -691,14 +701,13 @@ class TickRunner:
             pricing = ctx.program.pricing or self.deps.pricing
             if pricing is not None and response is not None:
                 cost = pricing(f"{request.provider}:{request.model}", usage)
-            msg_hashes = [self.hashes.message(m) for m in request.messages]
-            tool_hashes = [self.hashes.tool(t) for t in request.tools]
-            blobs = self._new_blobs(request, msg_hashes, tool_hashes)
+            blobs, list_node = self._new_blobs(ctx.stream, request, hashed)
             payload = ModelCallRecorded(
                 provider=request.provider,
                 model=request.model,
-                messages=msg_hashes,
-                tools=tool_hashes,
+                message_list=list_node,
+                message_count=len(hashed.messages),
+                tools=hashed.tools,
                 params=semantic_params(request.params),
                 response=response.to_dict() if response else None,
                 error=error,
@@ -709,7 +718,7 @@ class TickRunner:
             )
             nano = to_nano(cost)
             await self._write(
-                [self._event(ctx.stream, pos, gen, digest, payload)],
+                [self._event(ctx.stream, pos, gen, hashed.digest, payload)],
                 blobs=blobs,
                 delta=RunDelta(
                     input_tokens=usage.input_tokens,
@@ -745,20 +754,35 @@ class TickRunner:
         self._usage[3] += 1
 
     def _new_blobs(
-        self, request: ModelRequest, msg_hashes: list[str], tool_hashes: list[str]
-    ) -> dict[str, str]:
-        """Message and tool bodies not stored yet: a conversation's history is stored once."""
+        self, stream: str, request: ModelRequest, hashed: HashedRequest
+    ) -> tuple[dict[str, str], str]:
+        """The bodies to store for this request and its message list node. When the
+        request extends the stream's previous one (a growing conversation), only the new
+        messages and one small node are stored: history is stored once."""
+        msgs = hashed.messages
+        prev_msgs, prev_node = self._lists.get(stream, ([], None))
+        start = 0
+        if (
+            prev_node is not None
+            and len(prev_msgs) <= len(msgs)
+            and msgs[: len(prev_msgs)] == prev_msgs
+        ):
+            start = len(prev_msgs)
+        else:
+            prev_node = None
         blobs: dict[str, str] = {}
-        pairs = [
-            *zip(msg_hashes, request.messages, strict=True),
-            *zip(tool_hashes, request.tools, strict=True),
-        ]
-        for key, obj in pairs:
+        for key, obj in [
+            *zip(msgs[start:], request.messages[start:], strict=True),
+            *zip(hashed.tools, request.tools, strict=True),
+        ]:
             if key not in self._known_blobs:
-                data = obj.to_dict() if hasattr(obj, "to_dict") else obj
+                data = obj.to_dict() if isinstance(obj, ToolSpec) else obj
                 blobs[key] = canonical_json(data).decode("utf-8")
                 self._known_blobs.add(key)
-        return blobs
+        node, body = message_list_node(prev_node, msgs[start:])
+        blobs[node] = body
+        self._lists[stream] = (msgs, node)
+        return blobs, node
 
     async def _timed(self, aw: Awaitable[Any], program: AgentProgram, what: str) -> Any:
         timeout = program.limits.step_timeout
@@ -1053,14 +1077,9 @@ async def _call_tool(tooldef: ToolDef, args: Mapping[str, Any]) -> Any:
     return result
 
 
-def _referenced_blobs(events: Sequence[Event]) -> set[str]:
-    refs: set[str] = set()
-    for event in events:
-        payload = event.payload
-        if isinstance(payload, ModelCallRecorded):
-            refs.update(payload.messages)
-            refs.update(payload.tools)
-    return refs
+def _tool_refs(event: Event) -> list[str]:
+    payload = event.payload
+    return payload.tools if isinstance(payload, ModelCallRecorded) else []
 
 
 def newest_start_by_version(workers: Sequence[WorkerInfo]) -> dict[str, float]:

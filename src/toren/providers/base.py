@@ -41,6 +41,50 @@ TRANSPORT_PARAMS = frozenset(
 )
 
 
+class Message(dict[str, Any]):
+    """An immutable message (a ``dict`` that refuses changes, nested values frozen too).
+
+    Toren hashes each message of a request; an immutable message is hashed once and then
+    recognised by identity, so a long conversation costs each step only its new messages.
+    Plain dicts work too, but are re-checked on every call (time grows with history).
+    ``ModelResponse.message()`` returns one; build your own with ``Message(role=...,
+    content=...)``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for key, value in dict.items(self):
+            dict.__setitem__(self, key, _freeze(value))
+
+    def _immutable(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("a toren Message is immutable; build a new one instead")
+
+    __setitem__ = __delitem__ = _immutable
+    clear = pop = popitem = setdefault = update = _immutable  # type: ignore[assignment]
+    __ior__ = _immutable  # type: ignore[assignment]
+
+    def __reduce__(self) -> Any:
+        return (Message, (dict(self),))
+
+    def __copy__(self) -> Message:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Message:
+        return self
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Message):
+        return value
+    if isinstance(value, Mapping):
+        return Message(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
 @dataclass(frozen=True)
 class ToolSpec:
     """A tool as the model sees it: a name, a description and a JSON Schema of arguments."""
@@ -104,12 +148,15 @@ class ModelResponse:
     finish_reason: str = "stop"
     model: str = ""
 
-    def message(self) -> dict[str, Any]:
-        """The assistant message to append to the conversation."""
-        msg: dict[str, Any] = {"role": "assistant", "content": self.text}
+    def message(self) -> Message:
+        """The assistant message to append to the conversation (immutable)."""
         if self.tool_calls:
-            msg["tool_calls"] = [c.to_dict() for c in self.tool_calls]
-        return msg
+            return Message(
+                role="assistant",
+                content=self.text,
+                tool_calls=[c.to_dict() for c in self.tool_calls],
+            )
+        return Message(role="assistant", content=self.text)
 
     def to_dict(self) -> dict[str, Any]:
         return {
