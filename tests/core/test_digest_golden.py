@@ -170,5 +170,9 @@ def test_immutable_messages_cannot_change_under_the_cache() -> None:
         m["content"] = "y"  # type: ignore[index]
     with pytest.raises(TypeError):
         m.update(content="y")
-    assert isinstance(m["tool_calls"], tuple)
+    assert m["tool_calls"] == [{"id": "1", "arguments": {"a": [1]}}]
+    with pytest.raises(TypeError):
+        m["tool_calls"].append({})
+    with pytest.raises(TypeError):
+        m["tool_calls"][0]["arguments"]["a"].append(2)
     assert HashCache().message(m) == message_hash(dict(m))

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toren.errors import InvalidInput
-from toren.providers.base import TRANSPORT_PARAMS, Message, ModelRequest
+from toren.providers.base import TRANSPORT_PARAMS, MessageLike, ModelRequest
 
 
 def sampling_params(request: ModelRequest) -> dict[str, Any]:
@@ -16,7 +16,7 @@ def sampling_params(request: ModelRequest) -> dict[str, Any]:
     return {k: v for k, v in request.params.items() if k not in TRANSPORT_PARAMS}
 
 
-def require(message: Message, key: str) -> Any:
+def require(message: MessageLike, key: str) -> Any:
     if key not in message:
         role = message.get("role")
         raise InvalidInput(

@@ -36,7 +36,7 @@ from toren.providers._retry import (
 from toren.providers._wire import content_text, require, sampling_params
 from toren.providers.base import (
     DeltaCallback,
-    Message,
+    MessageLike,
     ModelRequest,
     ModelResponse,
     RetryPolicy,
@@ -70,7 +70,7 @@ def _text_blocks(content: object) -> list[Block]:
     return [{"type": "text", "text": text}] if text else []
 
 
-def _assistant_blocks(message: Message) -> list[Block]:
+def _assistant_blocks(message: MessageLike) -> list[Block]:
     blocks = _text_blocks(message.get("content"))
     for call in (ToolCall.from_dict(c) for c in message.get("tool_calls") or ()):
         blocks.append(
@@ -79,7 +79,7 @@ def _assistant_blocks(message: Message) -> list[Block]:
     return blocks
 
 
-def _tool_result_block(message: Message) -> Block:
+def _tool_result_block(message: MessageLike) -> Block:
     block: Block = {
         "type": "tool_result",
         "tool_use_id": str(require(message, "tool_call_id")),
@@ -90,7 +90,7 @@ def _tool_result_block(message: Message) -> Block:
     return block
 
 
-def _turn(message: Message) -> tuple[str, list[Block]]:
+def _turn(message: MessageLike) -> tuple[str, list[Block]]:
     role = require(message, "role")
     if role == "assistant":
         return "assistant", _assistant_blocks(message)
@@ -99,7 +99,7 @@ def _turn(message: Message) -> tuple[str, list[Block]]:
     return str(role), _text_blocks(message.get("content"))
 
 
-def wire_messages(messages: tuple[Message, ...]) -> tuple[str | None, list[dict[str, Any]]]:
+def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[dict[str, Any]]]:
     """Split out the system prompt and merge same-role neighbours into alternating turns."""
     system = [content_text(m.get("content")) for m in messages if m.get("role") == "system"]
     turns: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-Message = Mapping[str, Any]
+MessageLike = Mapping[str, Any]  # a plain dict or a Message
 DeltaCallback = Callable[[str], None]
 
 # Request parameters that change *how* a call is made, never *what* it asks. They are
@@ -62,8 +62,8 @@ class Message(dict[str, Any]):
         raise TypeError("a toren Message is immutable; build a new one instead")
 
     __setitem__ = __delitem__ = _immutable
-    clear = pop = popitem = setdefault = update = _immutable  # type: ignore[assignment]
-    __ior__ = _immutable  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _immutable
+    __ior__ = _immutable
 
     def __reduce__(self) -> Any:
         return (Message, (dict(self),))
@@ -75,13 +75,30 @@ class Message(dict[str, Any]):
         return self
 
 
+class FrozenList(list[Any]):
+    """A list that refuses changes (the nested lists of a :class:`Message`). A ``list``
+    subclass, so it still compares equal to a plain list and serialises as one."""
+
+    __slots__ = ()
+
+    def _immutable(self, *_: Any, **__: Any) -> Any:
+        raise TypeError("a toren Message is immutable; build a new one instead")
+
+    __setitem__ = __delitem__ = _immutable
+    __iadd__ = __imul__ = _immutable
+    append = extend = insert = pop = remove = clear = sort = reverse = _immutable
+
+    def __reduce__(self) -> Any:
+        return (FrozenList, (list(self),))
+
+
 def _freeze(value: Any) -> Any:
-    if isinstance(value, Message):
+    if isinstance(value, (Message, FrozenList)):
         return value
     if isinstance(value, Mapping):
-        return Message(value)
+        return Message(dict(value))
     if isinstance(value, (list, tuple)):
-        return tuple(_freeze(v) for v in value)
+        return FrozenList(_freeze(v) for v in value)
     return value
 
 
@@ -110,7 +127,7 @@ class ModelRequest:
 
     provider: str
     model: str
-    messages: tuple[Message, ...]
+    messages: tuple[MessageLike, ...]
     tools: tuple[ToolSpec, ...] = ()
     params: Mapping[str, Any] = field(default_factory=dict)
 

@@ -27,7 +27,7 @@ from toren.providers._retry import Retrying, SdkErrors, Sleep, decoded, parsed
 from toren.providers._wire import arguments_object, content_text, require, sampling_params
 from toren.providers.base import (
     DeltaCallback,
-    Message,
+    MessageLike,
     ModelRequest,
     ModelResponse,
     RetryPolicy,
@@ -45,7 +45,7 @@ _PLACEHOLDER_KEY = "no-key"
 # --- wire format: Toren -> OpenAI ----------------------------------------------------
 
 
-def wire_message(message: Message) -> dict[str, Any]:
+def wire_message(message: MessageLike) -> dict[str, Any]:
     role = require(message, "role")
     if role == "assistant":
         return _wire_assistant(message)
@@ -58,7 +58,7 @@ def wire_message(message: Message) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k in ("role", "content", "name")}
 
 
-def _wire_assistant(message: Message) -> dict[str, Any]:
+def _wire_assistant(message: MessageLike) -> dict[str, Any]:
     calls = [ToolCall.from_dict(c) for c in message.get("tool_calls") or ()]
     wire: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
     if calls:
