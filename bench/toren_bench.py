@@ -29,7 +29,12 @@ NAME = "toren"
 
 
 def info() -> dict[str, Any]:
-    return {"version": toren.__version__, "durability": f"sqlite WAL synchronous={SQLITE_SYNCHRONOUS}; postgres synchronous_commit=on"}
+    return {
+        "version": toren.__version__,
+        "durability": (
+            f"sqlite WAL synchronous={SQLITE_SYNCHRONOUS}; postgres synchronous_commit=on"
+        ),
+    }
 
 
 def store_url(backend: Backend) -> str:
@@ -80,7 +85,9 @@ async def conversation_agent(ctx: toren.Context, input: Any) -> Any:
 
 async def short_agent(ctx: toren.Context, input: Any) -> Any:
     for i in range(input["steps"]):
-        await ctx.model("bench:fake", [{"role": "user", "content": f"run {input['run']} step {i}"}], step=i)
+        await ctx.model(
+            "bench:fake", [{"role": "user", "content": f"run {input['run']} step {i}"}], step=i
+        )
     return input["steps"]
 
 
@@ -93,7 +100,12 @@ def registry() -> toren.Registry:
 
 
 async def run_to_end(
-    backend: Backend, agent: str, input: Any, model: FakeModel, *, concurrency: int = 1,
+    backend: Backend,
+    agent: str,
+    input: Any,
+    model: FakeModel,
+    *,
+    concurrency: int = 1,
     idempotency_key: str | None = None,
 ) -> tuple[toren.store.Store, str]:
     store = await toren.connect(store_url(backend))
@@ -155,7 +167,9 @@ def concurrency(backend: Backend, runs: int, steps: int, model_url: str) -> dict
         store = await toren.connect(store_url(backend))
         reg = registry()
         model = FakeModel(client=ModelClient(model_url))
-        deps = toren.TickDeps(store=store, agents=reg, providers={"bench": model}, settings=settings())
+        deps = toren.TickDeps(
+            store=store, agents=reg, providers={"bench": model}, settings=settings()
+        )
         ids = [
             (await toren.start_run(store, reg, "short", {"run": r, "steps": steps})).id
             for r in range(runs)
@@ -167,7 +181,11 @@ def concurrency(backend: Backend, runs: int, steps: int, model_url: str) -> dict
                 assert final.status == "completed", final.error
         elapsed = time.perf_counter() - t0
         await store.close()
-        return {"runs": runs, "steps_per_s": round(runs * steps / elapsed, 1), "peak_rss_mb": peak_rss_mb()}
+        return {
+            "runs": runs,
+            "steps_per_s": round(runs * steps / elapsed, 1),
+            "peak_rss_mb": peak_rss_mb(),
+        }
 
     return asyncio.run(go())
 
@@ -177,7 +195,10 @@ def recovery_child(backend: Backend, steps: int, counter_path: str, hang_at: int
 
     async def go() -> None:
         store, _ = await run_to_end(
-            backend, "sequential", {"steps": steps}, FakeModel(counter.ahit),
+            backend,
+            "sequential",
+            {"steps": steps},
+            FakeModel(counter.ahit),
             idempotency_key="bench-recovery",
         )
         await store.close()

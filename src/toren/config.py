@@ -30,6 +30,9 @@ class Settings:
     worker_ttl: float = 30.0  # a worker silent this long is not live (storm guard)
     inline_wait: float = 2.0  # sleeps/timeouts this short wait in-process, not parked
     code_version: str | None = None  # overrides the agent directory hash
+    # During rolling deploys, never invalidate a suffix written by a newer live code
+    # version (back off instead). Off only to demonstrate the storm it prevents.
+    storm_guard: bool = True
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -43,7 +46,7 @@ class Settings:
         floats = {f.name for f in fields(cls) if f.type in ("float", float)}
         for f in fields(cls):
             raw = env.get(f"TOREN_{f.name.upper()}")
-            if raw is None or f.name == "lease":
+            if raw is None or f.name in ("lease", "storm_guard"):
                 continue
             try:
                 if f.name == "concurrency":

@@ -149,7 +149,9 @@ def test_incremental_digest_equals_the_full_computation() -> None:
     for i in range(30):
         history.append(Message(role="user", content=f"q{i} é"))
         params = {"temperature": 0.5} if i % 3 else {}
-        request = ModelRequest("openai", "gpt-4o-mini", tuple(history), tools if i % 2 else (), params)
+        request = ModelRequest(
+            "openai", "gpt-4o-mini", tuple(history), tools if i % 2 else (), params
+        )
         assert cache.model(request).digest == model_digest(request)
         history.append({"role": "assistant", "content": f"a{i}"})
     # A request that is not an extension of the previous one (an edited earlier message).

@@ -217,3 +217,38 @@ def test_queries_name_their_columns() -> None:
         text = path.read_text()
         assert not re.search(r"SELECT\s+\*", text, re.I), path
         assert not re.search(r"INSERT\s+INTO\s+\w+\s+VALUES", text, re.I), path
+
+
+async def test_starting_under_live_traffic_takes_no_locks(db_url: str) -> None:
+    """Workers start (and migrate) while others write: no deadlock, no stall. On an
+    up-to-date PostgreSQL database the schema check must not lock any table."""
+    import asyncio
+
+    import toren
+    from toren.providers.scripted import ScriptedProvider
+
+    store = await connect(db_url)
+    reg = toren.Registry()
+
+    async def agent(ctx: Any, input: Any) -> Any:
+        for i in range(30):
+            await ctx.model("scripted:echo", [{"role": "user", "content": f"{input} {i}"}])
+        return input
+
+    reg.add("busy", agent)
+    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": ScriptedProvider()})
+    runs = [await toren.start_run(store, reg, "busy", i) for i in range(6)]
+
+    async def restart_storm() -> None:
+        for _ in range(15):
+            other = open_store(db_url)
+            await other.migrate()
+            await other.close()
+
+    try:
+        async with toren.LocalWorkerRuntime(deps, concurrency=6):
+            await asyncio.wait_for(restart_storm(), 60)
+            for run in runs:
+                assert (await toren.wait_for_run(store, run.id, timeout=60)).status == "completed"
+    finally:
+        await store.close()

@@ -195,13 +195,22 @@ class TickRunner:
         self._interrupted = False
         self._live_versions: dict[str, float] = {}
         self.replayed = self.executed = self.invalidations = 0
+        self._draining = False
 
     # -- public controls ------------------------------------------------------------------
 
     def cancel(self) -> None:
         self._stop(_Cancel("cancelled"))
 
+    def begin_drain(self) -> None:
+        """Graceful drain: start no new live step; steps in flight finish and are recorded,
+        then the run is released (the next worker replays them for free)."""
+        self._draining = True
+        self._wake.set()
+
     def drain(self) -> None:
+        """Hard drain (the drain window ran out): abandon steps still in flight; they have
+        no event, so they run again elsewhere (at-least-once for those steps only)."""
         self._stop(_Drain("worker draining"))
 
     def _stop(self, abort: _Abort) -> None:
@@ -268,6 +277,9 @@ class TickRunner:
             await asyncio.wait({self._task, woken}, return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
             if self._task.done() or self._abort is not None:
+                break
+            if self._draining and self._inflight == 0:
+                self._stop(_Drain("worker draining"))
                 break
             if self._parkable():
                 # Let steps that just resolved run on before deciding the run is idle.
@@ -466,6 +478,9 @@ class TickRunner:
 
     @contextlib.asynccontextmanager
     async def _busy(self) -> AsyncIterator[None]:
+        if self._draining:  # no new live work; wait here to be released
+            self._wake.set()
+            await asyncio.Future()
         self._inflight += 1
         try:
             yield
@@ -613,13 +628,17 @@ class TickRunner:
         """During a rolling deploy the current deploy wins: the code version whose live
         workers started most recently. Never overwrite a suffix written by a newer live
         version; back off instead, so versions do not fight over a stream."""
+        if not self.deps.settings.storm_guard:
+            return
         mine = self._live_versions.get(self.code_version)
         if mine is None:
             mine = self.deps.worker_started_at or self.clock.now()
         for version in {s.code_version for s in suffix} - {self.code_version}:
             theirs = self._live_versions.get(version)
             if theirs is not None and theirs > mine:
-                raise _BackOff(version)
+                abort = _BackOff(version)
+                self._stop(abort)
+                raise abort
 
     # -- steps ----------------------------------------------------------------------------
 

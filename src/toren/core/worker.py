@@ -220,6 +220,8 @@ class LocalWorkerRuntime:
             log.info(
                 "worker %s draining %d runs (window %.1fs)", self.worker_id, len(tasks), window
             )
+            for runner, _ in list(self._active.values()):
+                runner.begin_drain()
             await asyncio.wait(tasks, timeout=window)
         for runner, _ in list(self._active.values()):
             runner.drain()

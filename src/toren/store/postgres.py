@@ -17,12 +17,39 @@ from typing import Any, TypeVar
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
-from toren.store.schema import SCHEMA, render
+from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
 from toren.store.sql import CLAIMABLE, SqlStore
 
 T = TypeVar("T")
 CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
+
+
+def _present_schema(cur: Any) -> tuple[set[str], set[tuple[str, str]], set[str]]:
+    """Tables, (table, column) pairs and indexes of the current schema (catalog reads)."""
+    cur.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+    )
+    tables = {r[0] for r in cur.fetchall()}
+    cur.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema()"
+    )
+    columns = {(r[0], r[1]) for r in cur.fetchall()}
+    cur.execute("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+    indexes = {r[0] for r in cur.fetchall()}
+    return tables, columns, indexes
+
+
+def _is_present(
+    migration: Migration, present: tuple[set[str], set[tuple[str, str]], set[str]]
+) -> bool:
+    tables, columns, indexes = present
+    if isinstance(migration, CreateTable):
+        return migration.table in tables
+    if isinstance(migration, AddColumn):
+        return (migration.table, migration.column.name) in columns
+    return migration.name in indexes
 
 
 def _import_psycopg() -> Any:
@@ -110,14 +137,27 @@ class PostgresStore(SqlStore):
         return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in cur.fetchall()]
 
     async def migrate(self) -> None:
+        """Apply the schema list. Entries that already hold are skipped after a catalog
+        look-up, so a start against an up-to-date database takes no table lock at all
+        (``ADD COLUMN IF NOT EXISTS`` alone would take an ACCESS EXCLUSIVE lock on every
+        start, and ``CREATE INDEX IF NOT EXISTS`` a SHARE lock: under live traffic that
+        stalls writers and can deadlock with them). Needed entries run one statement per
+        transaction under a session advisory lock, so concurrent starts do not race."""
+
         def apply(cur: Any) -> None:
-            # Transaction-scoped: released at commit, even if this process dies.
-            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
-            for migration in SCHEMA:
-                cur.execute(render(migration, "postgres"))
+            cur.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+            try:
+                present = _present_schema(cur)
+                cur.execute("SET lock_timeout = '30s'")
+                for migration in SCHEMA:
+                    if not _is_present(migration, present):
+                        cur.execute(render(migration, "postgres"))
+            finally:
+                cur.execute("RESET lock_timeout")
+                cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
         try:
-            await self._run(apply)
+            await self._run(apply, write=False)
         except StorageError as exc:
             raise SchemaError(f"cannot apply the schema: {exc}") from exc
 

@@ -1,0 +1,222 @@
+"""Rolling deploys with real worker processes on PostgreSQL, and the invalidation storm
+the guard prevents."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import toren
+from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.core.deploy_worker import CHANGED_STEP, CHILD_STEPS, MAIN_STEPS, registry
+from toren.config import LeaseSettings
+from toren.providers.scripted import ScriptedProvider, read_ledger
+from toren.store import Store
+from toren.store.base import WorkerInfo
+
+ROOT = Path(__file__).parents[2]
+RUNS = 20
+
+
+def spawn_worker(url: str, version: str, ledger: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(ledger.with_suffix(".log"), "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.core.deploy_worker", url, version, str(ledger), "0.15"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+
+
+async def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def served(ledgers: list[Path]) -> Counter[str]:
+    return Counter(line["last_user"] for path in ledgers for line in read_ledger(path))
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        assert p.wait(timeout=60) == 0
+
+
+@pytest.fixture
+def pg_db() -> Any:
+    require_pg()
+    name = create_pg_database("toren_deploy")
+    try:
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.mark.parametrize(("old", "new"), [("A", "B"), ("B", "A")], ids=["deploy", "rollback"])
+async def test_rolling_deploy(pg_db: str, tmp_path: Path, old: str, new: str) -> None:
+    store = await toren.connect(pg_db)
+    try:
+        runs = [
+            await toren.start_run(store, registry(old), "deploy", {"id": i}) for i in range(RUNS)
+        ]
+        old_ledgers = [tmp_path / f"{old}{i}.jsonl" for i in range(2)]
+        new_ledgers = [tmp_path / f"{new}{i}.jsonl" for i in range(2)]
+        olds = [spawn_worker(pg_db, old, path) for path in old_ledgers]
+        news: list[subprocess.Popen[bytes]] = []
+        try:
+            # The old version gets half the runs past the step the new version changes...
+            await wait_for(
+                lambda: (
+                    sum(
+                        1 for k in served(old_ledgers) if k.endswith(f"step {CHANGED_STEP} [{old}]")
+                    )
+                    >= RUNS // 2
+                ),
+                60,
+                "old workers to get going",
+            )
+            news = [spawn_worker(pg_db, new, path) for path in new_ledgers]
+            # ...both versions overlap for a while, then the old one is drained.
+            await wait_for(
+                lambda: sum(served(new_ledgers).values()) >= 20, 60, "new workers to take over"
+            )
+            assert any(p.poll() is None for p in olds)  # a real overlap: old workers still live
+            stop(olds)
+            await _finish(store, runs, news)
+        finally:
+            for p in olds + news:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        finals = [await store.get_run(r.id) for r in runs]
+
+        counts = served(old_ledgers + new_ledgers)
+        for run, final in zip(runs, finals, strict=True):
+            assert final is not None and final.status == "completed", final
+            i = run.input["id"]
+            # Completed under the new code: the changed step carries the new prompt.
+            assert (
+                final.output["replies"][CHANGED_STEP] == f"ok run {i} step {CHANGED_STEP} [{new}]"
+            )
+            events = await store.load_events(run.id)
+            per_stream = Counter(e.stream for e in events if e.type == "StreamInvalidated")
+            assert all(n <= 1 for n in per_stream.values()), per_stream
+            assert set(per_stream) <= {"main"}  # the child stream was never disputed
+            # Nothing that the new code did not change was paid twice.
+            for j in range(CHILD_STEPS):
+                assert counts[f"run {i} research {j}"] == 1
+            for k in range(CHANGED_STEP):
+                assert counts[f"run {i} step {k}"] == 1
+            for k in range(CHANGED_STEP + 1, MAIN_STEPS):
+                assert counts[f"run {i} step {k}"] <= 2  # once per version at most
+        invalidated = sum(await count_invalidations(store, [r.id for r in runs]))
+        assert invalidated >= 1  # the overlap really disputed some streams
+    finally:
+        await store.close()
+
+
+async def _finish(store: Store, runs: list[Any], news: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + 120
+    while True:
+        finals = [await store.get_run(r.id) for r in runs]
+        if all(f is not None and f.terminal for f in finals):
+            break
+        assert time.monotonic() < deadline, [f.status for f in finals if f]
+        await asyncio.sleep(0.1)
+    stop(news)
+
+
+# -- the storm --------------------------------------------------------------------------
+
+
+def storm_registry(version: str) -> toren.Registry:
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        for i in range(4):
+            marker = f" [{version}]" if i == 2 else ""
+            await ctx.model(
+                "scripted:echo", [{"role": "user", "content": f"{input} step {i}{marker}"}]
+            )
+        while True:
+            await ctx.sleep(60)  # in flight forever: both versions keep coming back to it
+
+    reg = toren.Registry()
+    reg.add("storm", agent, code_version=version)
+    return reg
+
+
+async def alternate(
+    store: Store, *, guard: bool, rounds: int = 30
+) -> tuple[list[str], Counter[str]]:
+    """Two live versions take turns on the same runs, one tick each per simulated minute.
+    B's workers started after A's, so B is the current deploy."""
+    clock = toren.ManualClock(1_950_000_000.0)
+    workers = {"A": ("wa", clock.now()), "B": ("wb", clock.now() + 1)}
+    for version, (wid, started) in workers.items():
+        await store.register_worker(WorkerInfo(wid, version, started, started))
+    provider = ScriptedProvider()
+    base = toren.Settings(
+        lease=LeaseSettings(ttl=30, heartbeat=5), storm_guard=guard, drain_window=30
+    )
+    deps = {
+        v: toren.TickDeps(
+            store=store,
+            agents=storm_registry(v),
+            providers={"scripted": provider},
+            clock=clock,
+            settings=base,
+            worker_id=workers[v][0],
+            worker_started_at=workers[v][1],
+        )
+        for v in ("A", "B")
+    }
+    run_ids = [
+        (await toren.start_run(store, storm_registry("A"), "storm", f"r{i}", clock=clock)).id
+        for i in range(3)
+    ]
+    statuses: Counter[str] = Counter()
+    for round_ in range(rounds):
+        version = "AB"[round_ % 2]
+        for wid, _ in workers.values():
+            await store.heartbeat_worker(wid, now=clock.now(), draining=False)
+        for run_id in run_ids:
+            statuses[(await toren.tick(run_id, deps[version])).status] += 1
+        await clock.advance(61)
+    return run_ids, statuses
+
+
+async def count_invalidations(store: Store, run_ids: list[str]) -> list[int]:
+    return [
+        sum(1 for e in await store.load_events(r) if e.type == "StreamInvalidated") for r in run_ids
+    ]
+
+
+async def test_without_the_guard_versions_fight(store: Store) -> None:
+    run_ids, _ = await alternate(store, guard=False)
+    per_run = await count_invalidations(store, run_ids)
+    assert all(n >= 20 for n in per_run), per_run  # the storm: every other tick invalidates
+
+
+async def test_with_the_guard_at_most_one_invalidation_per_stream(store: Store) -> None:
+    run_ids, statuses = await alternate(store, guard=True)
+    per_run = await count_invalidations(store, run_ids)
+    assert all(n <= 1 for n in per_run), per_run
+    assert statuses["backed_off"] >= 1  # the old version stepped aside...
+    for run_id in run_ids:  # ...and the newest deploy's prompt is what the stream holds
+        run = await store.get_run(run_id)
+        assert run is not None and run.status == "waiting" and run.code_version == "B"
