@@ -107,10 +107,17 @@ async def run_to_end(
     *,
     concurrency: int = 1,
     idempotency_key: str | None = None,
+    worker_id: str = "local",
 ) -> tuple[toren.store.Store, str]:
     store = await toren.connect(store_url(backend))
     reg = registry()
-    deps = toren.TickDeps(store=store, agents=reg, providers={"bench": model}, settings=settings())
+    deps = toren.TickDeps(
+        store=store,
+        agents=reg,
+        providers={"bench": model},
+        settings=settings(),
+        worker_id=worker_id,
+    )
     run = await toren.start_run(store, reg, agent, input, idempotency_key=idempotency_key)
     async with toren.LocalWorkerRuntime(deps, concurrency=concurrency):
         final = await toren.wait_for_run(store, run.id, timeout=3600)
@@ -200,6 +207,7 @@ def recovery_child(backend: Backend, steps: int, counter_path: str, hang_at: int
             {"steps": steps},
             FakeModel(counter.ahit),
             idempotency_key="bench-recovery",
+            worker_id="bench-worker",  # stable: the restarted process takes its run back
         )
         await store.close()
 

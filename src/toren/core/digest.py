@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toren.errors import InvalidInput
-from toren.providers.base import TRANSPORT_PARAMS, Message, ModelRequest, ToolSpec
+from toren.providers.base import TRANSPORT_PARAMS, FrozenList, Message, ModelRequest, ToolSpec
 
 DIGEST_VERSION = 1
 _REQUEST_PREFIX = b"toren.request.v1\n"
@@ -44,9 +44,46 @@ _LIST_PREFIX = b"toren.msglist.v1\n"
 # conversation's digest be computed incrementally from a saved hash state.
 _MODEL_HEAD = _REQUEST_PREFIX + b'{"body":{"messages":['
 
+
+def _as_dict(value: Any) -> Any:
+    # json's encoder knows dict, list and tuple; other Mappings pass through here.
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON data")
+
+
 _encoder = json.JSONEncoder(
-    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False
+    ensure_ascii=False, sort_keys=True, separators=(",", ":"), allow_nan=False, default=_as_dict
 )
+
+
+def _plainly_valid(value: Any) -> bool:
+    """The fast check: plain JSON of the common types (no recursion, no paths). False
+    sends the value to :func:`_check`, which names the problem or accepts the rarer
+    types (other Mappings, subclasses)."""
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v = pop()
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if t is float:
+            if v - v != 0:  # NaN and infinities
+                return False
+            continue
+        if t is dict or t is Message:
+            for k, item in v.items():
+                if type(k) is not str:
+                    return False
+                if type(item) is not str:
+                    push(item)
+            continue
+        if t is list or t is tuple or t is FrozenList:
+            stack.extend(v)
+            continue
+        return False
+    return True
 
 
 def _check(value: Any, path: str) -> None:
@@ -75,19 +112,9 @@ def _check(value: Any, path: str) -> None:
 
 def canonical_json(value: Any) -> bytes:
     """The canonical byte form of a JSON value (see the module docstring)."""
-    _check(value, "$")
-    return _encoder.encode(_plain(value)).encode("utf-8")
-
-
-def _plain(value: Any) -> Any:
-    # json's encoder only knows dict/list; turn other Mappings and tuples into those.
-    if isinstance(value, Mapping) and not isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    if not _plainly_valid(value):
+        _check(value, "$")
+    return _encoder.encode(value).encode("utf-8")
 
 
 def _sha(prefix: bytes, body: bytes) -> str:
@@ -169,22 +196,36 @@ class HashCache:
       state); the bytes hashed are exactly those of :func:`request_digest`.
     """
 
-    __slots__ = ("_entries", "_frozen", "_lists")
+    __slots__ = ("_bodies", "_entries", "_frozen", "_lists")
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[Any, Any, str]] = {}
         self._frozen: dict[int, tuple[Message, str]] = {}
         self._lists: dict[str, tuple[list[str], Any]] = {}
+        self._bodies: dict[str, bytes] = {}  # canonical bodies hashed since last taken
 
     def message(self, message: Mapping[str, Any]) -> str:
         if type(message) is Message:
             hit = self._frozen.get(id(message))
             if hit is not None and hit[0] is message:
                 return hit[1]
-            digest = message_hash(message)
+            digest = self._hash_message(message)
             self._frozen[id(message)] = (message, digest)
             return digest
-        return self._lookup(message, message_hash)
+        return self._lookup(message, self._hash_message)
+
+    def _hash_message(self, message: Mapping[str, Any]) -> str:
+        body = canonical_json(message)
+        digest = _sha(_MESSAGE_PREFIX, body)
+        if len(self._bodies) > 10_000:
+            self._bodies.clear()
+        self._bodies[digest] = body
+        return digest
+
+    def take_body(self, digest: str) -> bytes | None:
+        """The canonical body of a message hashed recently (to store it without encoding
+        it again), or None."""
+        return self._bodies.pop(digest, None)
 
     def tool(self, spec: ToolSpec | Mapping[str, Any]) -> str:
         return self._lookup(spec, tool_spec_hash)

@@ -30,7 +30,7 @@ class Payload:
     TYPE: ClassVar[str] = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dict(self.__dict__)  # the dataclass fields (ClassVars live on the class)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Payload:

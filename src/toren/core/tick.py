@@ -795,11 +795,13 @@ class TickRunner:
             *zip(hashed.tools, request.tools, strict=True),
         ]:
             if key not in self._known_blobs:
-                data = obj.to_dict() if isinstance(obj, ToolSpec) else obj
-                blobs[key] = canonical_json(data).decode("utf-8")
+                body = self.hashes.take_body(key)
+                if body is None:
+                    body = canonical_json(obj.to_dict() if isinstance(obj, ToolSpec) else obj)
+                blobs[key] = body.decode("utf-8")
                 self._known_blobs.add(key)
-        node, body = message_list_node(prev_node, msgs[start:])
-        blobs[node] = body
+        node, node_body = message_list_node(prev_node, msgs[start:])
+        blobs[node] = node_body
         self._lists[stream] = (msgs, node)
         return blobs, node
 

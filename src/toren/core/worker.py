@@ -40,9 +40,13 @@ class LocalWorkerRuntime:
         self.deps = deps
         self.settings = deps.settings
         self.concurrency = concurrency or self.settings.concurrency
+        # An explicit, stable worker id (``TickDeps.worker_id`` / ``--worker-id``) lets a
+        # restarted worker take back its dead predecessor's runs at once; the default is
+        # unique per process, and a dead worker's runs wait for their leases to expire.
+        self.stable_id = deps.worker_id != "local"
         self.worker_id = (
             deps.worker_id
-            if deps.worker_id != "local"
+            if self.stable_id
             else f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         )
         self.deps.worker_id = self.worker_id
@@ -79,6 +83,10 @@ class LocalWorkerRuntime:
                 pid=os.getpid(),
             )
         )
+        if self.stable_id:
+            taken = await self.deps.store.expire_leases(self.worker_id, now=now)
+            if taken:
+                log.info("worker %s takes back %d runs of its last life", self.worker_id, taken)
         log.info("worker %s started (code version %s)", self.worker_id, self.code_version)
         self._loops = [
             asyncio.ensure_future(self._claim_loop()),

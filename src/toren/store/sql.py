@@ -9,8 +9,8 @@ over a DB-API cursor, and each dialect runs them on its own threads (``SqlStore.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from toren.core.events import Event, parse_payload
@@ -400,6 +400,24 @@ class SqlStore:
 
         return await self._run(tx)
 
+    async def expire_leases(self, worker_id: str, *, now: float) -> int:
+        """Make every lease held by ``worker_id`` claimable now. A worker restarting under
+        a stable id calls this: its previous process is dead, so its runs need not wait
+        for the lease to run out."""
+
+        def tx(cur: Any) -> int:
+            cur = self._x(
+                cur,
+                "UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ?",
+                (now - 1.0, worker_id),
+            )
+            return int(cur.rowcount)
+
+        count = await self._run(tx)
+        if count:
+            await self.notify()
+        return count
+
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         terminal = release.status in TERMINAL_STATUSES
 
@@ -510,8 +528,13 @@ class SqlStore:
         def tx(cur: Any) -> None:
             self._x(
                 cur,
+                # A worker restarting under a stable id starts a new life: new version,
+                # new start time (the storm guard compares start times).
                 "INSERT INTO workers (id, code_version, started_at, heartbeat_at, draining, "
-                "hostname, pid) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "hostname, pid) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "code_version = excluded.code_version, started_at = excluded.started_at, "
+                "heartbeat_at = excluded.heartbeat_at, draining = excluded.draining, "
+                "hostname = excluded.hostname, pid = excluded.pid",
                 (
                     info.id,
                     info.code_version,
@@ -548,4 +571,6 @@ class SqlStore:
 
 
 def _with_seq(event: Event, seq: int) -> Event:
-    return replace(event, seq=int(seq))
+    stored = copy.copy(event)
+    object.__setattr__(stored, "seq", int(seq))  # a frozen dataclass; cheaper than replace()
+    return stored

@@ -1,0 +1,495 @@
+"""The HTTP API: ``create_app(store, agents, ...)`` returns a FastAPI application.
+
+Routes live under ``/v1`` (plus ``/metrics``); docs/http-api.md is the reference. Every
+route but ``/v1/health`` needs a token when tokens are configured. Errors are always
+``{"error": {"code", "message"}}`` (see :mod:`toren.api.errors`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, TypeVar, cast
+
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+import toren
+from toren.api import metrics, models
+from toren.api.errors import STATUS_CODES, ApiError, install
+from toren.api.middleware import Auth, BodyLimit, CatchAll
+from toren.api.redact import Redactor, secrets_from_env
+from toren.api.sse import RunStream, StreamSettings, resume_problem
+from toren.core.live import LiveHub
+from toren.core.program import AgentResolver
+from toren.core.runs import start_run as core_start_run
+from toren.core.worker import LocalWorkerRuntime
+from toren.errors import TorenError
+from toren.store.base import NewRun, RunRecord, Store
+
+log = logging.getLogger("toren.api")
+F = TypeVar("F", bound=Callable[..., Any])
+
+PUBLIC_PATHS = frozenset({"/v1/health"})
+# Run ids the store hands out are ``run_<hex>``; anything far from that is not a run, and
+# is answered without a query (a NUL byte would even make PostgreSQL fail the query).
+_RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+@dataclass
+class ApiState:
+    """What the routes share; ``app.state.toren``. The console may add public paths."""
+
+    store: Store
+    agents: AgentResolver
+    live: LiveHub | None
+    runtime: LocalWorkerRuntime | None
+    redact: Redactor
+    stream: StreamSettings
+    public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))
+    closing: bool = False  # set on shutdown: open streams end so the server can stop
+
+    def is_public(self, path: str) -> bool:
+        return path in self.public_paths
+
+
+def create_app(
+    store: Store,
+    agents: AgentResolver,
+    *,
+    tokens: Sequence[str] = (),
+    live: LiveHub | None = None,
+    runtime: LocalWorkerRuntime | None = None,
+    console: bool = True,
+    max_body_bytes: int = 1_000_000,
+    heartbeat: float = 15.0,
+    poll_interval: float | None = None,
+    secrets: Sequence[str] = (),
+) -> FastAPI:
+    """The API over ``store`` for the agents ``agents`` resolves.
+
+    ``tokens``: accepted API tokens (several, for rotation); empty turns auth off, which
+    :func:`toren.api.server.check_bind` only allows on a loopback address. ``live``: the
+    worker's live feed, for prompt streams and token deltas (without it, streams poll
+    the store). ``runtime``: an in-process worker, told about cancellations at once.
+    ``secrets``: extra strings never to appear in a response (credential-like environment
+    variables are always redacted). ``heartbeat`` and ``poll_interval`` tune SSE streams.
+    """
+    state = ApiState(
+        store=store,
+        agents=agents,
+        live=live,
+        runtime=runtime,
+        redact=Redactor([*secrets, *tokens, *secrets_from_env(os.environ)]),
+        stream=StreamSettings(
+            heartbeat=heartbeat,
+            poll_interval=poll_interval or (1.0 if live is not None else 0.25),
+        ),
+    )
+    app = FastAPI(
+        title="Toren",
+        version=toren.__version__,
+        description="The Toren HTTP API (v1): start, inspect, stream, message and cancel "
+        "durable agent runs. Reference: docs/http-api.md.",
+        openapi_url="/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+        generate_unique_id_function=lambda route: route.name,
+    )
+    app.state.toren = state
+    app.state.tokens = tuple(tokens)
+    install(app)
+    for path, endpoint, options in _ROUTES:
+        app.add_api_route(path, endpoint, **options)
+    app.add_api_route(
+        "/metrics",
+        get_metrics,
+        methods=["GET"],
+        response_class=PlainTextResponse,
+        responses={200: {"content": {metrics.CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+        tags=["operations"],
+        summary="Prometheus metrics",
+    )
+    # Outermost last: CatchAll wraps everything, then auth, then the body limit.
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(Auth, tokens=list(tokens), is_public=state.is_public)
+    app.add_middleware(CatchAll)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    if console:
+        _mount_console(app, state)
+    return app
+
+
+def _mount_console(app: FastAPI, state: ApiState) -> None:
+    """The web console (``toren.console``) mounts itself when it is installed."""
+    try:
+        from toren.console import mount  # type: ignore[attr-defined, unused-ignore]
+    except ImportError:
+        return
+    mount(app, state)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        }
+        schema["security"] = [{"bearer": []}, {"apiKey": []}]
+        schema["paths"]["/v1/health"]["get"]["security"] = []
+        _drop_null_parameters(schema)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def _drop_null_parameters(schema: dict[str, Any]) -> None:
+    """An optional query or header parameter is absent, never null (a query string or a
+    header cannot carry a JSON null): ``anyOf: [X, null]`` becomes ``X``."""
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            for param in operation.get("parameters", ()):
+                branches = param.get("schema", {}).get("anyOf")
+                if branches and {"type": "null"} in branches:
+                    rest = [b for b in branches if b != {"type": "null"}]
+                    if len(rest) == 1:
+                        extra = {k: v for k, v in param["schema"].items() if k != "anyOf"}
+                        param["schema"] = {**rest[0], **extra}
+
+
+# -- plumbing -----------------------------------------------------------------------------
+
+
+def get_state(request: Request) -> ApiState:
+    return cast(ApiState, request.app.state.toren)
+
+
+State = Annotated[ApiState, Depends(get_state)]
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    always = (401, 413, 500)
+    return {
+        s: {"model": models.ErrorBody, "description": STATUS_CODES.get(s, "internal_error")}
+        for s in sorted({*statuses, *always})
+    }
+
+
+async def _run_or_404(state: ApiState, run_id: str) -> RunRecord:
+    run = await state.store.get_run(run_id) if _RUN_ID.match(run_id) else None
+    if run is None:
+        raise ApiError(404, "run_not_found", f"no run with id {run_id!r}")
+    return run
+
+
+def _run(state: ApiState, run: RunRecord) -> dict[str, Any]:
+    return cast(dict[str, Any], state.redact(run.to_dict()))
+
+
+class _CreationWatch:
+    """The store as ``start_run`` sees it, noting whether ``create_run`` made a new run
+    or returned the one an idempotency key already named (201 versus 200)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.created = True
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        record, self.created = await self._store.create_run(run)
+        return record, self.created
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+_ROUTES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
+
+
+def _route(method: str, path: str, **options: Any) -> Callable[[F], F]:
+    """Collect a ``/v1`` route; ``create_app`` adds them all to each app it builds (so
+    ``app.routes`` lists every route, and two apps in one process share nothing)."""
+
+    def collect(fn: F) -> F:
+        _ROUTES.append(("/v1" + path, fn, {"methods": [method], **options}))
+        return fn
+
+    return collect
+
+
+# -- runs ---------------------------------------------------------------------------------
+
+
+@_route(
+    "POST",
+    "/runs",
+    status_code=201,
+    response_model=models.Run,
+    tags=["runs"],
+    summary="Start a run",
+    responses={
+        200: {"model": models.Run, "description": "The idempotency key named an existing run"},
+        **_errors(404, 409, 422),
+    },
+)
+async def start_run(
+    body: models.StartRunRequest,
+    response: Response,
+    state: State,
+    idempotency_key_header: Annotated[
+        str | None, Header(alias="Idempotency-Key", pattern=models.KEY_PATTERN)
+    ] = None,
+) -> dict[str, Any]:
+    key = body.idempotency_key
+    if idempotency_key_header is not None:
+        if key is not None and key != idempotency_key_header:
+            raise ApiError(
+                409,
+                "idempotency_conflict",
+                f"the Idempotency-Key header ({idempotency_key_header!r}) and the body's "
+                f"idempotency_key ({key!r}) differ; send one of them",
+            )
+        key = idempotency_key_header
+    watch = _CreationWatch(state.store)
+    run = await core_start_run(
+        cast(Store, watch),
+        state.agents,
+        body.agent,
+        body.input,
+        process=body.process,
+        idempotency_key=key,
+    )
+    if not watch.created:
+        response.status_code = 200
+    return _run(state, run)
+
+
+@_route(
+    "GET",
+    "/runs",
+    response_model=models.RunList,
+    tags=["runs"],
+    summary="List runs, newest first",
+    responses=_errors(422),
+)
+async def list_runs(
+    state: State,
+    status: models.RunStatus | None = None,
+    agent: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
+    process: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None,
+        Query(
+            pattern=models.CURSOR_PATTERN,
+            description="The `next_cursor` of the previous page (a run id): older runs.",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    runs = await state.store.list_runs(
+        status=status, agent=agent, process=process, limit=limit, before=cursor
+    )
+    next_cursor = runs[-1].id if len(runs) == limit else None
+    return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
+
+
+@_route(
+    "GET",
+    "/runs/{run_id}",
+    response_model=models.Run,
+    tags=["runs"],
+    summary="Get a run",
+    responses=_errors(404),
+)
+async def get_run(run_id: str, state: State) -> dict[str, Any]:
+    return _run(state, await _run_or_404(state, run_id))
+
+
+@_route(
+    "GET",
+    "/runs/{run_id}/events",
+    response_model=models.EventList,
+    tags=["events"],
+    summary="Read a run's event log",
+    responses=_errors(404, 422),
+)
+async def list_events(
+    run_id: str,
+    state: State,
+    after: Annotated[
+        int, Query(ge=0, le=models.MAX_SEQ, description="Only events with a larger seq.")
+    ] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    await _run_or_404(state, run_id)
+    events = await state.store.load_events(run_id, after_seq=after, limit=limit)
+    return {
+        "events": [state.redact(e.to_dict()) for e in events],
+        "next_after": events[-1].seq if len(events) == limit else None,
+    }
+
+
+@_route(
+    "GET",
+    "/runs/{run_id}/stream",
+    response_class=StreamingResponse,
+    tags=["events"],
+    summary="Stream a run's events live (Server-Sent Events)",
+    responses={
+        200: {
+            "description": "An SSE stream: `event` (id = seq), `delta`, `end`, `error` "
+            "messages and `: heartbeat` comments. See docs/http-api.md.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **_errors(404, 422),
+    },
+)
+async def stream_events(
+    run_id: str,
+    state: State,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=models.MAX_SEQ, description="Start after this seq (0: the whole log)."),
+    ] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            pattern=r"^[0-9]{1,18}$",
+            description="Resume after this seq; wins over `after` (EventSource reconnects "
+            "with the original URL and this header).",
+        ),
+    ] = None,
+) -> StreamingResponse:
+    await _run_or_404(state, run_id)
+    start = int(last_event_id) if last_event_id is not None else (after or 0)
+    stream = RunStream(
+        state.store,
+        run_id,
+        start,
+        live=state.live,
+        redact=state.redact,
+        settings=state.stream,
+        closing=lambda: state.closing,
+        problem=await resume_problem(state.store, run_id, start),
+    )
+    return StreamingResponse(
+        stream.body(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@_route(
+    "POST",
+    "/runs/{run_id}/messages",
+    status_code=202,
+    response_model=models.MessageAccepted,
+    tags=["runs"],
+    summary="Send a message to a run",
+    responses=_errors(404, 409, 422),
+)
+async def send_message(
+    run_id: str, body: models.SendMessageRequest, state: State
+) -> dict[str, Any]:
+    run = await _run_or_404(state, run_id)
+    if run.terminal:
+        raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
+    message_id = await state.store.send_message(run_id, body.name, body.payload, now=time.time())
+    return {"run_id": run_id, "message_id": message_id}
+
+
+@_route(
+    "POST",
+    "/runs/{run_id}/cancel",
+    status_code=202,
+    response_model=models.Run,
+    tags=["runs"],
+    summary="Request cancellation of a run",
+    responses=_errors(404),
+)
+async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
+    await _run_or_404(state, run_id)
+    run = await state.store.request_cancel(run_id, now=time.time())
+    if state.runtime is not None:
+        state.runtime.cancel_local(run_id)
+    return _run(state, run)
+
+
+# -- agents and operations ----------------------------------------------------------------
+
+
+@_route(
+    "GET",
+    "/agents",
+    response_model=models.AgentList,
+    tags=["agents"],
+    summary="List agents and their processes",
+    responses=_errors(),
+)
+async def list_agents(state: State) -> dict[str, Any]:
+    return {"agents": [_agent_info(state.agents, name) for name in state.agents.names()]}
+
+
+def _agent_info(agents: AgentResolver, name: str) -> dict[str, Any]:
+    programs = getattr(agents, "programs", None)  # toren.Registry knows every process
+    if isinstance(programs, dict):
+        return {"name": name, "processes": sorted(p for a, p in programs if a == name)}
+    try:
+        return {"name": name, "processes": list(agents.resolve(name, "main").processes)}
+    except TorenError as exc:
+        return {"name": name, "processes": [], "error": exc.message}
+
+
+@_route("GET", "/health", response_model=models.Health, tags=["operations"], summary="Liveness")
+async def health() -> dict[str, Any]:
+    return {"status": "ok", "version": toren.__version__}
+
+
+@_route(
+    "GET",
+    "/ready",
+    response_model=models.Ready,
+    tags=["operations"],
+    summary="Readiness: the database answers",
+    responses=_errors(503),
+)
+async def ready(state: State) -> dict[str, Any]:
+    try:
+        await state.store.get_run("run_readiness_probe")
+    except Exception as exc:
+        log.warning("readiness check failed: %s", exc)
+        raise ApiError(503, "not_ready", "the database is not reachable") from None
+    return {"status": "ready"}
+
+
+@_route(
+    "GET",
+    "/plan",
+    tags=["operations"],
+    summary="The replay plan (not available yet)",
+    responses={501: {"model": models.ErrorBody, "description": "Not implemented yet"}},
+)
+async def plan() -> None:
+    raise ApiError(
+        501,
+        "not_implemented",
+        "the replay plan is not served over HTTP yet; this route is reserved for it",
+    )
+
+
+async def get_metrics(state: State) -> PlainTextResponse:
+    stats = await state.store.stats()
+    return PlainTextResponse(metrics.render(stats, state.runtime), media_type=metrics.CONTENT_TYPE)
+
+
+__all__ = ["ApiState", "create_app"]

@@ -1,0 +1,71 @@
+"""``GET /metrics``: Prometheus text exposition format (version 0.0.4), written by hand
+from ``Store.stats()`` so the API needs no metrics library. The totals are over the whole
+database (every worker's runs), not this process."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from toren.core.worker import LocalWorkerRuntime
+from toren.store.base import STATUSES, from_nano
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def render(stats: Mapping[str, Any], runtime: LocalWorkerRuntime | None = None) -> str:
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help: str, samples: list[tuple[str, Any]]) -> None:
+        lines.append(f"# HELP {name} {help}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{labels} {value}")
+
+    by_status = stats.get("runs_by_status", {})
+    statuses = list(STATUSES) + sorted(set(by_status) - set(STATUSES))
+    metric(
+        "toren_runs",
+        "gauge",
+        "Runs by status.",
+        [(f'{{status="{s}"}}', int(by_status.get(s, 0))) for s in statuses],
+    )
+    metric("toren_steps_total", "counter", "Steps executed live.", [("", stats["steps"])])
+    metric(
+        "toren_tokens_total",
+        "counter",
+        "Model tokens paid for, by direction.",
+        [('{kind="input"}', stats["input_tokens"]), ('{kind="output"}', stats["output_tokens"])],
+    )
+    metric(
+        "toren_cost_usd_total",
+        "counter",
+        "Model cost paid, in US dollars.",
+        [("", float(from_nano(int(stats["cost_nanousd"]))))],
+    )
+    metric(
+        "toren_saved_by_replay_usd_total",
+        "counter",
+        "Model cost not paid again thanks to replay, in US dollars.",
+        [("", float(from_nano(int(stats["saved_nanousd"]))))],
+    )
+    metric(
+        "toren_lease_recoveries_total",
+        "counter",
+        "Runs recovered from an expired lease (a worker died or stalled).",
+        [("", stats["lease_recoveries"])],
+    )
+    metric(
+        "toren_invalidations_total",
+        "counter",
+        "Stream invalidations (new code disagreed with the recorded steps).",
+        [("", stats["invalidations"])],
+    )
+    if runtime is not None:
+        metric(
+            "toren_worker_active_runs",
+            "gauge",
+            "Runs this process's worker is executing now.",
+            [("", len(runtime.active_runs))],
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,181 @@
+"""The HTTP API's request and response bodies (pydantic, so the OpenAPI document is exact).
+
+These models are the published ``/v1`` contract: within a major version fields are only
+added, never renamed or removed, and a deprecated field is still accepted for one more
+minor. Domain objects (``RunRecord``, ``Event``) stay frozen dataclasses; their
+``to_dict`` is what these models describe.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, Field
+
+from toren.agents.config import NAME_PATTERN
+
+# Agent and process names follow agent.yaml's rule (one source of truth): an API that
+# accepted fewer names could not start some loadable agents.
+NAME_HELP = (
+    "letters, digits, '.', '_' or '-', starting with a letter or digit, at most 64 characters"
+)
+# Identifiers stored as plain text columns: visible ASCII only (no NUL, no control
+# characters, which PostgreSQL text columns reject and headers cannot carry).
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+MESSAGE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+MAX_SEQ = 2**63 - 1
+
+RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
+
+
+def _utf8(value: Any) -> Any:
+    """JSON values must survive being stored as UTF-8 text (no lone surrogates)."""
+    _check_utf8(value)
+    return value
+
+
+def _check_utf8(value: Any) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_utf8(key)
+            _check_utf8(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_utf8(item)
+
+
+JsonValue = Annotated[Any, AfterValidator(_utf8)]
+Name = Annotated[
+    str,
+    Field(
+        pattern=NAME_PATTERN,
+        description=f"An agent or process name: {NAME_HELP}.",
+        examples=["support"],
+    ),
+]
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="A stable, machine-readable error code.")
+    message: str = Field(description="What went wrong and what to do next.")
+    details: Any = Field(default=None, description="Extra data (e.g. validation errors).")
+
+
+class ErrorBody(BaseModel):
+    """Every error response has this shape, whatever the status code."""
+
+    error: ErrorDetail
+
+
+class StartRunRequest(BaseModel):
+    agent: Name
+    process: Name = "main"
+    input: JsonValue = Field(default=None, description="Any JSON value; the agent's input.")
+    idempotency_key: str | None = Field(
+        default=None,
+        pattern=KEY_PATTERN,
+        description="The same key returns the same run (200 instead of 201); reusing it "
+        "with another agent, process or input is a 409. Also accepted as the "
+        "`Idempotency-Key` header. Visible ASCII, 1-255 characters.",
+    )
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+    cost_usd: str = Field(description="Decimal string, exact.")
+    saved_by_replay_usd: str = Field(description="What replay did not pay again.")
+    steps: int
+
+
+class Run(BaseModel):
+    id: str
+    agent: str
+    process: str
+    status: RunStatus
+    input: Any = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    created_at: float = Field(description="Unix time, seconds.")
+    updated_at: float
+    waiting_for: list[str] | None = Field(
+        default=None, description="Message names a waiting run is parked on."
+    )
+    not_before: float | None = Field(default=None, description="When a parked run wakes.")
+    cancel_requested: bool
+    usage: Usage
+    code_version: str | None = None
+    lease_recoveries: int
+    invalidations: int
+
+
+class RunList(BaseModel):
+    runs: list[Run]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next (older) page; null on the last page."
+    )
+
+
+class Event(BaseModel):
+    """One row of the event log (format v1, documented in docs/event-log.md)."""
+
+    seq: int = Field(description="Physical sequence: increasing, the SSE event id.")
+    run_id: str
+    type: str
+    stream: str
+    position: int | None = None
+    generation: int
+    digest: str | None = None
+    code_version: str
+    worker_id: str
+    created_at: float
+    format_version: int
+    payload: dict[str, Any]
+
+
+class EventList(BaseModel):
+    events: list[Event]
+    next_after: int | None = Field(
+        description="Pass as `after` for the next page; null when this page was not full."
+    )
+
+
+class SendMessageRequest(BaseModel):
+    name: str = Field(
+        pattern=MESSAGE_NAME_PATTERN,
+        description="The name the run waits for (`ctx.wait_for_message(name)`).",
+    )
+    payload: JsonValue = Field(default=None, description="Any JSON value.")
+
+
+class MessageAccepted(BaseModel):
+    run_id: str
+    message_id: int
+
+
+class AgentInfo(BaseModel):
+    name: str
+    processes: list[str]
+    error: str | None = Field(
+        default=None, description="Why the agent cannot be loaded right now, if it cannot."
+    )
+
+
+class AgentList(BaseModel):
+    agents: list[AgentInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    version: str
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]

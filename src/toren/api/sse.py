@@ -1,0 +1,188 @@
+"""Live event streams over Server-Sent Events.
+
+The event log is the source of truth: a stream reads the store after the last seq it
+delivered and uses the :class:`~toren.core.live.LiveHub` only to wake up early and to
+forward token deltas. Whatever the hub drops (a full queue, a worker in another process),
+the next read of the store catches up, so every event is delivered exactly once and in
+order, also across reconnects (``Last-Event-ID`` is the last delivered seq).
+
+Wire format (``text/event-stream``)::
+
+    id: 42                      an event of the log; id = its seq
+    event: event
+    data: {...Event JSON...}
+
+    event: delta                a token delta of a model call in flight (no id)
+    data: {"stream": "main", "position": 3, "text": "Hel"}
+
+    : heartbeat                 a comment, at least every ``heartbeat`` seconds
+
+    event: end                  the run ended; the last message of the stream
+    data: {"run": {...Run JSON...}}
+
+    event: error                the stream cannot continue (e.g. an unknown resume id)
+    data: {"error": {"code": "...", "message": "..."}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from toren.core.events import TERMINAL_TYPES, Event
+from toren.core.live import LiveHub
+from toren.store.base import Store
+
+log = logging.getLogger("toren.api")
+
+PAGE = 500  # events read from the store per query
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    heartbeat: float = 15.0  # seconds of silence before a heartbeat comment
+    poll_interval: float = 1.0  # store re-read when no wake-up came (worker elsewhere)
+    retry_ms: int = 1000  # the reconnection delay suggested to EventSource clients
+
+
+def message(event: str | None, data: Any, id: int | None = None) -> bytes:
+    lines = []
+    if id is not None:
+        lines.append(f"id: {id}")
+    if event is not None:
+        lines.append(f"event: {event}")
+    # Compact JSON has no raw newlines (they are escaped inside strings): one data line.
+    lines.append("data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")))
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+def error_message(code: str, text: str) -> bytes:
+    return message("error", {"error": {"code": code, "message": text}})
+
+
+async def resume_problem(store: Store, run_id: str, after: int) -> str | None:
+    """Why ``after`` is not a valid resume point of this run, or None when it is.
+
+    A valid point is 0 (from the start) or the seq of one of this run's events. Anything
+    else (a seq of another run, a seq past the end of a finished run, a made-up number)
+    would silently skip or miss events, so it is refused."""
+    if after == 0:
+        return None
+    found = await store.load_events(run_id, after_seq=after - 1, limit=1)
+    if found and found[0].seq == after:
+        return None
+    return (
+        f"event id {after} is not an event of run {run_id!r}; resume from an id this "
+        "stream delivered, or from 0 to replay the run's whole log"
+    )
+
+
+class RunStream:
+    """One client's stream of one run. Iterate :meth:`body` for the SSE bytes."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        after: int,
+        *,
+        live: LiveHub | None,
+        redact: Callable[[Any], Any],
+        settings: StreamSettings,
+        closing: Callable[[], bool],
+        problem: str | None = None,
+    ) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.last = after
+        self.live = live
+        self.redact = redact
+        self.settings = settings
+        self.closing = closing
+        self.problem = problem
+        self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
+        self._last_write = time.monotonic()
+
+    async def body(self) -> AsyncIterator[bytes]:
+        # Subscribe before the first read: a wake-up between the read and the wait is kept.
+        queue = self.live.subscribe(self.run_id) if self.live is not None else None
+        try:
+            yield f"retry: {self.settings.retry_ms}\n\n".encode()
+            if self.problem is not None:
+                yield error_message("event_id_unavailable", self.problem)
+                return
+            async for chunk in self._follow(queue):
+                self._last_write = time.monotonic()
+                yield chunk
+        except Exception:
+            log.exception("event stream of run %s failed", self.run_id)
+            yield error_message("internal_error", "the stream failed on the server; reconnect")
+        finally:
+            if queue is not None and self.live is not None:
+                self.live.unsubscribe(self.run_id, queue)
+
+    async def _follow(self, queue: asyncio.Queue[dict[str, Any]] | None) -> AsyncIterator[bytes]:
+        check_row = True
+        while not self.closing():
+            # The row is read before the events: a run's terminal status is committed
+            # with its last events, so once the row says terminal, the read below has all.
+            finished = False
+            if check_row:
+                run = await self.store.get_run(self.run_id)
+                finished = run is None or run.terminal
+            batch = await self.store.load_events(self.run_id, after_seq=self.last, limit=PAGE)
+            for event in batch:
+                yield self._event(event)
+                finished = finished or event.type in TERMINAL_TYPES
+            if len(batch) == PAGE:
+                check_row = False
+                continue
+            if finished:
+                yield await self._end()
+                return
+            items, check_row = await self._wait(queue)
+            for item in items:
+                if item.get("type") == "delta" and self._fresh(item):
+                    delta = {k: item.get(k) for k in ("stream", "position", "text")}
+                    yield message("delta", delta)
+                elif item.get("type") == "status":
+                    check_row = True
+            if time.monotonic() - self._last_write >= self.settings.heartbeat:
+                yield b": heartbeat\n\n"
+
+    def _event(self, event: Event) -> bytes:
+        self.last = event.seq
+        if event.position is not None:
+            self._recorded.add((event.stream, event.position))
+        return message("event", self.redact(event.to_dict()), id=event.seq)
+
+    def _fresh(self, delta: dict[str, Any]) -> bool:
+        return (delta.get("stream"), delta.get("position")) not in self._recorded
+
+    async def _end(self) -> bytes:
+        run = await self.store.get_run(self.run_id)
+        return message("end", {"run": self.redact(run.to_dict()) if run is not None else None})
+
+    async def _wait(
+        self, queue: asyncio.Queue[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Wait for a wake-up, a poll or a heartbeat. Returns the hub's items and whether
+        the run row should be re-read (on a poll: the worker may be elsewhere)."""
+        quiet = time.monotonic() - self._last_write
+        timeout = max(0.0, min(self.settings.poll_interval, self.settings.heartbeat - quiet))
+        if queue is None:
+            await asyncio.sleep(timeout)
+            return [], True
+        try:
+            first = await asyncio.wait_for(queue.get(), timeout)
+        except TimeoutError:
+            return [], True
+        items = [first]
+        while not queue.empty():
+            items.append(queue.get_nowait())
+        return items, False

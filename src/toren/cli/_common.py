@@ -1,0 +1,271 @@
+"""What every command shares: consoles, errors as one line plus a hint, exit codes,
+option helpers and reading a run input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+
+from toren.config import Settings
+from toren.errors import (
+    AgentConfigError,
+    AgentNotFound,
+    IdempotencyConflict,
+    InfrastructureError,
+    InvalidInput,
+    ProviderUnavailable,
+    RunNotFound,
+    StorageError,
+    TorenError,
+)
+from toren.runtime import sqlite_url_for
+
+T = TypeVar("T")
+
+# Exit codes (documented in docs/cli.md; scripts rely on them).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the run failed
+EXIT_USAGE = 2  # click's usage errors: a bad flag or argument
+EXIT_CANCELLED = 3  # the run was cancelled
+EXIT_WAITING = 4  # the run waits for a message; it stays waiting
+EXIT_ERROR = 5  # Toren could not do what was asked (bad agent, unknown run, no server...)
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: the run goes on elsewhere or on resume
+
+STATUS_EXIT = {"completed": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+
+
+class State:
+    """Global flags, stored on the click context."""
+
+    def __init__(self, debug: bool = False, color: bool | None = None) -> None:
+        self.debug = debug
+        self.color = color
+
+    def console(self, *, stderr: bool = False) -> Console:
+        no_color = self.color is False or "NO_COLOR" in os.environ
+        console = Console(
+            stderr=stderr,
+            no_color=no_color,
+            force_terminal=True if self.color else None,
+            highlight=False,
+        )
+        # A person's terminal gets word-wrapped lines; a pipe or a log gets whole lines.
+        console.soft_wrap = not console.is_terminal
+        return console
+
+
+def state() -> State:
+    ctx = click.get_current_context(silent=True)
+    found = ctx.find_object(State) if ctx is not None else None
+    return found or State()
+
+
+def out() -> Console:
+    return state().console()
+
+
+def err() -> Console:
+    return state().console(stderr=True)
+
+
+def hint_for(exc: BaseException) -> str:
+    code = getattr(exc, "code", "")
+    if code == "connection_error":
+        return "is the server running ('toren serve' or 'toren dev')? check --url / TOREN_API_URL"
+    if code in ("unauthorized", "forbidden"):
+        return "pass the server's token with --token or TOREN_API_TOKEN"
+    if code == "run_not_found":
+        return "list runs with 'toren runs list --url ...'"
+    if code in ("agent_not_found",):
+        return "the server knows the agents under its --agents directory; check the name"
+    if isinstance(exc, AgentConfigError):
+        return "fix the file named above, then run the command again"
+    if isinstance(exc, AgentNotFound):
+        return "pass a path to an agent directory, or set --agents to the directory holding it"
+    if isinstance(exc, RunNotFound):
+        return "list runs with 'toren runs list' (add --url for a server)"
+    if isinstance(exc, IdempotencyConflict):
+        return "use a new idempotency key, or the same arguments as the first request"
+    if isinstance(exc, InvalidInput):
+        return "see 'toren <command> --help' for the expected shape"
+    if isinstance(exc, ProviderUnavailable):
+        return "set the provider's API key in the environment (e.g. OPENAI_API_KEY)"
+    if isinstance(exc, StorageError):
+        return "check --database-url / TOREN_DATABASE_URL and that the database is reachable"
+    if isinstance(exc, InfrastructureError):
+        return "run again with --debug for the traceback"
+    if _is_connect_error(exc):
+        return "is the server running ('toren serve' or 'toren dev')? check --url / TOREN_API_URL"
+    if _is_http_error(exc):
+        return "check --url / TOREN_API_URL and --token / TOREN_API_TOKEN"
+    return "run again with --debug for the traceback"
+
+
+def _is_connect_error(exc: BaseException) -> bool:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover - httpx is a dependency
+        return False
+    return isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+def _is_http_error(exc: BaseException) -> bool:
+    try:
+        import httpx
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, httpx.HTTPError)
+
+
+def is_reportable(exc: BaseException) -> bool:
+    """Errors shown as one line plus a hint (anything else is a bug: traceback)."""
+    return isinstance(exc, (TorenError, OSError)) or _is_http_error(exc)
+
+
+def report(exc: BaseException) -> None:
+    console = err()
+    message = exc.message if isinstance(exc, TorenError) else str(exc) or type(exc).__name__
+    if _is_connect_error(exc):
+        message = f"cannot connect to the Toren server: {exc}"
+    console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
+    console.print(f"[dim]hint:[/] {hint_for(exc)}", markup=True, highlight=False)
+
+
+def fail(message: str, hint: str, code: int = EXIT_ERROR) -> NoReturn:
+    console = err()
+    console.print(f"[bold red]error:[/] {_escape(message)}")
+    console.print(f"[dim]hint:[/] {_escape(hint)}")
+    raise SystemExit(code)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+class _Formatter(logging.Formatter):
+    """One line per record; tracebacks only with --debug."""
+
+    def __init__(self, debug: bool) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.debug = debug
+
+    def format(self, record: logging.LogRecord) -> str:
+        if not self.debug and record.exc_info:
+            exc = record.exc_info[1]
+            record = logging.makeLogRecord(record.__dict__)
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = None
+            record.exc_info = record.exc_text = None
+        return super().format(record)
+
+
+def setup_logging(level: str = "error") -> None:
+    """Toren's log lines on stderr: ``level`` and up (everything with --debug)."""
+    debug = state().debug
+    logger = logging.getLogger("toren")
+    handler = _Stderr()
+    handler.setFormatter(_Formatter(debug))
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO))
+
+
+def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(factory())
+
+
+# -- configuration --------------------------------------------------------------------
+
+
+def settings_from(
+    *,
+    database_url: str | None = None,
+    code_version: str | None = None,
+    concurrency: int | None = None,
+    drain_window: float | None = None,
+) -> Settings:
+    settings = Settings.from_env()
+    changes: dict[str, Any] = {}
+    if database_url:
+        changes["database_url"] = database_url
+    if code_version:
+        changes["code_version"] = code_version
+    if concurrency is not None:
+        changes["concurrency"] = concurrency
+    if drain_window is not None:
+        changes["drain_window"] = drain_window
+    return settings.with_(**changes) if changes else settings
+
+
+def database_url_for(root: Path, database_url: str | None) -> str:
+    """``--database-url`` when given, else the embedded database under the agents root."""
+    if database_url:
+        return database_url
+    project = root if root.is_dir() else root.parent
+    return sqlite_url_for(project)
+
+
+def read_input(value: str | None, message: str | None) -> Any:
+    """``--input JSON`` or ``--input @file.json``; a positional MESSAGE is a plain string."""
+    if value is not None and message is not None:
+        raise click.UsageError("give either MESSAGE or --input, not both")
+    if message is not None:
+        return message
+    if value is None:
+        return None
+    text = value
+    where = "--input"
+    if value.startswith("@"):
+        path = Path(value[1:])
+        where = str(path)
+        try:
+            text = sys.stdin.read() if value == "@-" else path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(
+            f"{where} is not valid JSON ({exc}); quote a string as '\"text\"' or pass it as MESSAGE"
+        ) from None
+
+
+def parse_payload(value: str | None) -> Any:
+    """A message payload: JSON if it parses, else the text itself."""
+    if value is None:
+        return None
+    if value.startswith("@"):
+        return read_input(value, None)
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def examples(*lines: str) -> str:
+    """The 'Examples' block of a command's help (\b keeps click from rewrapping it)."""
+    body = "\n".join(f"  {line}" for line in lines)
+    return f"\n\n\b\nExamples:\n{body}"

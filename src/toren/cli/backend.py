@@ -1,0 +1,296 @@
+"""The two places a command can talk to: the embedded database (a store opened in this
+process) or a server (``--url``, through :mod:`toren.client`). Both give the commands
+the same plain-dict view of runs and events, and the same stream of live items:
+
+    ("event", event_dict)   a stored event, in sequence order
+    ("delta", item)         a text delta of a model call in progress (best effort)
+    ("idle", run_dict)      nothing new for a moment (the view refreshes its spinner)
+    ("end", run_dict)       the run is terminal, or parked waiting for a message
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, is_dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Protocol
+
+from toren.core.runs import start_run
+from toren.core.tick import tick
+from toren.core.worker import LocalWorkerRuntime
+from toren.errors import RunNotFound
+from toren.runtime import Runtime
+from toren.store.base import Lease, Store
+
+Item = tuple[str, dict[str, Any]]
+
+# A run waiting for a message whose timeout is further away than this is "parked":
+# ``toren run`` stops following it and says how to send the message.
+PARKED_AFTER = 5.0
+POLL = 0.2
+
+
+def parked(run: Mapping[str, Any], now: float | None = None) -> bool:
+    if run.get("status") != "waiting" or not run.get("waiting_for"):
+        return False
+    not_before = run.get("not_before")
+    now = time.time() if now is None else now
+    return not_before is None or float(not_before) - now > PARKED_AFTER
+
+
+def finished(run: Mapping[str, Any]) -> bool:
+    return run.get("status") in ("completed", "failed", "cancelled") or parked(run)
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    """A run or event from either side as a plain dict."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        return dict(model_dump(mode="json"))
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError(f"cannot read {type(value).__name__} as a run or event")
+
+
+class Backend(Protocol):
+    async def start_run(
+        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+    ) -> dict[str, Any]: ...
+    async def get_run(self, run_id: str) -> dict[str, Any]: ...
+    async def list_runs(
+        self, *, status: str | None, agent: str | None, limit: int
+    ) -> list[dict[str, Any]]: ...
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]: ...
+    async def send(self, run_id: str, name: str, payload: Any) -> None: ...
+    async def cancel(self, run_id: str) -> dict[str, Any]: ...
+    def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]: ...
+    async def close(self) -> None: ...
+
+
+# -- embedded ---------------------------------------------------------------------------
+
+
+class _OneRunStore:
+    """A store view whose ``claim`` only ever claims one run: the in-process worker of
+    ``toren run`` and ``toren runs resume`` must not pick up other runs of the database."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self._store = store
+        self._run_id = run_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def claim(
+        self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
+    ) -> list[Lease]:
+        return await self._store.claim(worker_id, limit, now=now, ttl=ttl, only=self._run_id)
+
+
+class EmbeddedBackend:
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.store = runtime.store
+        self.worker: LocalWorkerRuntime | None = None
+
+    async def start_run(
+        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+    ) -> dict[str, Any]:
+        run = await start_run(
+            self.store,
+            self.runtime.resolver,
+            agent,
+            input,
+            process=process,
+            idempotency_key=idempotency_key,
+        )
+        return run.to_dict()
+
+    async def _run(self, run_id: str) -> Any:
+        run = await self.store.get_run(run_id)
+        if run is None:
+            raise RunNotFound(
+                f"no run with id {run_id!r} in {_where(self.store)}",
+                run_id=run_id,
+            )
+        return run
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        run = await self._run(run_id)
+        data: dict[str, Any] = run.to_dict()
+        data["lease_owner"] = run.lease_owner
+        data["lease_expires_at"] = run.lease_expires_at
+        mine = self.worker.worker_id if self.worker is not None else None
+        data["_foreign_lease"] = bool(run.lease_owner) and run.lease_owner != mine
+        return data
+
+    async def list_runs(
+        self, *, status: str | None, agent: str | None, limit: int
+    ) -> list[dict[str, Any]]:
+        runs = await self.store.list_runs(status=status, agent=agent, limit=limit)
+        return [r.to_dict() for r in runs]
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+        await self._run(run_id)
+        return [e.to_dict() for e in await self.store.load_events(run_id, after_seq=after)]
+
+    async def send(self, run_id: str, name: str, payload: Any) -> None:
+        await self.store.send_message(run_id, name, payload, now=time.time())
+
+    async def cancel(self, run_id: str) -> dict[str, Any]:
+        run = await self.store.request_cancel(run_id, now=time.time())
+        if not run.terminal and (
+            run.lease_owner is None or (run.lease_expires_at or 0) < time.time()
+        ):
+            # Nobody holds it: record the cancellation now rather than at the next claim.
+            await tick(run_id, self.runtime.deps)
+        return await self.get_run(run_id)
+
+    async def start_worker(self, run_id: str) -> LocalWorkerRuntime:
+        """A worker in this process that runs only ``run_id``."""
+        deps = self.runtime.deps
+        scoped = dataclasses.replace(deps, store=_OneRunStore(self.store, run_id))
+        self.worker = LocalWorkerRuntime(scoped, concurrency=1)
+        await self.worker.start()
+        return self.worker
+
+    async def stop_worker(self, drain_window: float) -> None:
+        if self.worker is not None:
+            await self.worker.stop(drain_window=drain_window)
+            self.worker = None
+
+    async def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]:
+        hub = self.runtime.live
+        queue = hub.subscribe(run_id)
+        last = after
+        try:
+            while True:
+                for event in await self.store.load_events(run_id, after_seq=last):
+                    last = event.seq
+                    yield "event", event.to_dict()
+                run = await self.get_run(run_id)
+                if finished(run):
+                    # The final events were stored with the status: read them too.
+                    for event in await self.store.load_events(run_id, after_seq=last):
+                        last = event.seq
+                        yield "event", event.to_dict()
+                    yield "end", run
+                    return
+                try:
+                    item = await asyncio.wait_for(queue.get(), POLL)
+                except TimeoutError:
+                    yield "idle", run
+                    continue
+                while True:  # take every delta that is already there, then read the log
+                    if item.get("type") == "delta":
+                        yield "delta", item
+                    try:
+                        item = queue.get_nowait()
+                    except asyncio.QueueEmpty:
+                        break
+        finally:
+            hub.unsubscribe(run_id, queue)
+
+    async def close(self) -> None:
+        await self.stop_worker(0.0)
+
+
+def _where(store: Store) -> str:
+    url = getattr(store, "url", "")
+    if url.startswith("sqlite:///"):
+        return str(Path(url[len("sqlite:///") :]))
+    return url.split("@")[-1] or "the database"
+
+
+# -- remote -----------------------------------------------------------------------------
+
+
+class RemoteBackend:
+    """A Toren server through :class:`toren.client.AsyncTorenClient`."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        from toren.client import AsyncTorenClient
+
+        self.url = url
+        self.client = AsyncTorenClient(url, token=token)
+
+    async def start_run(
+        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+    ) -> dict[str, Any]:
+        run = await self.client.start_run(
+            agent, input, process=process, idempotency_key=idempotency_key
+        )
+        return run_dict(run)
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        return run_dict(await self.client.get_run(run_id))
+
+    async def list_runs(
+        self, *, status: str | None, agent: str | None, limit: int
+    ) -> list[dict[str, Any]]:
+        page = await self.client.list_runs(status=status, agent=agent, limit=limit)
+        return [run_dict(r) for r in page.runs]
+
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        cursor: int | None = after
+        while cursor is not None:
+            page = await self.client.events(run_id, after=cursor, limit=500)
+            found += [as_dict(e) for e in page.events]
+            cursor = page.next_after if page.events else None
+        return found
+
+    async def send(self, run_id: str, name: str, payload: Any) -> None:
+        await self.client.send_message(run_id, name, payload)
+
+    async def cancel(self, run_id: str) -> dict[str, Any]:
+        return run_dict(await self.client.cancel(run_id))
+
+    async def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]:
+        """Events and token deltas over SSE (the client resumes a dropped stream)."""
+        from toren.client import Delta
+
+        stream = self.client.stream(run_id, after=after, deltas=True)
+        try:
+            async for item in stream:
+                if isinstance(item, Delta):
+                    yield "delta", as_dict(item)
+                    continue
+                event = as_dict(item)
+                yield "event", event
+                # The stream goes on while a run waits; stop at the wait that is current
+                # (a run replayed from the start passes older waits on the way).
+                if event.get("type") == "RunWaiting":
+                    run = await self.get_run(run_id)
+                    later = await self.client.events(run_id, after=int(event["seq"]), limit=1)
+                    if parked(run) and not later.events:
+                        yield "end", run
+                        return
+        finally:
+            closer = getattr(stream, "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
+        yield "end", await self.get_run(run_id)  # the server ends the stream with the run
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def run_dict(run: Any) -> dict[str, Any]:
+    """A client ``Run`` in the same JSON shape as ``RunRecord.to_dict()``."""
+    data = as_dict(run)
+    usage = data.get("usage")
+    if isinstance(usage, Mapping):
+        data["usage"] = {k: str(v) if isinstance(v, Decimal) else v for k, v in usage.items()}
+    return data

@@ -1,0 +1,184 @@
+"""``toren init``: scaffold an agent project that runs offline on the first try."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from toren.agents.config import SCHEMA_URL
+from toren.cli._common import err, examples, fail, out
+
+AGENT_YAML = """\
+$schema: {schema}
+name: {name}
+description: A starter agent. Edit prompts/system.md and tools.py; `toren dev` reloads them.
+
+# Offline and deterministic: replies come from script.yaml, no API key needed.
+model: scripted:script.yaml
+# To use a real model, replace the line above with one of these (and export its key):
+# model: openai:gpt-4o-mini                 # needs OPENAI_API_KEY
+# model: anthropic:claude-haiku-4-5         # needs ANTHROPIC_API_KEY
+
+instructions_file: prompts/system.md
+tools: [get_weather]
+
+limits:
+  max_steps: 10
+  max_cost_usd: 0.10
+"""
+
+SYSTEM_PROMPT = """\
+You are a friendly assistant.
+
+- Use `get_weather` before saying anything about the weather.
+- Answer in one or two sentences.
+"""
+
+TOOLS_PY = '''\
+"""Tools of this agent. Every public function here is a tool; its JSON schema comes from
+the type hints and the docstring. Tool calls are recorded: a replayed run reuses the
+result instead of calling the tool again."""
+
+from __future__ import annotations
+
+from toren import tool
+
+
+@tool(side_effects=False)
+def get_weather(city: str) -> dict[str, object]:
+    """Today's weather for a city (a stand-in: call a real weather API here).
+
+    Args:
+        city: The city name, e.g. "Paris".
+    """
+    return {"city": city, "forecast": "sunny", "high_c": 21}
+'''
+
+SCRIPT_YAML = """\
+# The `scripted` model: turn i (the number of assistant messages so far) gets
+# responses[i]; past the end, `default`. Placeholders: {last_user}, {last_tool}, {turn}.
+responses:
+  - text: "Let me check the weather."
+    tool_calls:
+      - {name: get_weather, arguments: {city: "Paris"}}
+  - text: "It is sunny in Paris today, up to 21 °C. (get_weather said: {last_tool})"
+default: {text: "done"}
+latency: 0.1        # seconds per call, so the live view has something to show
+stream_chunk: 6     # characters per streamed delta
+"""
+
+PYPROJECT = """\
+[project]
+name = "{name}"
+version = "0.1.0"
+description = "A Toren agent."
+requires-python = ">=3.11"
+# Pinned to the 0.x line: minors are additive; a major is a decision.
+dependencies = ["toren-run>=0.1,<1"]
+"""
+
+GITIGNORE = """\
+# Toren's local state: the embedded database of `toren dev` and `toren run`.
+.toren/
+__pycache__/
+.venv/
+"""
+
+README = """\
+# {name}
+
+A [Toren](https://toren.run) agent.
+
+```console
+$ pip install -e .          # toren-run>=0.1,<1
+$ toren run . "What is the weather in Paris?"
+$ toren dev                 # worker + API + console on http://127.0.0.1:8000
+```
+
+- `agent.yaml`: the model, instructions and tools. It runs offline with the `scripted`
+  model (`script.yaml`); switch the `model:` line to `openai:gpt-4o-mini` for a real one.
+- `prompts/system.md`: the system prompt.
+- `tools.py`: the agent's tools.
+- `Dockerfile`, `compose.yaml`: PostgreSQL, workers and the API with `docker compose up`.
+"""
+
+
+def _docker(name: str) -> Callable[[], str]:
+    def render() -> str:
+        from toren.adapters import docker
+
+        renderer: Callable[[], str] = getattr(docker, name)
+        return renderer()
+
+    return render
+
+
+def agent_name(directory: Path) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", directory.name).strip("-._")[:64]
+    return name or "agent"
+
+
+def project_files(name: str) -> dict[str, str | Callable[[], str]]:
+    """Relative path -> content (or a function producing it) of a new project."""
+    return {
+        "agent.yaml": AGENT_YAML.format(schema=SCHEMA_URL, name=name),
+        "prompts/system.md": SYSTEM_PROMPT,
+        "tools.py": TOOLS_PY,
+        "script.yaml": SCRIPT_YAML,
+        "pyproject.toml": PYPROJECT.format(name=name),
+        ".gitignore": GITIGNORE,
+        "README.md": README.format(name=name),
+        "Dockerfile": _docker("render_project_dockerfile"),
+        "compose.yaml": _docker("render_project_compose"),
+        ".dockerignore": _docker("render_project_dockerignore"),
+    }
+
+
+def scaffold(directory: Path, *, force: bool = False, name: str | None = None) -> list[Path]:
+    """Write a new project into ``directory``; refuses to overwrite unless ``force``."""
+    files = project_files(name or agent_name(directory.resolve()))
+    existing = [rel for rel in files if (directory / rel).exists()]
+    if existing and not force:
+        fail(
+            f"{directory} already has {', '.join(existing)}; not overwriting",
+            "pass --force to overwrite them, or choose another directory",
+        )
+    written = []
+    for rel, content in files.items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str) else content(), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+@click.command(
+    help="Scaffold an agent project in DIR (default: the current directory). The agent "
+    "runs offline with the scripted model; one line of agent.yaml switches it to OpenAI "
+    "or Anthropic. Existing files are never overwritten unless --force is given."
+    + examples(
+        'toren init hello && cd hello && toren run . "Hi"',
+        "toren init . --name support-bot",
+        "toren init hello --force     # overwrite the scaffold's files",
+    )
+)
+@click.argument("directory", default=".", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite files that already exist.")
+@click.option("--name", default=None, help="Agent name (default: the directory's name).")
+def init(directory: Path, force: bool, name: str | None) -> None:
+    if name is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", name):
+        raise click.BadParameter(
+            f"{name!r} is not a valid agent name: letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            param_hint="--name",
+        )
+    written = scaffold(directory, force=force, name=name)
+    console = out()
+    console.print(f"created agent project in [bold]{directory}[/]:")
+    for path in written:
+        console.print(f"  {path.relative_to(directory).as_posix()}")
+    go = "" if directory.resolve() == Path.cwd() else f"cd {directory} && "
+    err().print(f'next: [bold]{go}toren run . "What is the weather in Paris?"[/]')

@@ -1,0 +1,672 @@
+"""``toren run`` and ``toren runs ...``: start, follow, inspect and steer runs, against the
+embedded database (default) or a server (``--url``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import json
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from toren.cli._common import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_WAITING,
+    STATUS_EXIT,
+    database_url_for,
+    examples,
+    out,
+    parse_payload,
+    read_input,
+    run_async,
+    settings_from,
+)
+from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
+from toren.cli.view import RunView, money, short
+from toren.errors import AgentConfigError
+from toren.runtime import close_runtime, open_runtime
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# How long an interrupted `toren run` lets a running step finish before giving it back.
+INTERACTIVE_DRAIN = 2.0
+
+
+def backend_options(fn: F) -> F:
+    """Where runs live: a server (--url) or the embedded database under --agents."""
+    for option in reversed(
+        [
+            click.option(
+                "--url",
+                envvar="TOREN_API_URL",
+                default=None,
+                help="Talk to a Toren server at this URL instead of the embedded database. "
+                "[env: TOREN_API_URL]",
+            ),
+            click.option(
+                "--token",
+                envvar="TOREN_API_TOKEN",
+                default=None,
+                help="Bearer token for --url. [env: TOREN_API_TOKEN]",
+            ),
+            click.option(
+                "--agents",
+                "agents_root",
+                envvar="TOREN_AGENTS",
+                default=".",
+                show_default=True,
+                type=click.Path(path_type=Path),
+                help="Agent directory, or a directory of agent directories; the embedded "
+                "database is <agents>/.toren/toren.db. [env: TOREN_AGENTS]",
+            ),
+            click.option(
+                "--database-url",
+                envvar="TOREN_DATABASE_URL",
+                default=None,
+                help="Database instead of the embedded one: sqlite:///path.db or "
+                "postgresql://... [env: TOREN_DATABASE_URL]",
+            ),
+        ]
+    ):
+        fn = option(fn)
+    return fn
+
+
+@contextlib.asynccontextmanager
+async def open_backend(
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> AsyncIterator[Backend]:
+    if url:
+        remote = RemoteBackend(url, token)
+        try:
+            yield remote
+        finally:
+            await remote.close()
+        return
+    root = agents_root.resolve()
+    settings = settings_from(database_url=database_url)
+    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    backend = EmbeddedBackend(runtime)
+    try:
+        yield backend
+    finally:
+        await backend.close()
+        await close_runtime(runtime)
+
+
+def locate_agent(agent: str, agents_root: Path) -> tuple[Path, str | None]:
+    """AGENT as (agents root, name). A path to an agent directory (or its agent.yaml) is
+    its own root; anything else is a name under ``agents_root``. A ``None`` name means
+    "the agent of that directory"."""
+    path = Path(agent)
+    if path.name == "agent.yaml" and path.is_file():
+        return path.parent.resolve(), None
+    if path.is_dir():
+        if not (path / "agent.yaml").is_file():
+            raise AgentConfigError(
+                f"{path.resolve()}: found a directory without agent.yaml; expected an agent "
+                "directory (create one with 'toren init') or an agent name"
+            )
+        return path.resolve(), None
+    if "/" in agent or agent.startswith("."):
+        raise AgentConfigError(
+            f"{path}: found nothing (no such file or directory); expected an agent directory "
+            "or an agent name"
+        )
+    return agents_root.resolve(), agent
+
+
+def _single_name(root: Path) -> str:
+    from toren.agents import DirectoryResolver
+
+    return DirectoryResolver(root).names()[0]
+
+
+# -- following --------------------------------------------------------------------------
+
+
+async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> int:
+    """Follow a run in the live view until it ends or parks; returns the exit code."""
+    console = out()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+    final: dict[str, Any] | None = None
+    try:
+        with RunView(console) as view:
+            items = backend.follow(run_id).__aiter__()
+            while True:
+                nxt = asyncio.ensure_future(items.__anext__())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                stopper.cancel()
+                if stop.is_set():
+                    nxt.cancel()
+                    with contextlib.suppress(BaseException):
+                        await nxt
+                    break
+                try:
+                    kind, data = nxt.result()
+                except StopAsyncIteration:
+                    break
+                view.handle(kind, data)
+                if kind == "end":
+                    final = data
+                    break
+            with contextlib.suppress(Exception):
+                await items.aclose()  # type: ignore[attr-defined]
+        if final is None:
+            how = "toren runs resume " + run_id
+            console.print(
+                f"[yellow]interrupted[/]: run {escape(run_id)} is not finished; continue it "
+                f"with [bold]{escape(how)}[/]"
+                if resume_hint
+                else f"[yellow]stopped following[/] run {escape(run_id)}; it goes on"
+            )
+            return EXIT_INTERRUPTED
+        view.summary(final)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+    return exit_code(final)
+
+
+def exit_code(run: dict[str, Any]) -> int:
+    if parked(run):
+        names = run.get("waiting_for") or ["<name>"]
+        run_id = run.get("id")
+        out().print(
+            f"run {escape(str(run_id))} is waiting for message {escape(repr(names[0]))}. "
+            f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} {escape(names[0])} "
+            f"'\"your answer\"'[/]\nthen continue with [bold]toren runs resume "
+            f"{escape(str(run_id))}[/] (a running 'toren dev' or 'toren worker' continues "
+            "it by itself)"
+        )
+        return EXIT_WAITING
+    return STATUS_EXIT.get(str(run.get("status")), EXIT_OK)
+
+
+# -- toren run --------------------------------------------------------------------------
+
+
+@click.command(
+    help="Start a run of AGENT and follow it live: steps as they happen, model text as it "
+    "streams, tool calls, tokens and cost. AGENT is a path to an agent directory or the "
+    "name of an agent under --agents. Without --url the run executes in this process "
+    "against the embedded database (<agent dir>/.toren/toren.db).\n\n"
+    "Exit codes: 0 completed, 1 failed, 3 cancelled, 4 waiting for a message (the run "
+    "stays waiting), 5 error, 130 interrupted (continue with 'toren runs resume ID')."
+    + examples(
+        'toren run . "What is the weather in Paris?"',
+        'toren run examples/support-agent --input \'{"message": "Where is A-17?"}\'',
+        "toren run support-agent --process triage --input @request.json",
+        "toren run support-agent --url http://127.0.0.1:8000 --detach",
+    )
+)
+@click.argument("agent")
+@click.argument("message", required=False)
+@click.option(
+    "--input",
+    "input_",
+    default=None,
+    metavar="JSON|@FILE",
+    help="Run input as JSON, or @file.json (@- reads stdin). MESSAGE is a plain-string input.",
+)
+@click.option("--process", default="main", show_default=True, help="Process of the agent.")
+@click.option("--idempotency-key", default=None, help="Start at most one run per key.")
+@click.option("--detach", is_flag=True, help="Start the run, print its id and return.")
+@click.option(
+    "--code-version",
+    envvar="TOREN_CODE_VERSION",
+    default=None,
+    help="Code version recorded on events (default: the agent directory's hash). "
+    "[env: TOREN_CODE_VERSION]",
+)
+@backend_options
+def run(
+    agent: str,
+    message: str | None,
+    input_: str | None,
+    process: str,
+    idempotency_key: str | None,
+    detach: bool,
+    code_version: str | None,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    value = read_input(input_, message)
+    if url:
+        name = agent
+        path = Path(agent)
+        if path.is_dir() and (path / "agent.yaml").is_file():
+            name = _single_name(path.resolve())
+        code = run_async(
+            lambda: _run_remote(url, token, name, value, process, idempotency_key, detach)
+        )
+    else:
+        root, name_or_none = locate_agent(agent, agents_root)
+        code = run_async(
+            lambda: _run_embedded(
+                root,
+                name_or_none,
+                value,
+                process,
+                idempotency_key,
+                detach,
+                database_url,
+                code_version,
+            )
+        )
+    raise SystemExit(code)
+
+
+async def _run_remote(
+    url: str,
+    token: str | None,
+    name: str,
+    value: Any,
+    process: str,
+    key: str | None,
+    detach: bool,
+) -> int:
+    async with open_backend(url, token, Path("."), None) as backend:
+        run = await backend.start_run(name, value, process=process, idempotency_key=key)
+        if detach:
+            _print_detached(run, f" --url {url}")
+            return EXIT_OK
+        return await follow(backend, str(run["id"]), resume_hint=False)
+
+
+async def _run_embedded(
+    root: Path,
+    name: str | None,
+    value: Any,
+    process: str,
+    key: str | None,
+    detach: bool,
+    database_url: str | None,
+    code_version: str | None,
+) -> int:
+    settings = settings_from(database_url=database_url, code_version=code_version)
+    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    backend = EmbeddedBackend(runtime)
+    try:
+        agent = name or runtime.resolver.names()[0]
+        run = await backend.start_run(agent, value, process=process, idempotency_key=key)
+        run_id = str(run["id"])
+        if detach:
+            _print_detached(run, "")
+            return EXIT_OK
+        await backend.start_worker(run_id)
+        return await follow(backend, run_id)
+    finally:
+        await backend.stop_worker(INTERACTIVE_DRAIN)
+        await close_runtime(runtime)
+
+
+def _print_detached(run: dict[str, Any], suffix: str) -> None:
+    run_id = escape(str(run["id"]))
+    click.echo(run["id"])
+    hint = (
+        f"follow it with [bold]toren runs resume {run_id}{escape(suffix)}[/]"
+        if suffix
+        else f"a running 'toren dev' or 'toren worker' executes it; or run it here with "
+        f"[bold]toren runs resume {run_id}[/]"
+    )
+    from toren.cli._common import err
+
+    err().print(f"started run {run_id} ({escape(str(run.get('status')))}); {hint}")
+
+
+# -- toren runs -------------------------------------------------------------------------
+
+
+@click.group(
+    help="Inspect and steer runs: list, show, events, send, cancel, resume. Every "
+    "subcommand works on the embedded database (default) or a server (--url), and takes "
+    "--json for scripting."
+    + examples(
+        "toren runs list --status waiting",
+        "toren runs show run_0193... --json | jq .usage",
+        "toren runs events run_0193... --json > events.jsonl",
+        "toren runs send run_0193... human '\"approved\"'",
+    )
+)
+def runs() -> None:
+    pass
+
+
+def _when(ts: Any) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
+    except (TypeError, ValueError, OSError):
+        return ""
+
+
+_STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "waiting": "cyan",
+    "running": "magenta",
+    "queued": "dim",
+}
+
+
+@runs.command(
+    "list",
+    help="List runs, newest first."
+    + examples(
+        "toren runs list",
+        "toren runs list --status failed --agent support-agent --limit 100",
+        "toren runs list --json | jq -r '.[].id'",
+    ),
+)
+@click.option(
+    "--status",
+    type=click.Choice(["queued", "running", "waiting", "completed", "failed", "cancelled"]),
+    default=None,
+    help="Only runs with this status.",
+)
+@click.option("--agent", default=None, help="Only runs of this agent.")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@backend_options
+def list_runs(
+    status: str | None,
+    agent: str | None,
+    limit: int,
+    as_json: bool,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    async def go() -> list[dict[str, Any]]:
+        async with open_backend(url, token, agents_root, database_url) as backend:
+            return await backend.list_runs(status=status, agent=agent, limit=limit)
+
+    found = run_async(go)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return
+    console = out()
+    if not found:
+        console.print("no runs")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    table.add_column("id", no_wrap=True, min_width=26)
+    table.add_column("agent", no_wrap=True)
+    for column in ("status", "steps", "cost", "created"):
+        table.add_column(column)
+    for r in found:
+        usage = r.get("usage") or {}
+        agent_name = r.get("agent", "")
+        if r.get("process", "main") != "main":
+            agent_name += f"/{r.get('process')}"
+        style = _STATUS_STYLE.get(str(r.get("status")), "")
+        table.add_row(
+            str(r.get("id")),
+            agent_name,
+            f"[{style}]{r.get('status')}[/]" if style else str(r.get("status")),
+            str(usage.get("steps", "")),
+            money(usage.get("cost_usd", "0")),
+            _when(r.get("created_at")),
+        )
+    console.print(table)
+
+
+@runs.command(
+    help="Show one run: status, input, output or error, usage and code version."
+    + examples("toren runs show RUN_ID", "toren runs show RUN_ID --json"),
+)
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+@backend_options
+def show(
+    run_id: str,
+    as_json: bool,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    async def go() -> dict[str, Any]:
+        async with open_backend(url, token, agents_root, database_url) as backend:
+            return await backend.get_run(run_id)
+
+    found = run_async(go)
+    found.pop("_foreign_lease", None)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return
+    console = out()
+    usage = found.get("usage") or {}
+    style = _STATUS_STYLE.get(str(found.get("status")), "")
+    rows = [
+        ("run", str(found.get("id"))),
+        ("agent", f"{found.get('agent')} (process {found.get('process')})"),
+        ("status", f"[{style}]{found.get('status')}[/]" if style else str(found.get("status"))),
+        ("created", _when(found.get("created_at"))),
+        ("updated", _when(found.get("updated_at"))),
+        ("input", escape(short(found.get("input"), 400))),
+    ]
+    if found.get("output") is not None:
+        rows.append(("output", escape(short(found.get("output"), 2000))))
+    if found.get("error"):
+        error = found["error"]
+        rows.append(("error", escape(f"{error.get('type')}: {error.get('message')}")))
+    if found.get("waiting_for"):
+        rows.append(("waiting for", escape(", ".join(found["waiting_for"]))))
+    rows += [
+        ("steps", str(usage.get("steps", 0))),
+        ("tokens", f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"),
+        ("cost", f"{money(usage.get('cost_usd', '0'))} (estimated)"),
+        ("saved by replay", money(usage.get("saved_by_replay_usd", "0"))),
+        ("invalidations", str(found.get("invalidations", 0))),
+        ("code version", escape(str(found.get("code_version") or "-"))),
+    ]
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+
+
+@runs.command(
+    help="Print a run's event log. With --json, one JSON object per line (the HTTP API's "
+    "event shape)."
+    + examples(
+        "toren runs events RUN_ID",
+        "toren runs events RUN_ID --json | jq -c 'select(.type == \"StreamInvalidated\")'",
+        "toren runs events RUN_ID --after 12 --json",
+    ),
+)
+@click.argument("run_id")
+@click.option("--after", default=0, type=click.IntRange(0), help="Only events after this seq.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines.")
+@backend_options
+def events(
+    run_id: str,
+    after: int,
+    as_json: bool,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    async def go() -> list[dict[str, Any]]:
+        async with open_backend(url, token, agents_root, database_url) as backend:
+            return await backend.events(run_id, after=after)
+
+    found = run_async(go)
+    if as_json:
+        for event in found:
+            click.echo(json.dumps(event, ensure_ascii=False, separators=(",", ":")))
+        return
+    console = out()
+    view = RunView(console)
+    for event in found:
+        console.print(f"[dim]#{event.get('seq')} {event.get('type')}[/]", highlight=False)
+        view.event(event)
+
+
+@runs.command(
+    help="Send a message to a run (it continues a run waiting in wait_for_message or the "
+    "ask_human tool). PAYLOAD is JSON if it parses, else a string; @file reads it."
+    + examples(
+        "toren runs send RUN_ID human 'yes, refund it'",
+        "toren runs send RUN_ID approval '{\"ok\": true}'",
+        "toren runs send RUN_ID approval @answer.json --url http://127.0.0.1:8000",
+    ),
+)
+@click.argument("run_id")
+@click.argument("name")
+@click.argument("payload", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the run after sending, as JSON.")
+@backend_options
+def send(
+    run_id: str,
+    name: str,
+    payload: str | None,
+    as_json: bool,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    value = parse_payload(payload)
+
+    async def go() -> dict[str, Any]:
+        async with open_backend(url, token, agents_root, database_url) as backend:
+            await backend.send(run_id, name, value)
+            return await backend.get_run(run_id)
+
+    found = run_async(go)
+    found.pop("_foreign_lease", None)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return
+    where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"
+    out().print(
+        f"sent {escape(repr(name))} to run {escape(run_id)} ({found.get('status')}); "
+        f"continue it with [bold]toren runs resume {escape(run_id)}[/]{escape(where)}"
+    )
+
+
+@runs.command(
+    help="Cancel a run. Agent code sees RunCancelledSignal at its next step; the run ends "
+    "'cancelled'."
+    + examples("toren runs cancel RUN_ID", "toren runs cancel RUN_ID --url http://127.0.0.1:8000"),
+)
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the run as JSON.")
+@backend_options
+def cancel(
+    run_id: str,
+    as_json: bool,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    async def go() -> dict[str, Any]:
+        async with open_backend(url, token, agents_root, database_url) as backend:
+            return await backend.cancel(run_id)
+
+    found = run_async(go)
+    found.pop("_foreign_lease", None)
+    if as_json:
+        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        return
+    if found.get("status") == "cancelled":
+        out().print(f"run {escape(run_id)} cancelled")
+    elif found.get("status") in ("completed", "failed"):
+        out().print(f"run {escape(run_id)} had already {found.get('status')}; nothing to cancel")
+    else:
+        out().print(
+            f"cancellation of run {escape(run_id)} requested; the worker running it stops "
+            "it at its next heartbeat"
+        )
+
+
+@runs.command(
+    help="Continue a run in this process and follow it until it ends. Use it for a run "
+    "whose 'toren run' was interrupted or killed: when its old worker died, the run is "
+    "taken over once that worker's lease expires (TOREN_LEASE_TTL, 30s by default). "
+    "With --url, follows the run on the server (whose workers continue it).\n\n"
+    "Exit codes as for 'toren run'."
+    + examples("toren runs resume RUN_ID", "toren runs resume RUN_ID --url http://127.0.0.1:8000"),
+)
+@click.argument("run_id")
+@click.option(
+    "--code-version",
+    envvar="TOREN_CODE_VERSION",
+    default=None,
+    help="Code version recorded on new events. [env: TOREN_CODE_VERSION]",
+)
+@backend_options
+def resume(
+    run_id: str,
+    code_version: str | None,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    if url:
+
+        async def remote() -> int:
+            async with open_backend(url, token, agents_root, None) as backend:
+                await backend.get_run(run_id)
+                return await follow(backend, run_id, resume_hint=False)
+
+        raise SystemExit(run_async(remote))
+    raise SystemExit(
+        run_async(lambda: _resume_embedded(run_id, agents_root, database_url, code_version))
+    )
+
+
+async def _resume_embedded(
+    run_id: str, agents_root: Path, database_url: str | None, code_version: str | None
+) -> int:
+    root = agents_root.resolve()
+    settings = settings_from(database_url=database_url, code_version=code_version)
+    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    backend = EmbeddedBackend(runtime)
+    try:
+        found = await backend.get_run(run_id)
+        if found.get("status") in ("completed", "failed", "cancelled"):
+            out().print(f"run {escape(run_id)} already {found.get('status')}")
+            return await follow(backend, run_id)
+        owner, expires = found.get("lease_owner"), found.get("lease_expires_at")
+        if owner and expires and float(expires) > time.time():
+            out().print(
+                f"run {escape(run_id)} is held by worker {escape(str(owner))}; waiting for its "
+                f"lease to expire ({float(expires) - time.time():.0f}s) unless that worker "
+                "finishes it first"
+            )
+        await backend.start_worker(run_id)
+        return await follow(backend, run_id)
+    finally:
+        await backend.stop_worker(INTERACTIVE_DRAIN)
+        await close_runtime(runtime)

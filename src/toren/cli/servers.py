@@ -1,0 +1,413 @@
+"""The long-running commands: ``toren dev`` (worker + API + console, reloading agent code
+on change), ``toren serve`` (API + console) and ``toren worker`` (a production worker)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from toren.cli._common import (
+    database_url_for,
+    err,
+    examples,
+    fail,
+    out,
+    run_async,
+    settings_from,
+    setup_logging,
+)
+from toren.core.worker import LocalWorkerRuntime
+from toren.errors import TorenError
+from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
+
+log = logging.getLogger("toren.cli")
+
+# How long `toren dev` lets running steps finish before a reload takes their runs over.
+# Short on purpose: the point of a reload is to see the new code now. A step cut off
+# here was not recorded, so it simply runs again (under the new code).
+RELOAD_DRAIN = 0.5
+
+
+def _setup_logging(level: str) -> None:
+    setup_logging(level)
+
+
+def _stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
+    """SIGINT/SIGTERM set ``stop``; returns the function that removes the handlers."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+
+    def remove() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+
+    return remove
+
+
+def _check_port(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            fail(
+                f"cannot listen on {host}:{port}: {exc.strerror}",
+                f"another process uses the port; pick another with --port (e.g. --port {port + 1})",
+            )
+
+
+def _create_app(runtime: Runtime, tokens: Sequence[str], worker: Any, console: bool) -> Any:
+    from toren.api.app import create_app
+
+    return create_app(
+        runtime.store,
+        runtime.resolver,
+        tokens=tuple(tokens),
+        live=runtime.live,
+        runtime=worker,
+        console=console,
+    )
+
+
+class WorkerSwitch:
+    """What the API sees as "the worker" in ``toren dev``: whichever worker runs now
+    (each reload starts a new one)."""
+
+    def __init__(self, worker: LocalWorkerRuntime | None = None) -> None:
+        self.current = worker
+
+    def __getattr__(self, name: str) -> Any:
+        if self.current is None:
+            raise AttributeError(name)
+        return getattr(self.current, name)
+
+    def cancel_local(self, run_id: str) -> bool:
+        return self.current.cancel_local(run_id) if self.current is not None else False
+
+
+# -- toren dev --------------------------------------------------------------------------
+
+
+@click.command(
+    help="Develop an agent: one process running a worker, the HTTP API and the web console "
+    "on SQLite under DIR/.toren/, bound to 127.0.0.1. Edits to the agent's files reload it: "
+    "a new code version, and runs in flight continue under the new code (steps that still "
+    "match are replayed for free; the first one that changed is honestly invalidated and "
+    "re-run). Ctrl-C drains and exits."
+    + examples(
+        "toren dev",
+        "toren dev examples/support-agent --port 8080",
+        'curl -s localhost:8000/v1/runs -d \'{"agent": "hello", "input": "Hi"}\'',
+    )
+)
+@click.argument("directory", default=".", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--port",
+    default=8000,
+    show_default=True,
+    envvar="TOREN_PORT",
+    type=click.IntRange(0, 65535),
+    help="Port of the API and console on 127.0.0.1. [env: TOREN_PORT]",
+)
+@click.option(
+    "--code-version",
+    envvar="TOREN_CODE_VERSION",
+    default=None,
+    help="Fixed code version (default: the agent directory's hash, new on every edit). "
+    "[env: TOREN_CODE_VERSION]",
+)
+@click.option("--no-console", is_flag=True, help="Serve the API only.")
+@click.option("--log-level", default="warning", envvar="TOREN_LOG_LEVEL", show_default=True)
+def dev(
+    directory: Path, port: int, code_version: str | None, no_console: bool, log_level: str
+) -> None:
+    _setup_logging(log_level)
+    host = "127.0.0.1"
+    _check_port(host, port)
+    run_async(lambda: _dev(directory.resolve(), host, port, code_version, not no_console))
+
+
+async def _dev(root: Path, host: str, port: int, code_version: str | None, console: bool) -> None:
+    from toren.api.server import running_server
+
+    settings = settings_from(code_version=code_version)
+    runtime = await open_runtime(root, sqlite_url_for(root), settings)
+    printer = out()
+    stop = asyncio.Event()
+    remove_handlers = _stop_on_signals(stop)
+    switch = WorkerSwitch()
+    try:
+        versions = _agent_versions(runtime)
+        if versions is not None:
+            switch.current = await _start_worker(runtime)
+        app = _create_app(runtime, (), switch, console)
+        async with running_server(app, host, port, log_level="warning") as server:
+            printer.print(f"[bold]toren dev[/] · agents in {escape(str(root))}")
+            for name, version in sorted((versions or {}).items()):
+                printer.print(f"  agent [cyan]{escape(name)}[/] code version {escape(version)}")
+            printer.print(f"  API      {server.url}/v1   (OpenAPI: {server.url}/docs)")
+            if console:
+                printer.print(f"  console  {server.url}/")
+            printer.print(f"  database {escape(runtime.settings.database_url)}")
+            printer.print("[dim]watching for changes · Ctrl-C to stop[/]")
+            await _watch(root, runtime, switch, versions or {}, stop)
+            printer.print("stopping: draining the worker…")
+    finally:
+        remove_handlers()
+        if switch.current is not None:
+            await switch.current.stop()
+        await close_runtime(runtime)
+    printer.print("stopped")
+
+
+def _agent_versions(runtime: Runtime) -> dict[str, str] | None:
+    """Agent name -> code version, or None (with the error printed) when an agent is broken."""
+    try:
+        return {name: runtime.resolver.load(name).code_version for name in runtime.resolver.names()}
+    except TorenError as exc:
+        err().print(f"[bold red]error:[/] {escape(exc.message)}")
+        err().print("[dim]hint:[/] fix it and save: toren dev reloads (no runs execute until then)")
+        return None
+
+
+async def _start_worker(runtime: Runtime) -> LocalWorkerRuntime:
+    worker = LocalWorkerRuntime(runtime.reload_deps())
+    await worker.start()
+    return worker
+
+
+async def _watch(
+    root: Path,
+    runtime: Runtime,
+    switch: WorkerSwitch,
+    versions: dict[str, str],
+    stop: asyncio.Event,
+) -> None:
+    from watchfiles import DefaultFilter, awatch
+
+    watch_filter = DefaultFilter(ignore_dirs=(*DefaultFilter.ignore_dirs, ".toren"))
+    printer = out()
+    async for changes in awatch(root, watch_filter=watch_filter, stop_event=stop, debounce=200):
+        names = sorted({Path(p).relative_to(root).as_posix() for _, p in changes})
+        current = _agent_versions(runtime)
+        if current is None:
+            if switch.current is not None:
+                await switch.current.stop(drain_window=RELOAD_DRAIN)
+                switch.current = None
+            continue
+        if current == versions and switch.current is not None:
+            continue
+        started = time.monotonic()
+        if switch.current is not None:
+            await switch.current.stop(drain_window=RELOAD_DRAIN)
+        switch.current = await _start_worker(runtime)
+        changed = [
+            f"{n} {versions.get(n, '-')} → {v}" for n, v in current.items() if versions.get(n) != v
+        ]
+        versions.clear()
+        versions.update(current)
+        printer.print(
+            f"[yellow]reloaded[/] ({escape(', '.join(names[:5]))}"
+            f"{'…' if len(names) > 5 else ''}): {escape('; '.join(changed) or 'agents reloaded')} "
+            f"[dim]{(time.monotonic() - started) * 1000:.0f} ms[/]"
+        )
+
+
+# -- toren serve ------------------------------------------------------------------------
+
+
+@click.command(
+    help="Serve the HTTP API and the web console (no worker: run 'toren worker' beside it). "
+    "It refuses to listen beyond loopback without a token."
+    + examples(
+        "toren serve",
+        "TOREN_API_TOKEN=s3cret toren serve --host 0.0.0.0 --port 8080",
+        "toren serve --database-url postgresql://toren@db/toren --agents ./agents",
+    )
+)
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="TOREN_HOST")
+@click.option(
+    "--port", default=8000, show_default=True, envvar="TOREN_PORT", type=click.IntRange(0, 65535)
+)
+@click.option(
+    "--token",
+    "tokens",
+    multiple=True,
+    envvar="TOREN_API_TOKEN",
+    help="Accepted bearer token (repeat, or comma-separate, for several; required off "
+    "loopback). [env: TOREN_API_TOKEN]",
+)
+@click.option(
+    "--agents",
+    "agents_root",
+    default=".",
+    envvar="TOREN_AGENTS",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Agents root. [env: TOREN_AGENTS]",
+)
+@click.option(
+    "--database-url",
+    envvar="TOREN_DATABASE_URL",
+    default=None,
+    help="Database URL (default: <agents>/.toren/toren.db). [env: TOREN_DATABASE_URL]",
+)
+@click.option("--no-console", is_flag=True, help="Serve the API only.")
+@click.option("--log-level", default="info", envvar="TOREN_LOG_LEVEL", show_default=True)
+def serve(
+    host: str,
+    port: int,
+    tokens: tuple[str, ...],
+    agents_root: Path,
+    database_url: str | None,
+    no_console: bool,
+    log_level: str,
+) -> None:
+    tokens = tuple(t.strip() for raw in tokens for t in raw.split(",") if t.strip())
+    from toren.api.server import check_bind
+
+    check_bind(host, tokens)
+    _setup_logging(log_level)
+    _check_port(host, port)
+    root = agents_root.resolve()
+    url = database_url_for(root, database_url)
+    run_async(lambda: _serve(root, url, host, port, tokens, not no_console))
+
+
+async def _serve(
+    root: Path, url: str, host: str, port: int, tokens: Sequence[str], console: bool
+) -> None:
+    from toren.api.server import serve as serve_app
+
+    runtime = await open_runtime(root, url, settings_from(database_url=url))
+    try:
+        app = _create_app(runtime, tokens, None, console)
+        out().print(
+            f"toren serve · API http://{host}:{port}/v1"
+            + (f" · console http://{host}:{port}/" if console else "")
+            + ("" if tokens else " · no token: loopback only")
+        )
+        await serve_app(app, host, port, log_level=_uvicorn_level())
+    finally:
+        await close_runtime(runtime)
+
+
+def _uvicorn_level() -> str:
+    return logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
+
+
+# -- toren worker -----------------------------------------------------------------------
+
+
+@click.command(
+    help="Run a worker: claim runs from the database, execute them, renew leases, and on "
+    "SIGTERM or Ctrl-C drain (stop claiming, let running steps finish for up to the drain "
+    "window, then give the rest back). Run as many as you like against one PostgreSQL."
+    + examples(
+        "toren worker",
+        "TOREN_DATABASE_URL=postgresql://toren@db/toren toren worker --concurrency 50",
+        "toren worker --drain-window 60 --code-version $(git rev-parse HEAD)",
+    )
+)
+@click.option(
+    "--agents",
+    "agents_root",
+    default=".",
+    envvar="TOREN_AGENTS",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Agents root. [env: TOREN_AGENTS]",
+)
+@click.option(
+    "--database-url",
+    envvar="TOREN_DATABASE_URL",
+    default=None,
+    help="Database URL (default: <agents>/.toren/toren.db). [env: TOREN_DATABASE_URL]",
+)
+@click.option(
+    "--concurrency",
+    envvar="TOREN_CONCURRENCY",
+    default=None,
+    type=click.IntRange(1),
+    help="Runs executed at once (default 100). [env: TOREN_CONCURRENCY]",
+)
+@click.option(
+    "--drain-window",
+    envvar="TOREN_DRAIN_WINDOW",
+    default=None,
+    type=click.FloatRange(0),
+    help="Seconds running steps get to finish on stop (default 30). [env: TOREN_DRAIN_WINDOW]",
+)
+@click.option(
+    "--code-version",
+    envvar="TOREN_CODE_VERSION",
+    default=None,
+    help="Code version, e.g. the image's git SHA (default: the agent directory's hash). "
+    "[env: TOREN_CODE_VERSION]",
+)
+@click.option("--log-level", default="info", envvar="TOREN_LOG_LEVEL", show_default=True)
+def worker(
+    agents_root: Path,
+    database_url: str | None,
+    concurrency: int | None,
+    drain_window: float | None,
+    code_version: str | None,
+    log_level: str,
+) -> None:
+    _setup_logging(log_level)
+    root = agents_root.resolve()
+    url = database_url_for(root, database_url)
+    settings = settings_from(
+        database_url=url,
+        code_version=code_version,
+        concurrency=concurrency,
+        drain_window=drain_window,
+    )
+    run_async(lambda: _worker(root, settings))
+
+
+async def _worker(root: Path, settings: Any) -> None:
+    runtime = await open_runtime(root, settings.database_url, settings)
+    stop = asyncio.Event()
+    remove_handlers = _stop_on_signals(stop)
+    try:
+        names = runtime.resolver.names()
+        if not names:
+            fail(
+                f"no agents in {root}",
+                "point --agents (TOREN_AGENTS) at an agent directory or a directory of them",
+            )
+        for name in names:
+            runtime.resolver.load(name)  # a broken agent fails here, not in every tick
+        worker = LocalWorkerRuntime(runtime.deps)
+        await worker.start()
+        log.info(
+            "worker %s serving %s (code version %s) on %s, concurrency %d, drain window %.0fs",
+            worker.worker_id,
+            ", ".join(names),
+            worker.code_version,
+            runtime.settings.database_url.split("@")[-1],
+            worker.concurrency,
+            runtime.settings.drain_window,
+        )
+        await stop.wait()
+        log.info("worker %s draining", worker.worker_id)
+        await worker.stop()
+    finally:
+        remove_handlers()
+        await close_runtime(runtime)

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+import httpx
+
+from toren.client import _protocol as p
+from toren.client._errors import TorenAPIError, TorenConnectionError
+from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
+
+T = TypeVar("T")
+
+
+class AsyncTorenClient:
+    """An async client for the Toren HTTP API.
+
+    ``token`` is sent as a bearer token. ``timeout`` bounds each request; a stream waits
+    up to ``stream_timeout`` for a byte (the server sends heartbeats) before it treats the
+    connection as dead and resumes.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        stream_timeout: float = 60.0,
+        max_reconnects: int = 8,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.stream_timeout = stream_timeout
+        self.max_reconnects = max_reconnects
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=p.auth_headers(token),
+            timeout=timeout,
+            transport=transport,
+            verify=p.needs_tls(self.base_url),
+        )
+
+    async def __aenter__(self) -> AsyncTorenClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _send(self, call: p.Call[T]) -> T:
+        try:
+            response = await self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json if call.has_body else None,
+                headers=call.headers,
+            )
+        except httpx.TransportError as exc:
+            raise TorenConnectionError(f"cannot reach {self.base_url}: {exc!r}") from exc
+        return p.result(call, response)
+
+    # -- runs -----------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        process: str = "main",
+        idempotency_key: str | None = None,
+    ) -> Run:
+        return await self._send(p.start_run(agent, input, process, idempotency_key))
+
+    async def get_run(self, run_id: str) -> Run:
+        return await self._send(p.get_run(run_id))
+
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        process: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        return await self._send(p.list_runs(status, agent, process, limit, cursor))
+
+    async def events(self, run_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+        return await self._send(p.events(run_id, after, limit))
+
+    async def send_message(self, run_id: str, name: str, payload: Any = None) -> int:
+        return await self._send(p.send_message(run_id, name, payload))
+
+    async def cancel(self, run_id: str) -> Run:
+        return await self._send(p.cancel(run_id))
+
+    async def agents(self) -> list[Agent]:
+        return await self._send(p.agents())
+
+    async def health(self) -> dict[str, Any]:
+        return await self._send(p.health())
+
+    async def wait(self, run_id: str, timeout: float = 60.0) -> Run:
+        """Until the run is completed, failed or cancelled; ``TimeoutError`` otherwise."""
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            run = await self.get_run(run_id)
+            if run.terminal:
+                return run
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout}s")
+            await asyncio.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 1.0)
+
+    # -- streaming ------------------------------------------------------------------------
+
+    async def stream(
+        self, run_id: str, *, after: int = 0, deltas: bool = False
+    ) -> AsyncIterator[Event | Delta]:
+        """The run's events from ``after`` on, live, until the run ends. A dropped
+        connection is resumed with ``Last-Event-ID``: every event arrives once, in order.
+        With ``deltas=True``, token deltas of model calls in flight are yielded too."""
+        state = p.StreamState(run_id, after, deltas)
+        failures = 0
+        while not state.done:
+            path, params, headers = state.request()
+            try:
+                async with self._http.stream(
+                    "GET",
+                    path,
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(self._http.timeout.connect, read=self.stream_timeout),
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        p.raise_for_status(response)
+                    parser = p.SSEParser()
+                    async for line in response.aiter_lines():
+                        msg = parser.feed(line)
+                        if msg is None:
+                            continue
+                        failures = 0
+                        item = state.handle(msg)
+                        if item is not None:
+                            yield item
+                        if state.done:
+                            return
+            except TorenAPIError:
+                raise
+            except httpx.TransportError as exc:
+                failures += 1
+                if failures > self.max_reconnects:
+                    raise TorenConnectionError(
+                        f"the stream of run {run_id!r} broke {failures} times in a row "
+                        f"(last after event {state.last}): {exc!r}"
+                    ) from exc
+            else:
+                failures += 1  # the server closed the stream early (e.g. it is stopping)
+            await asyncio.sleep(p.backoff(failures))

@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import httpx
+
+from toren.client import _protocol as p
+from toren.client._errors import TorenAPIError, TorenConnectionError
+from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
+
+T = TypeVar("T")
+
+
+class TorenClient:
+    """The blocking twin of :class:`~toren.client.AsyncTorenClient`: the same calls, built
+    by the same code (``toren.client._protocol``), sent with ``httpx.Client``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 30.0,
+        stream_timeout: float = 60.0,
+        max_reconnects: int = 8,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.stream_timeout = stream_timeout
+        self.max_reconnects = max_reconnects
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=p.auth_headers(token),
+            timeout=timeout,
+            transport=transport,
+            verify=p.needs_tls(self.base_url),
+        )
+
+    def __enter__(self) -> TorenClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: p.Call[T]) -> T:
+        try:
+            response = self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                json=call.json if call.has_body else None,
+                headers=call.headers,
+            )
+        except httpx.TransportError as exc:
+            raise TorenConnectionError(f"cannot reach {self.base_url}: {exc!r}") from exc
+        return p.result(call, response)
+
+    def start_run(
+        self,
+        agent: str,
+        input: Any = None,
+        *,
+        process: str = "main",
+        idempotency_key: str | None = None,
+    ) -> Run:
+        return self._send(p.start_run(agent, input, process, idempotency_key))
+
+    def get_run(self, run_id: str) -> Run:
+        return self._send(p.get_run(run_id))
+
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        agent: str | None = None,
+        process: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> RunPage:
+        return self._send(p.list_runs(status, agent, process, limit, cursor))
+
+    def events(self, run_id: str, *, after: int = 0, limit: int = 100) -> EventPage:
+        return self._send(p.events(run_id, after, limit))
+
+    def send_message(self, run_id: str, name: str, payload: Any = None) -> int:
+        return self._send(p.send_message(run_id, name, payload))
+
+    def cancel(self, run_id: str) -> Run:
+        return self._send(p.cancel(run_id))
+
+    def agents(self) -> list[Agent]:
+        return self._send(p.agents())
+
+    def health(self) -> dict[str, Any]:
+        return self._send(p.health())
+
+    def wait(self, run_id: str, timeout: float = 60.0) -> Run:
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            run = self.get_run(run_id)
+            if run.terminal:
+                return run
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id!r} is still {run.status} after {timeout}s")
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 1.0)
+
+    def stream(
+        self, run_id: str, *, after: int = 0, deltas: bool = False
+    ) -> Iterator[Event | Delta]:
+        """See :meth:`AsyncTorenClient.stream`."""
+        state = p.StreamState(run_id, after, deltas)
+        failures = 0
+        while not state.done:
+            path, params, headers = state.request()
+            try:
+                with self._http.stream(
+                    "GET",
+                    path,
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(self._http.timeout.connect, read=self.stream_timeout),
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        p.raise_for_status(response)
+                    parser = p.SSEParser()
+                    for line in response.iter_lines():
+                        msg = parser.feed(line)
+                        if msg is None:
+                            continue
+                        failures = 0
+                        item = state.handle(msg)
+                        if item is not None:
+                            yield item
+                        if state.done:
+                            return
+            except TorenAPIError:
+                raise
+            except httpx.TransportError as exc:
+                failures += 1
+                if failures > self.max_reconnects:
+                    raise TorenConnectionError(
+                        f"the stream of run {run_id!r} broke {failures} times in a row "
+                        f"(last after event {state.last}): {exc!r}"
+                    ) from exc
+            else:
+                failures += 1
+            time.sleep(p.backoff(failures))

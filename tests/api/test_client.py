@@ -1,0 +1,133 @@
+"""The Python clients against a real server: the blocking one (in a thread, the server in
+this loop) and the async one; typed results, server error codes, resumed streams."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+import pytest
+
+import toren
+from toren.client import (
+    Agent,
+    AsyncTorenClient,
+    Event,
+    Run,
+    TorenAPIError,
+    TorenClient,
+    TorenConnectionError,
+)
+from toren.client._protocol import SSEParser
+from toren.errors import TorenError
+
+from .proxy import dropping_proxy
+from .support import TOKEN, Api
+
+
+async def test_sync_client_end_to_end(api: Api) -> None:
+    def scenario() -> tuple[Run, list[Event], list[Agent]]:
+        with TorenClient(api.url, TOKEN) as client:
+            run = client.start_run("approval", {"order": "A-17"}, idempotency_key="k-1")
+            assert (
+                client.start_run("approval", {"order": "A-17"}, idempotency_key="k-1").id == run.id
+            )
+            assert client.get_run(run.id).agent == "approval"
+            streamed: list[Event] = []
+            for item in client.stream(run.id):
+                assert isinstance(item, Event)
+                streamed.append(item)
+                if item.type == "RunWaiting":
+                    assert client.send_message(run.id, "approve", {"ok": True}) > 0
+            final = client.wait(run.id, timeout=20)
+            page = client.events(run.id, limit=2)
+            assert [e.seq for e in page.events] == [e.seq for e in streamed[:2]]
+            listed = client.list_runs(agent="approval", limit=10)
+            assert [r.id for r in listed.runs] == [run.id] and listed.next_cursor is None
+            return final, streamed, client.agents()
+
+    final, streamed, agents = await asyncio.to_thread(scenario)
+    assert final.status == "completed" and final.output == {"decision": {"ok": True}}
+    assert final.terminal and isinstance(final.usage.cost_usd, Decimal) and final.usage.steps >= 2
+    assert [e.seq for e in streamed] == [e.seq for e in await api.store.load_events(final.id)]
+    assert streamed[-1].type == "RunCompleted" and streamed[-1].payload["output"] == final.output
+    assert "approval" in {a.name for a in agents}
+
+
+async def test_sync_stream_resumes_after_drops(api: Api) -> None:
+    run = await api.client.start_run("slow", {"n": 25})
+    async with dropping_proxy(int(api.url.rsplit(":", 1)[1])) as proxy:
+
+        def consume() -> list[int]:
+            seqs: list[int] = []
+            with TorenClient(proxy.url, TOKEN) as client:
+                for item in client.stream(run.id):
+                    assert isinstance(item, Event)
+                    seqs.append(item.seq)
+                    if len(seqs) % 6 == 0:
+                        proxy_loop.call_soon_threadsafe(proxy.drop_all)
+            return seqs
+
+        proxy_loop = asyncio.get_running_loop()
+        seqs = await asyncio.to_thread(consume)
+    assert seqs == [e.seq for e in await api.store.load_events(run.id)]
+    assert proxy.connections >= 4
+
+
+async def test_errors_carry_the_server_code(api: Api) -> None:
+    with pytest.raises(TorenAPIError) as info:
+        await api.client.get_run("run_doesnotexist")
+    assert (info.value.status, info.value.code) == (404, "run_not_found")
+    assert isinstance(info.value, TorenError) and "run_doesnotexist" in info.value.message
+
+    with pytest.raises(TorenAPIError) as info:
+        await api.client.start_run("Bad Name!")
+    assert (info.value.status, info.value.code) == (422, "invalid_request")
+
+    async with AsyncTorenClient(api.url, "wrong") as bad:
+        with pytest.raises(TorenAPIError) as info:
+            await bad.list_runs()
+    assert (info.value.status, info.value.code) == (401, "unauthorized")
+
+    def sync_errors() -> None:
+        with TorenClient(api.url, TOKEN) as client, pytest.raises(TorenAPIError) as err:
+            client.cancel("run_doesnotexist")
+        assert err.value.code == "run_not_found"
+
+    await asyncio.to_thread(sync_errors)
+
+    async with AsyncTorenClient("http://127.0.0.1:9", TOKEN, timeout=2) as nowhere:
+        with pytest.raises(TorenConnectionError) as conn:
+            await nowhere.health()
+    assert conn.value.code == "connection_error"
+
+    waiting = await api.client.start_run("approval", {})
+    with pytest.raises(TimeoutError):
+        await api.client.wait(waiting.id, timeout=0.2)
+    await api.client.cancel(waiting.id)
+    assert (await api.client.wait(waiting.id, timeout=20)).status == "cancelled"
+
+
+async def test_async_list_pages_and_health(api: Api) -> None:
+    ids = [(await api.client.start_run("echo", {"n": 1})).id for _ in range(3)]
+    first = await api.client.list_runs(limit=2)
+    second = await api.client.list_runs(limit=2, cursor=first.next_cursor)
+    assert [r.id for r in first.runs + second.runs] == sorted(ids, reverse=True)
+    assert second.next_cursor is None
+    assert (await api.client.health())["version"] == toren.__version__
+
+
+def test_sse_parser() -> None:
+    parser = SSEParser()
+    lines = ["retry: 1000", "", ": heartbeat", "id: 7", "event: event", "data: {", "data: }", ""]
+    out = [m for m in (parser.feed(line) for line in lines) if m is not None]
+    assert len(out) == 1
+    assert (out[0].id, out[0].event, out[0].data) == ("7", "event", "{\n}")
+    assert parser.feed("data: x") is None and parser.feed("").event == "message"  # type: ignore[union-attr]
+
+
+def test_results_ignore_unknown_fields() -> None:
+    run = Run.from_json({"id": "run_1", "agent": "a", "status": "completed", "new_field": 1})
+    assert run.terminal and run.usage.steps == 0
+    event = Event.from_json({"seq": 3, "run_id": "run_1", "type": "Future", "extra": True})
+    assert event.payload == {} and event.type == "Future"

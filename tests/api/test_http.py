@@ -1,0 +1,283 @@
+"""The JSON routes against a real server and worker, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+import toren
+from toren.api import create_app, running_server
+from toren.store import Store
+
+from .support import SECRET, TOKEN, Api, registry
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert isinstance(body["error"]["code"], str) and body["error"]["message"]
+    return dict(body["error"])
+
+
+async def test_start_get_and_idempotency(api: Api) -> None:
+    async with api.http() as http:
+        r = await http.post("/v1/runs", json={"agent": "echo", "input": {"n": 2}})
+        assert r.status_code == 201, r.text
+        run = r.json()
+        assert run["agent"] == "echo" and run["process"] == "main" and run["status"] == "queued"
+        assert (await http.get(f"/v1/runs/{run['id']}")).json()["id"] == run["id"]
+
+        body = {"agent": "echo", "input": {"n": 1}, "idempotency_key": "order-17"}
+        first = await http.post("/v1/runs", json=body)
+        again = await http.post("/v1/runs", json=body)
+        assert (first.status_code, again.status_code) == (201, 200)
+        assert first.json()["id"] == again.json()["id"]
+        by_header = await http.post(
+            "/v1/runs",
+            json={"agent": "echo", "input": {"n": 1}},
+            headers={"Idempotency-Key": "order-17"},
+        )
+        assert by_header.status_code == 200 and by_header.json()["id"] == first.json()["id"]
+
+        conflict = await http.post("/v1/runs", json={**body, "input": {"n": 5}})
+        assert conflict.status_code == 409 and error_of(conflict)["code"] == "idempotency_conflict"
+        mismatch = await http.post("/v1/runs", json=body, headers={"Idempotency-Key": "other"})
+        assert mismatch.status_code == 409 and error_of(mismatch)["code"] == "idempotency_conflict"
+
+    done = await api.client.wait(run["id"], timeout=20)
+    assert done.status == "completed" and done.output["turns"] == 2
+    assert done.usage.steps == 2 and done.usage.input_tokens > 0
+
+
+async def test_list_filters_and_cursor_pagination(api: Api) -> None:
+    ids = [(await api.client.start_run("approval", {"i": i})).id for i in range(5)]
+    other = await api.client.start_run("slow", {"n": 1}, process="batch")
+    async with api.http() as http:
+        seen: list[str] = []
+        cursor = None
+        while True:
+            params: dict[str, Any] = {"agent": "approval", "limit": 2}
+            if cursor:
+                params["cursor"] = cursor
+            page = (await http.get("/v1/runs", params=params)).json()
+            seen += [r["id"] for r in page["runs"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert seen == sorted(ids, reverse=True)  # newest first, each once
+        by_process = (await http.get("/v1/runs", params={"process": "batch"})).json()["runs"]
+        assert [r["id"] for r in by_process] == [other.id]
+        await api.client.wait(other.id, timeout=20)
+        completed = (await http.get("/v1/runs", params={"status": "completed"})).json()["runs"]
+        assert other.id in [r["id"] for r in completed]
+        bad = await http.get("/v1/runs", params={"status": "exploded"})
+        assert bad.status_code == 422 and error_of(bad)["code"] == "invalid_request"
+
+
+async def test_events_after_and_pages(api: Api) -> None:
+    run = await api.client.start_run("slow", {"n": 6})
+    await api.client.wait(run.id, timeout=20)
+    stored = await api.store.load_events(run.id)
+    page = await api.client.events(run.id, limit=3)
+    assert [e.seq for e in page.events] == [e.seq for e in stored[:3]]
+    assert page.next_after == stored[2].seq
+    rest = await api.client.events(run.id, after=page.next_after, limit=1000)
+    assert [e.seq for e in rest.events] == [e.seq for e in stored[3:]] and rest.next_after is None
+    assert rest.events[-1].type == "RunCompleted"
+    assert rest.events[-1].payload == {"output": {"ticks": 6}}
+
+
+async def test_message_wakes_a_waiting_run(api: Api) -> None:
+    run = await api.client.start_run("approval", {})
+    await toren.wait_for_run(api.store, run.id, until=("waiting",), timeout=20)
+    assert (await api.client.get_run(run.id)).waiting_for == ["approve"]
+    async with api.http() as http:
+        r = await http.post(
+            f"/v1/runs/{run.id}/messages", json={"name": "approve", "payload": "yes"}
+        )
+        assert r.status_code == 202 and r.json()["run_id"] == run.id
+        done = await api.client.wait(run.id, timeout=20)
+        assert done.output == {"decision": "yes"}
+        late = await http.post(f"/v1/runs/{run.id}/messages", json={"name": "approve"})
+        assert late.status_code == 409 and error_of(late)["code"] == "run_finished"
+        missing = await http.post("/v1/runs/run_nope/messages", json={"name": "approve"})
+        assert missing.status_code == 404 and error_of(missing)["code"] == "run_not_found"
+
+
+async def test_cancel(api: Api) -> None:
+    waiting = await api.client.start_run("approval", {})
+    running = await api.client.start_run("slow", {"n": 500})
+    await toren.wait_for_run(api.store, waiting.id, until=("waiting",), timeout=20)
+    while len(await api.store.load_events(running.id)) < 3:  # mid-run: steps recorded
+        await asyncio.sleep(0.01)
+    for run_id in (waiting.id, running.id):
+        assert (await api.client.cancel(run_id)).cancel_requested
+    assert (await api.client.wait(waiting.id, timeout=20)).status == "cancelled"
+    assert (await api.client.wait(running.id, timeout=5)).status == "cancelled"
+    events = await api.store.load_events(running.id)
+    assert events[-1].type == "RunCancelled" and len(events) < 100
+
+
+async def test_agents_health_ready_metrics_plan(api: Api) -> None:
+    agents = {a.name: a.processes for a in await api.client.agents()}
+    assert agents == {
+        "approval": ["main"],
+        "echo": ["main"],
+        "leaky": ["main"],
+        "slow": ["batch", "main"],
+    }
+    run = await api.client.start_run("echo", {"n": 2})
+    await api.client.wait(run.id, timeout=20)
+    async with api.http() as http:
+        assert (await http.get("/v1/health")).json() == {
+            "status": "ok",
+            "version": toren.__version__,
+        }
+        assert (await http.get("/v1/ready")).json() == {"status": "ready"}
+        metrics = await http.get("/metrics")
+        assert metrics.headers["content-type"].startswith("text/plain; version=0.0.4")
+        samples = dict(
+            line.rsplit(" ", 1) for line in metrics.text.splitlines() if not line.startswith("#")
+        )
+        assert samples['toren_runs{status="completed"}'] == "1"
+        assert samples['toren_runs{status="failed"}'] == "0"
+        assert int(samples["toren_steps_total"]) == 2
+        assert int(samples['toren_tokens_total{kind="input"}']) > 0
+        for name in (
+            "toren_cost_usd_total",
+            "toren_lease_recoveries_total",
+            "toren_invalidations_total",
+            "toren_worker_active_runs",
+        ):
+            assert name in samples
+        plan = await http.get("/v1/plan")
+        assert plan.status_code == 501 and error_of(plan)["code"] == "not_implemented"
+
+
+async def test_error_bodies(api: Api) -> None:
+    async with api.http() as http:
+        cases = [
+            (await http.get("/v1/runs/run_000000000000000000"), 404, "run_not_found"),
+            (await http.get("/v1/runs/%00bad"), 404, "run_not_found"),
+            (await http.get("/v1/nowhere"), 404, "not_found"),
+            (await http.delete("/v1/runs"), 405, "method_not_allowed"),
+            (await http.post("/v1/runs", json={"agent": "ghost"}), 404, "agent_not_found"),
+            (
+                await http.post("/v1/runs", json={"agent": "echo", "process": "nope"}),
+                404,
+                "agent_not_found",
+            ),
+            (
+                await http.post(
+                    "/v1/runs", content=b"{not json", headers={"content-type": "application/json"}
+                ),
+                422,
+                "invalid_request",
+            ),
+            (await http.post("/v1/runs", json={"input": 1}), 422, "invalid_request"),
+            (await http.get("/v1/runs/x/events", params={"limit": 0}), 422, "invalid_request"),
+        ]
+        for response, status, code in cases:
+            assert (response.status_code, error_of(response)["code"]) == (status, code), (
+                response.text
+            )
+
+        bad_name = await http.post("/v1/runs", json={"agent": "../etc/passwd"})
+        assert bad_name.status_code == 422
+        message = error_of(bad_name)["message"]
+        assert "agent" in message and "'../etc/passwd' is not a valid name" in message
+
+
+async def test_body_limit(store: Store) -> None:
+    app = create_app(store, registry(), tokens=[TOKEN], max_body_bytes=1000, console=False)
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(
+            base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as http,
+    ):
+        big = {"agent": "echo", "input": "x" * 2000}
+        r = await http.post("/v1/runs", json=big)
+        assert r.status_code == 413 and error_of(r)["code"] == "body_too_large"
+
+        async def chunks() -> Any:
+            data = json.dumps(big).encode()
+            for i in range(0, len(data), 100):
+                yield data[i : i + 100]
+
+        chunked = await http.post(
+            "/v1/runs", content=chunks(), headers={"content-type": "application/json"}
+        )
+        assert chunked.status_code == 413 and error_of(chunked)["code"] == "body_too_large"
+        assert (await http.post("/v1/runs", json={"agent": "echo"})).status_code == 201
+        assert (await store.list_runs()) and len(await store.list_runs()) == 1
+
+
+class BrokenStore:
+    """A store whose reads fail with an error quoting a secret and internals."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def list_runs(self, **kw: Any) -> Any:
+        raise RuntimeError(f"connection to db failed, password={SECRET}")
+
+    async def get_run(self, run_id: str) -> Any:
+        raise toren.errors.StorageError(f"disk on fire near {SECRET}")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_server_errors_are_generic(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    app = create_app(BrokenStore(store), registry(), tokens=[TOKEN])  # type: ignore[arg-type]
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, headers={"X-API-Key": TOKEN}) as http,
+    ):
+        for path in ("/v1/runs", "/v1/runs/run_1"):
+            r = await http.get(path)
+            assert r.status_code == 500
+            assert r.json() == {
+                "error": {
+                    "code": "internal_error",
+                    "message": "the server failed to handle this request; see its logs",
+                }
+            }
+        ready = await http.get("/v1/ready")
+        assert ready.status_code == 503 and error_of(ready)["code"] == "not_ready"
+        assert SECRET not in ready.text
+    assert "Traceback" not in r.text
+
+
+async def test_provider_keys_never_leave_the_server(api: Api) -> None:
+    run = await api.client.start_run("leaky", {"note": "fine"})
+    done = await api.client.wait(run.id, timeout=20)
+    assert done.status == "failed"
+    stored = await api.store.load_events(run.id)
+    assert any(SECRET in e.payload_json() for e in stored)  # it is in the log...
+    async with api.http() as http:
+        for path in (
+            f"/v1/runs/{run.id}",
+            f"/v1/runs/{run.id}/events",
+            f"/v1/runs/{run.id}/stream",
+            "/v1/runs",
+        ):
+            text = (await http.get(path)).text
+            assert SECRET not in text and "[redacted]" in text, path  # ...never in a response
+
+
+async def test_concurrent_idempotent_starts_make_one_run(api: Api) -> None:
+    async with api.http() as http:
+        results = await asyncio.gather(
+            *(
+                http.post("/v1/runs", json={"agent": "echo", "idempotency_key": "same"})
+                for _ in range(10)
+            )
+        )
+    assert {r.json()["id"] for r in results} == {results[0].json()["id"]}
+    assert sorted(r.status_code for r in results).count(201) == 1

@@ -1,0 +1,36 @@
+"""200 concurrent clients start and stream runs against one server and one worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from toren.client import AsyncTorenClient, Event
+from toren.store import Store
+
+from .support import TOKEN, serve_api
+
+CLIENTS = 200
+
+
+async def test_200_concurrent_clients_start_and_stream(store: Store) -> None:
+    async with serve_api(store, concurrency=CLIENTS) as api:
+
+        async def one(i: int) -> tuple[str, list[int], str]:
+            async with AsyncTorenClient(api.url, TOKEN, timeout=60) as client:
+                agent, payload = ("echo", {"n": 2}) if i % 2 else ("slow", {"n": 3})
+                run = await client.start_run(agent, payload, idempotency_key=f"load-{i}")
+                seqs = [e.seq async for e in client.stream(run.id) if isinstance(e, Event)]
+                final = await client.get_run(run.id)
+                return run.id, seqs, final.status
+
+        started = time.monotonic()
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(CLIENTS))), 60)
+        elapsed = time.monotonic() - started
+
+        assert len({run_id for run_id, _, _ in results}) == CLIENTS
+        for run_id, seqs, status in results:
+            assert status == "completed", run_id
+            stored = [e.seq for e in await store.load_events(run_id)]
+            assert seqs == stored, run_id  # every event, once, in order
+        assert elapsed < 60

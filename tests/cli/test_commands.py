@@ -1,0 +1,278 @@
+"""Every command through click's runner: the happy paths, exit codes and error paths."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from tests.cli.conftest import CHAIN, invoke, last_run_id
+from toren.cli.main import cli
+from toren.errors import RunNotFound
+
+COMMANDS = [
+    [],
+    ["init"],
+    ["dev"],
+    ["run"],
+    ["runs"],
+    ["runs", "list"],
+    ["runs", "show"],
+    ["runs", "events"],
+    ["runs", "send"],
+    ["runs", "cancel"],
+    ["runs", "resume"],
+    ["worker"],
+    ["serve"],
+    ["version"],
+]
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "toren")
+def test_every_command_has_help_with_examples(runner: CliRunner, path: list[str]) -> None:
+    result = invoke(runner, *path, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Examples:" in result.output
+    assert "Usage: toren" in result.output
+
+
+def test_deploy_aws_is_registered_lazily(runner: CliRunner) -> None:
+    result = invoke(runner, "--help")
+    assert "deploy-aws" in result.output
+    assert "plan" not in result.output.split()
+
+
+def test_init_scaffolds_and_refuses_to_overwrite(runner: CliRunner, tmp_path: Path) -> None:
+    target = tmp_path / "hello"
+    result = invoke(runner, "init", str(target))
+    assert result.exit_code == 0, result.output
+    agent_yaml = (target / "agent.yaml").read_text()
+    assert agent_yaml.startswith("$schema: https://")
+    assert "name: hello" in agent_yaml
+    assert "\nmodel: scripted:script.yaml" in agent_yaml
+    assert "# model: openai:gpt-4o-mini" in agent_yaml
+    assert "# model: anthropic:" in agent_yaml
+    assert '"toren-run>=0.1,<1"' in (target / "pyproject.toml").read_text()
+    assert ".toren/" in (target / ".gitignore").read_text().splitlines()
+    assert "def get_weather" in (target / "tools.py").read_text()
+    for name in ("Dockerfile", "compose.yaml", "README.md", "script.yaml", "prompts/system.md"):
+        assert (target / name).is_file(), name
+
+    again = invoke(runner, "init", str(target))
+    assert again.exit_code == 5
+    assert "agent.yaml" in again.stderr and "tools.py" in again.stderr
+    assert "--force" in again.stderr
+
+    (target / "tools.py").write_text("# mine\n")
+    forced = invoke(runner, "init", str(target), "--force")
+    assert forced.exit_code == 0
+    assert "def get_weather" in (target / "tools.py").read_text()
+
+
+def test_scaffolded_agent_runs_and_is_inspectable(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert invoke(runner, "init", "hello").exit_code == 0
+    result = invoke(runner, "run", "hello", "What is the weather in Paris?")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "◆ model scripted:script.yaml" in out
+    assert "⚙ tool get_weather" in out
+    assert "✔ completed" in out and "sunny in Paris" in out
+    assert (tmp_path / "hello" / ".toren" / "toren.db").is_file()
+
+    run_id = last_run_id(runner, tmp_path / "hello")
+    shown = invoke(runner, "runs", "show", run_id, "--agents", "hello", "--json")
+    data = json.loads(shown.stdout)
+    assert data["status"] == "completed" and data["usage"]["steps"] == 3
+    assert "sunny" in data["output"]["answer"]
+
+    lines = invoke(runner, "runs", "events", run_id, "--agents", "hello", "--json").stdout
+    events = [json.loads(line) for line in lines.splitlines()]
+    assert [e["type"] for e in events][0] == "RunStarted"
+    assert events[-1]["type"] == "RunCompleted"
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+
+    human = invoke(runner, "runs", "list", "--agents", "hello")
+    assert run_id in human.stdout and "completed" in human.stdout
+    assert (
+        "ToolCallRecorded" in invoke(runner, "runs", "events", run_id, "--agents", "hello").stdout
+    )
+
+
+def test_failed_run_exits_1_without_traceback(runner: CliRunner, chain: Path) -> None:
+    result = invoke(runner, "run", "chain", "--input", '{"fail": true}')
+    assert result.exit_code == 1
+    assert "✘ failed" in result.stdout and "gave up on purpose" in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_waiting_run_exits_4_then_send_and_resume(runner: CliRunner, chain: Path) -> None:
+    result = invoke(runner, "run", "./chain", "--input", '{"ask": true}')
+    assert result.exit_code == 4, result.output
+    assert "waiting for message 'approval'" in result.stdout
+    run_id = last_run_id(runner, chain)
+    assert f"toren runs send {run_id} approval" in result.stdout
+
+    sent = invoke(runner, "runs", "send", run_id, "approval", "yes", "--agents", "chain")
+    assert sent.exit_code == 0, sent.output
+    resumed = invoke(runner, "runs", "resume", run_id, "--agents", "chain")
+    assert resumed.exit_code == 0, resumed.output
+    assert "✉ message 'approval': yes" in resumed.stdout
+    data = json.loads(invoke(runner, "runs", "show", run_id, "--agents", "chain", "--json").stdout)
+    assert data["status"] == "completed" and data["output"]["approval"] == "yes"
+
+
+def test_cancel_a_waiting_run(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"ask": true}').exit_code == 4
+    run_id = last_run_id(runner, chain)
+    result = invoke(runner, "runs", "cancel", run_id, "--agents", "chain")
+    assert result.exit_code == 0, result.output
+    assert "cancelled" in result.stdout
+    assert invoke(runner, "runs", "resume", run_id, "--agents", "chain").exit_code == 3
+    listed = json.loads(
+        invoke(
+            runner, "runs", "list", "--agents", "chain", "--status", "cancelled", "--json"
+        ).stdout
+    )
+    assert [r["id"] for r in listed] == [run_id]
+
+
+def test_detach_then_resume(runner: CliRunner, chain: Path) -> None:
+    result = invoke(runner, "run", "chain", "--input", '{"ask": true}', "--detach")
+    assert result.exit_code == 0
+    run_id = result.stdout.strip()
+    assert run_id.startswith("run_")
+    assert "toren runs resume" in result.stderr
+    assert invoke(runner, "runs", "resume", run_id, "--agents", "chain").exit_code == 4
+
+
+def test_errors_are_one_line_and_a_hint(runner: CliRunner, chain: Path) -> None:
+    missing = invoke(runner, "runs", "show", "run_nope", "--agents", "chain")
+    assert missing.exit_code == 5
+    assert missing.stderr.splitlines()[0].startswith("error: no run with id 'run_nope'")
+    assert missing.stderr.splitlines()[1].startswith("hint: ")
+    assert "Traceback" not in missing.output
+
+    unknown = invoke(runner, "run", "nobody", "--agents", "chain")
+    assert unknown.exit_code == 5 and "unknown agent 'nobody'" in unknown.stderr
+
+    (chain / "agent.yaml").write_text("name: chain\nmodel: nonsense\n")
+    broken = invoke(runner, "run", "chain")
+    assert broken.exit_code == 5
+    assert "agent.yaml" in broken.stderr and "hint:" in broken.stderr
+
+    no_dir = invoke(runner, "run", "./nowhere")
+    assert no_dir.exit_code == 5 and "nowhere" in no_dir.stderr
+
+    bad_json = invoke(runner, "run", "chain", "--input", "{nope")
+    assert bad_json.exit_code == 2 and "not valid JSON" in bad_json.output
+
+    exposed = invoke(runner, "serve", "--host", "0.0.0.0", "--agents", "chain")
+    assert exposed.exit_code == 5 and "without an API token" in exposed.stderr
+
+
+def test_debug_shows_the_traceback(runner: CliRunner, chain: Path) -> None:
+    with pytest.raises(RunNotFound):
+        invoke(runner, "--debug", "runs", "show", "run_nope", "--agents", "chain")
+
+
+def test_version(runner: CliRunner) -> None:
+    import toren
+
+    assert invoke(runner, "version").stdout.strip() == f"toren {toren.__version__}"
+    assert invoke(runner, "--version").stdout.strip() == f"toren {toren.__version__}"
+    deprecations = invoke(runner, "version", "--deprecations").stdout
+    assert "system_prompt" in deprecations and "instructions" in deprecations
+
+
+def test_colour_only_when_asked_or_on_a_tty_and_no_color_wins(
+    runner: CliRunner, chain: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"fail": true}').exit_code == 1
+    plain = invoke(runner, "runs", "list", "--agents", "chain").stdout
+    assert "\x1b[" not in plain  # not a terminal: no escape codes
+    forced = invoke(runner, "--color", "runs", "list", "--agents", "chain").stdout
+    assert "\x1b[31m" in forced  # "failed" in red
+    monkeypatch.setenv("NO_COLOR", "1")
+    muted = invoke(runner, "--color", "runs", "list", "--agents", "chain").stdout
+    assert "\x1b[31m" not in muted and "failed" in muted
+
+
+# -- against a server (--url) -----------------------------------------------------------
+
+
+@pytest.fixture
+def server(chain: Path) -> Iterator[str]:
+    from toren.api.app import create_app
+    from toren.api.server import ThreadedServer
+    from toren.config import Settings
+    from toren.core.worker import LocalWorkerRuntime
+    from toren.runtime import close_runtime, open_runtime, sqlite_url_for
+
+    @contextlib.asynccontextmanager
+    async def build() -> AsyncIterator[Any]:
+        runtime = await open_runtime(chain, sqlite_url_for(chain), Settings())
+        worker = LocalWorkerRuntime(runtime.deps)
+        await worker.start()
+        try:
+            yield create_app(
+                runtime.store,
+                runtime.resolver,
+                tokens=("s3cret",),
+                live=runtime.live,
+                runtime=worker,
+                console=False,
+            )
+        finally:
+            await worker.stop(drain_window=0)
+            await close_runtime(runtime)
+
+    with ThreadedServer(build) as srv:
+        yield srv.url
+
+
+def test_remote_run_send_resume_and_inspect(
+    runner: CliRunner, server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOREN_API_URL", server)
+    monkeypatch.setenv("TOREN_API_TOKEN", "s3cret")
+    result = invoke(runner, "run", "chain", "--input", '{"ask": true}')
+    assert result.exit_code == 4, result.output
+    assert "◆ model scripted:script.yaml" in result.stdout
+    runs = json.loads(invoke(runner, "runs", "list", "--json").stdout)
+    run_id = runs[0]["id"]
+    assert runs[0]["status"] == "waiting"
+
+    assert invoke(runner, "runs", "send", run_id, "approval", '"ok"').exit_code == 0
+    resumed = invoke(runner, "runs", "resume", run_id)
+    assert resumed.exit_code == 0, resumed.output
+    assert "✔ completed" in resumed.stdout
+    lines = invoke(runner, "runs", "events", run_id, "--json").stdout.splitlines()
+    assert json.loads(lines[-1])["type"] == "RunCompleted"
+    assert json.loads(invoke(runner, "runs", "show", run_id, "--json").stdout)["status"] == (
+        "completed"
+    )
+
+    monkeypatch.delenv("TOREN_API_TOKEN")
+    denied = invoke(runner, "runs", "list")
+    assert denied.exit_code == 5 and "hint:" in denied.stderr and "token" in denied.stderr
+
+
+def test_remote_unreachable(runner: CliRunner, chain: Path) -> None:
+    result = invoke(runner, "runs", "list", "--url", "http://127.0.0.1:9")
+    assert result.exit_code == 5
+    assert "is the server running" in result.stderr
+
+
+def test_chain_agent_fixture_is_intact() -> None:
+    # The subprocess tests copy it; keep it runnable as shipped.
+    assert (CHAIN / "agent.yaml").is_file() and shutil.which("python") is not None
+    assert CliRunner().invoke(cli, ["--help"]).exit_code == 0

@@ -1,0 +1,101 @@
+"""The README's first command on a fresh install: build the wheel, install it into a new
+virtual environment, then `toren init` and `toren run` the scaffolded agent, offline.
+
+The environment sees the system site-packages only so that the dependencies (pydantic,
+fastapi, ...) need not be downloaded again; the ``toren`` package itself must come from
+the wheel, which the test checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import sub_env
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def first_command() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```(?:sh|console|bash)?\n(.*?)```", text, re.S)
+    assert block, "README.md must open with a code block of two commands"
+    commands = [line for line in block.group(1).splitlines() if line.strip()]
+    assert len(commands) == 2, commands
+    return commands[0].removeprefix("$ ")
+
+
+def test_readme_opens_with_two_commands() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert text.lstrip().startswith("# Toren")
+    body = text.split("\n", 1)[1].lstrip()
+    assert body.startswith("```"), "the two commands come first, before any prose"
+    first = first_command()
+    assert first.startswith("pip install . && toren init hello")
+    assert "toren run hello" in first
+    second = body.split("\n")[2]
+    assert second.startswith("pip install") and "pytest" in second
+    assert second in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.timeout(240)
+def test_wheel_install_init_and_run_offline(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    build = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(wheels)]
+    if importlib.util.find_spec("hatchling") is not None:
+        build.append("--no-build-isolation")  # no download of the build backend
+    subprocess.run(build, check=True, capture_output=True, text=True, env=sub_env())
+    (wheel,) = wheels.glob("toren_run-*.whl")
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python, toren = venv / "bin" / "python", venv / "bin" / "toren"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        env=sub_env(),
+    )
+    where = subprocess.run(
+        [str(python), "-c", "import toren; print(toren.__file__)"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=sub_env(),
+    ).stdout.strip()
+    assert where.startswith(str(venv)), f"toren imported from {where}, not from the wheel"
+
+    # The README's first command, after its `pip install .`, in the new environment.
+    steps = first_command().split(" && ")[1:]
+    project = tmp_path / "work"
+    project.mkdir()
+    env = sub_env(PATH=f"{venv / 'bin'}:/usr/bin:/bin", NO_COLOR="1")
+    result = None
+    for step in steps:
+        argv = _split(step)
+        assert argv[0] == "toren", step
+        result = subprocess.run(
+            [str(toren), *argv[1:]],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, f"{step}\n{result.stdout}\n{result.stderr}"
+    assert result is not None
+    assert "✔ completed" in result.stdout
+    assert "⚙ tool get_weather" in result.stdout
+    assert (project / "hello" / ".toren" / "toren.db").is_file()
+
+
+def _split(command: str) -> list[str]:
+    import shlex
+
+    return shlex.split(command)
