@@ -222,3 +222,27 @@ async def _wait_ledger(ledger: Path, n: int) -> bool:
             return True
         await asyncio.sleep(0.01)
     return False
+
+
+async def test_a_restarted_worker_with_a_stable_id_takes_its_runs_back(store: Store) -> None:
+    """Like DBOS's executor id: a worker restarting under the same id knows its previous
+    process is dead, so its runs need not wait for their leases to expire."""
+    reg = toren.Registry()
+    reg.add("one", steps_agent(2))
+    run = await toren.start_run(store, reg, "one")
+    dead = await store.claim("host-a", 1, now=toren.SystemClock().now(), ttl=3600)
+    assert [lease.run_id for lease in dead] == [run.id]  # held for an hour by a dead process
+    deps = toren.TickDeps(
+        store=store,
+        agents=reg,
+        providers={"scripted": ScriptedProvider()},
+        settings=settings(),
+        worker_id="host-a",
+    )
+    async with toren.LocalWorkerRuntime(deps):
+        final = await toren.wait_for_run(store, run.id, timeout=20)
+    assert final.status == "completed" and final.lease_recoveries == 1
+    # Registering the same id again (a second restart) works too.
+    deps2 = toren.TickDeps(store=store, agents=reg, settings=settings(), worker_id="host-a")
+    async with toren.LocalWorkerRuntime(deps2):
+        pass
