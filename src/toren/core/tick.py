@@ -116,6 +116,60 @@ class TickResult:
     invalidations: int = 0
 
 
+FLUSH_INTERVAL = 1.0  # seconds between run-row total updates within a tick
+
+
+class _Pending:
+    """Totals not yet written to the run row. The run row is a cache of the log: during a
+    tick it is updated at most once a second (and at release), which keeps the commit of
+    each step to the event row itself; a tick starts by correcting the row from the log,
+    so totals lost with a crashed worker come back."""
+
+    __slots__ = ("cost", "input", "invalidations", "output", "saved", "steps")
+
+    def __init__(self) -> None:
+        self.input = self.output = self.cost = self.saved = self.steps = 0
+        self.invalidations = 0
+
+    def add(self, delta: RunDelta) -> None:
+        self.input += delta.input_tokens
+        self.output += delta.output_tokens
+        self.cost += delta.cost_nanousd
+        self.saved += delta.saved_nanousd
+        self.steps += delta.steps
+        self.invalidations += delta.invalidations
+
+    def take(self, code_version: str) -> RunDelta:
+        delta = RunDelta(
+            input_tokens=self.input,
+            output_tokens=self.output,
+            cost_nanousd=self.cost,
+            saved_nanousd=self.saved,
+            steps=self.steps,
+            invalidations=self.invalidations,
+            code_version=code_version,
+        )
+        self.__init__()  # type: ignore[misc]
+        return delta
+
+
+def log_totals(events: Sequence[Event]) -> RunDelta:
+    """What the run row's totals should be, from the log alone."""
+    i = o = c = steps = inv = 0
+    for event in events:
+        payload = event.payload
+        if isinstance(payload, ModelCallRecorded):
+            i += payload.input_tokens
+            o += payload.output_tokens
+            c += to_nano(payload.cost_usd)
+            steps += 1
+        elif isinstance(payload, (ToolCallRecorded, ValueRecorded)):
+            steps += 1
+        elif isinstance(payload, StreamInvalidated):
+            inv += 1
+    return RunDelta(input_tokens=i, output_tokens=o, cost_nanousd=c, steps=steps, invalidations=inv)
+
+
 class _Abort(BaseException):
     """Stops agent code from the outside. BaseException: user code cannot swallow it."""
 
@@ -191,7 +245,8 @@ class TickRunner:
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
         self._usage = [0, 0, 0, 0]  # input tokens, output tokens, cost nano-USD, steps
-        self._saved = 0
+        self._pending = _Pending()
+        self._next_flush = 0.0
         self._interrupted = False
         self._live_versions: dict[str, float] = {}
         self.replayed = self.executed = self.invalidations = 0
@@ -238,6 +293,7 @@ class TickRunner:
             return await self._defer(exc)
         self.code_version = self.deps.code_version or program.code_version
         events = await self.store.load_events(self.run_id)
+        self._correct_totals(run, events)
         self.log = RunLog.fold(self.run_id, events)
         self._known_blobs = {h for e in events for h in _tool_refs(e)}
         self._interrupted = (
@@ -263,6 +319,19 @@ class TickRunner:
             self._task = asyncio.ensure_future(self._main(root))
             await self._drive()
             return await self._conclude()
+
+    def _correct_totals(self, run: RunRecord, events: Sequence[Event]) -> None:
+        truth = log_totals(events)
+        self._pending.add(
+            RunDelta(
+                input_tokens=truth.input_tokens - run.input_tokens,
+                output_tokens=truth.output_tokens - run.output_tokens,
+                cost_nanousd=truth.cost_nanousd - run.cost_nanousd,
+                steps=truth.steps - run.steps,
+                invalidations=truth.invalidations - run.invalidations,
+            )
+        )
+        self._usage = [truth.input_tokens, truth.output_tokens, truth.cost_nanousd, truth.steps]
 
     async def _main(self, ctx: Context) -> Any:
         output = await ctx.program.fn(ctx, ctx.input)
@@ -338,17 +407,15 @@ class TickRunner:
 
     # -- releasing the run ----------------------------------------------------------------
 
-    def _delta(self) -> RunDelta | None:
-        return RunDelta(saved_nanousd=self._saved) if self._saved else None
-
     async def _release(self, release: Release) -> list[Event]:
         barrier = self._barrier
         if barrier is not None and not barrier.done():
             with contextlib.suppress(BaseException):
                 await barrier
         async with self._lock:
-            if release.delta is None and self._saved:
-                release = Release(**{**release.__dict__, "delta": self._delta()})
+            release = Release(
+                **{**release.__dict__, "delta": self._pending.take(self.code_version)}
+            )
             stored = await self.store.release(self.lease, release, now=self.clock.now())
         self._publish_events(stored)
         self._publish({"type": "status", "status": release.status})
@@ -423,13 +490,15 @@ class TickRunner:
         barrier = self._barrier
         if barrier is not None and not barrier.done():
             await asyncio.shield(barrier)
+        if delta is not None:
+            self._pending.add(delta)
         try:
             async with self._lock:
                 stored = await self.store.append(
                     self.lease,
                     events,
                     blobs=blobs,
-                    delta=delta,
+                    delta=self._due_delta(),
                     consume_inbox=consume,
                     now=self.clock.now(),
                 )
@@ -440,6 +509,14 @@ class TickRunner:
             self.log.apply(event)
         self._publish_events(stored)
         return stored
+
+    def _due_delta(self) -> RunDelta | None:
+        """The pending totals, when it is time to write them to the run row."""
+        now = time.monotonic()
+        if now < self._next_flush:
+            return None
+        self._next_flush = now + FLUSH_INTERVAL
+        return self._pending.take(self.code_version)
 
     def _publish(self, item: dict[str, Any]) -> None:
         if self.deps.live is not None:
@@ -584,12 +661,10 @@ class TickRunner:
         if previous is not None and not previous.done():
             await asyncio.shield(previous)
         try:
+            self._pending.invalidations += len(events)
             async with self._lock:
                 stored = await self.store.append(
-                    self.lease,
-                    events,
-                    delta=RunDelta(invalidations=len(events), code_version=self.code_version),
-                    now=self.clock.now(),
+                    self.lease, events, delta=self._due_delta(), now=self.clock.now()
                 )
         except LeaseLost as exc:
             self._stop(_LeaseGone(exc))
@@ -662,7 +737,7 @@ class TickRunner:
             self._lists[stream] = (hashed.messages, payload.message_list)
         self.replayed += 1
         if self._interrupted:
-            self._saved += to_nano(payload.cost_usd)
+            self._pending.saved += to_nano(payload.cost_usd)
         if payload.error is not None:
             raise recorded_error(ModelCallFailed, payload.error)
         return ModelResponse.from_dict(payload.response or {})
@@ -919,7 +994,8 @@ class TickRunner:
             else:
                 value = str(_uuid.uuid4())
             await self._write(
-                [self._event(ctx.stream, pos, gen, digest, ValueRecorded(what=what, value=value))]
+                [self._event(ctx.stream, pos, gen, digest, ValueRecorded(what=what, value=value))],
+                delta=RunDelta(steps=1),
             )
             self._count(Usage())
             return value

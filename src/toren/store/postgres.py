@@ -11,18 +11,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from toren.errors import SchemaError, StorageError
-from toren.store.base import Lease
+from toren.core.events import Event
+from toren.errors import LeaseLost, SchemaError, StorageError
+from toren.store.base import Lease, RunDelta
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
-from toren.store.sql import CLAIMABLE, SqlStore
+from toren.store.sql import CLAIMABLE, SqlStore, _lease_lost, _with_seq, event_params
 
 T = TypeVar("T")
 CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
+
+
+@functools.lru_cache(maxsize=64)
+def _append_sql(n_blobs: int, n_events: int) -> str:
+    """One statement: check the lease (a share lock, so a concurrent claim waits), insert
+    the blobs and the events only if it holds, return the new sequence numbers (in the
+    order of the VALUES list, which is the order nextval assigns them)."""
+    blob_rows = ", ".join("(%s, %s, %s::bigint)" for _ in range(n_blobs))
+    event_rows = ", ".join(
+        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
+        for _ in range(n_events)
+    )
+    blobs = (
+        ", b AS (INSERT INTO blobs (hash, body, size) SELECT v.hash, v.body, v.size "
+        f"FROM (VALUES {blob_rows}) AS v (hash, body, size) "
+        "WHERE EXISTS (SELECT 1 FROM fence) ON CONFLICT (hash) DO NOTHING)"
+        if n_blobs
+        else ""
+    )
+    return (
+        "WITH fence AS (SELECT id FROM runs WHERE id = %s AND lease_owner = %s "
+        f"AND lease_epoch = %s FOR SHARE){blobs} "
+        "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
+        "code_version, worker_id, created_at, format_version, payload) "
+        "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
+        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+        f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
+        "type, digest, code_version, worker_id, created_at, format_version, payload) "
+        "WHERE EXISTS (SELECT 1 FROM fence) RETURNING seq"
+    )
 
 
 def _present_schema(cur: Any) -> tuple[set[str], set[tuple[str, str]], set[str]]:
@@ -65,11 +97,15 @@ def _import_psycopg() -> Any:
 
 class PostgresStore(SqlStore):
     dialect = "postgres"
+    lease_check_lock = " FOR SHARE"
 
     def __init__(self, url: str, *, pool_size: int = 8) -> None:
         self.url = url
         psycopg, psycopg_pool = _import_psycopg()
         self._psycopg = psycopg
+        self._psycopg_pool = psycopg_pool
+        self._pool_size = pool_size
+        self._apool: Any = None
         self._pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
@@ -113,6 +149,66 @@ class PostgresStore(SqlStore):
             raise
         except self._psycopg.Error as exc:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    async def append(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        *,
+        blobs: Mapping[str, str] | None = None,
+        delta: RunDelta | None = None,
+        consume_inbox: int | None = None,
+        now: float,
+    ) -> list[Event]:
+        """The common case of a step (no totals, no message consumed) in one statement,
+        hence one round trip and one autocommit transaction: the lease check, the new
+        blobs and the events, all or nothing."""
+        if delta is not None or consume_inbox is not None or not events:
+            return await super().append(
+                lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
+            )
+        blobs = blobs or {}
+        sql = _append_sql(len(blobs), len(events))
+        params: list[Any] = [lease.run_id, lease.worker_id, lease.epoch]
+        for key, body in blobs.items():
+            params += (key, body, len(body))
+        for event in events:
+            params += event_params(event)
+
+        try:
+            seqs = await self._execute_async(sql, params)
+        except Exception as exc:
+            if self._is_conflict(exc):
+                raise LeaseLost(
+                    f"another worker already recorded this step of run {lease.run_id!r}; "
+                    "this worker's copy is discarded"
+                ) from None
+            raise
+        if len(seqs) != len(events):
+            raise _lease_lost(lease)
+        return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+
+    async def _execute_async(self, sql: str, params: Sequence[Any]) -> list[int]:
+        """Run one autocommit statement on the event loop itself (no thread hand-off):
+        the hot path of a step. Returns the first column of every row, sorted."""
+        if self._apool is None:
+            self._apool = self._psycopg_pool.AsyncConnectionPool(
+                self.url,
+                min_size=1,
+                max_size=self._pool_size,
+                kwargs={"autocommit": True},
+                open=False,
+            )
+            await self._apool.open(wait=True, timeout=30)
+        try:
+            async with self._apool.connection() as conn:
+                cur = await conn.execute(sql, params)
+                rows = await cur.fetchall()
+        except self._psycopg.errors.UniqueViolation:
+            raise
+        except self._psycopg.Error as exc:
+            raise StorageError(f"PostgreSQL error: {exc}") from exc
+        return sorted(int(r[0]) for r in rows)
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, self._psycopg.errors.UniqueViolation)
@@ -198,6 +294,8 @@ class PostgresStore(SqlStore):
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close()
+        if self._apool is not None:
+            await self._apool.close()
         loop = asyncio.get_running_loop()
         if self._opened:
             await loop.run_in_executor(self._executor, self._pool.close)

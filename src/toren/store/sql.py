@@ -45,7 +45,7 @@ INSERT_EVENT = (
     "code_version, worker_id, created_at, format_version, payload) "
     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
 )
-INSERT_BLOB = "INSERT INTO blobs (hash, body, size) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING"
+INSERT_BLOBS = "INSERT INTO blobs (hash, body, size) VALUES {rows} ON CONFLICT (hash) DO NOTHING"
 CLAIMABLE = (
     "((status IN ('queued', 'running') AND (not_before IS NULL OR not_before <= ?)) "
     "OR (status = 'waiting' AND not_before IS NOT NULL AND not_before <= ?)) "
@@ -295,8 +295,24 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
+    # Appended to the lease check when no totals are written: PostgreSQL takes a row share
+    # lock so a concurrent claim waits for this transaction (SQLite's BEGIN IMMEDIATE
+    # already serialises writers).
+    lease_check_lock = ""
+
     def _fence(self, cur: Any, lease: Lease, now: float, delta: RunDelta | None) -> None:
-        d = delta or RunDelta()
+        """Check (and with ``delta``, update) the run row under the lease's fencing token:
+        a worker whose lease was taken over can never write again."""
+        if delta is None:
+            row = self._x(
+                cur,
+                f"SELECT lease_owner, lease_epoch FROM runs WHERE id = ?{self.lease_check_lock}",
+                (lease.run_id,),
+            ).fetchone()
+            if row is None or row[0] != lease.worker_id or row[1] != lease.epoch:
+                raise _lease_lost(lease)
+            return
+        d = delta
         cur = self._x(
             cur,
             "UPDATE runs SET updated_at = ?, input_tokens = input_tokens + ?, "
@@ -319,10 +335,7 @@ class SqlStore:
             ),
         )
         if cur.rowcount != 1:
-            raise LeaseLost(
-                f"worker {lease.worker_id!r} no longer holds the lease on run "
-                f"{lease.run_id!r} (epoch {lease.epoch}); another worker took it over"
-            )
+            raise _lease_lost(lease)
 
     def _insert_events(self, cur: Any, events: Sequence[Event]) -> list[Event]:
         out = []
@@ -344,8 +357,9 @@ class SqlStore:
         def tx(cur: Any) -> list[Event]:
             self._fence(cur, lease, now, delta)
             if blobs:
-                for key, body in blobs.items():
-                    self._x(cur, INSERT_BLOB, (key, body, len(body)))
+                rows = ", ".join("(?, ?, ?)" for _ in blobs)
+                params = [v for key, body in blobs.items() for v in (key, body, len(body))]
+                self._x(cur, INSERT_BLOBS.format(rows=rows), params)
             stored = self._insert_events(cur, events)
             if consume_inbox is not None:
                 cur = self._x(
@@ -568,6 +582,13 @@ class SqlStore:
             return [WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
 
         return await self._run(tx, write=False)
+
+
+def _lease_lost(lease: Lease) -> LeaseLost:
+    return LeaseLost(
+        f"worker {lease.worker_id!r} no longer holds the lease on run {lease.run_id!r} "
+        f"(epoch {lease.epoch}); another worker took it over"
+    )
 
 
 def _with_seq(event: Event, seq: int) -> Event:

@@ -1,9 +1,15 @@
 """SQLite store: the embedded default (standard library ``sqlite3``, WAL).
 
-One connection, used from one dedicated thread, so every statement is serialised and the
-event loop never blocks on a commit. Several processes may share the file (the CLI and a
-worker): writes take ``BEGIN IMMEDIATE`` and wait on the busy timeout. Durability:
-``synchronous=FULL`` by default (a committed step survives power loss);
+Writes are *group-committed* on the event loop's own thread: every write requested
+during one turn of the loop joins one ``BEGIN IMMEDIATE`` transaction, each in its own
+savepoint, committed once; each caller learns its own outcome after that commit. A lone
+step pays no thread hand-off; many runs stepping at once share one fsync. That connection
+never waits for a lock (busy timeout 0): if another process holds the write lock, the
+group is handed to the database thread, which waits on the busy timeout so the loop never
+blocks on it. Reads run on that thread too, on its own connection (WAL lets them proceed
+beside a writer).
+
+Durability: ``synchronous=FULL`` by default (a committed step survives power loss);
 ``?synchronous=normal`` in the URL trades that for speed (still safe against a killed
 process).
 """
@@ -11,9 +17,11 @@ process).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import queue
 import sqlite3
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
@@ -24,6 +32,32 @@ from toren.store.schema import SCHEMA, AddColumn, render
 from toren.store.sql import CLAIMABLE, SqlStore
 
 T = TypeVar("T")
+_MAX_GROUP = 256  # writes committed together at most
+
+
+class _Job:
+    """One unit of work for the database thread, and how to hand its outcome back."""
+
+    __slots__ = ("fn", "future", "loop", "write")
+
+    def __init__(
+        self, fn: Callable[[Any], Any], write: bool, future: asyncio.Future[Any], loop: Any
+    ) -> None:
+        self.fn, self.write, self.future, self.loop = fn, write, future, loop
+
+    def finish(self, result: Any, error: BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(_settle, self.future, result, error)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL", "off": "OFF", "extra": "EXTRA"}
 
 
@@ -52,40 +86,148 @@ class SQLiteStore(SqlStore):
                 f"bad synchronous={sync!r} in {url!r}; expected one of {sorted(_SYNC_MODES)}"
             )
         self.synchronous = _SYNC_MODES[sync]
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toren-sqlite")
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        # Inline group commit needs a second connection to the same file.
+        self._inline = self.path != ":memory:"
+        self._loop_conn: sqlite3.Connection | None = None
+        self._pending: list[tuple[Callable[[Any], Any], asyncio.Future[Any]]] = []
+        self._flush_scheduled = False
         self._conn: sqlite3.Connection | None = None
         self._wakeup: asyncio.Event | None = None
 
+    def _open(self, busy_ms: int) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+        conn.execute("PRAGMA foreign_keys=OFF")
+        return conn
+
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=30.0
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(f"PRAGMA synchronous={self.synchronous}")
-            conn.execute("PRAGMA busy_timeout=30000")
-            conn.execute("PRAGMA foreign_keys=OFF")
-            self._conn = conn
+            self._conn = self._open(30_000)
         return self._conn
 
-    def _in_tx(self, fn: Callable[[Any], T], write: bool) -> T:
-        conn = self._connect()
-        cur = conn.cursor()
-        cur.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+    # -- inline group commit on the loop's thread --------------------------------------
+
+    async def _group_write(self, fn: Callable[[Any], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._pending.append((fn, future))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush, loop)
+        return await future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._flush_scheduled = False
+        batch, self._pending = self._pending, []
+        if self._loop_conn is None:
+            self._loop_conn = self._open(0)
+        cur = self._loop_conn.cursor()
         try:
-            result = fn(cur)
-        except BaseException:
-            cur.execute("ROLLBACK")
-            raise
-        cur.execute("COMMIT")
-        return result
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            # Another connection holds the write lock: let the database thread wait for it.
+            for fn, future in batch:
+                self._submit(_Job(fn, True, future, loop))
+            return
+        outcomes = self._run_group(cur, [fn for fn, _ in batch])
+        for (_, future), (result, error) in zip(batch, outcomes, strict=True):
+            _settle(future, result, error)
+
+    def _serve(self) -> None:
+        """The database thread: reads one at a time, writes in groups."""
+        while True:
+            job = self._queue.get()
+            if job is None:
+                self._close_conn()
+                return
+            if not job.write:
+                self._read(job)
+                continue
+            batch = [job]
+            while len(batch) < _MAX_GROUP:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None or not more.write:
+                    self._queue.put(more)  # after this group (a rare reordering of a read)
+                    break
+                batch.append(more)
+            self._write_group(batch)
+
+    def _read(self, job: _Job) -> None:
+        cur = self._connect().cursor()
+        try:
+            cur.execute("BEGIN")
+            try:
+                job.finish(job.fn(cur), None)
+            finally:
+                cur.execute("COMMIT")
+        except BaseException as exc:
+            job.finish(None, exc)
+
+    def _write_group(self, batch: list[_Job]) -> None:
+        cur = self._connect().cursor()
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            for job in batch:
+                job.finish(None, exc)
+            return
+        outcomes = self._run_group(cur, [job.fn for job in batch])
+        for job, (result, error) in zip(batch, outcomes, strict=True):
+            job.finish(result, error)
+
+    @staticmethod
+    def _run_group(
+        cur: Any, fns: list[Callable[[Any], Any]]
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Run each write in its own savepoint of the open transaction, then commit once.
+        One write failing (a lease conflict) does not undo the others. A write alone needs
+        no savepoint: the transaction is its own."""
+        alone = len(fns) == 1
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        try:
+            for fn in fns:
+                if alone:
+                    outcomes.append((fn(cur), None))
+                    continue
+                cur.execute("SAVEPOINT job")
+                try:
+                    outcomes.append((fn(cur), None))
+                    cur.execute("RELEASE job")
+                except Exception as exc:
+                    cur.execute("ROLLBACK TO job")
+                    cur.execute("RELEASE job")
+                    outcomes.append((None, exc))
+            cur.execute("COMMIT")
+        except BaseException as exc:  # the commit (or a lone write) failed: nothing happened
+            with contextlib.suppress(sqlite3.Error):
+                cur.execute("ROLLBACK")
+            return [(None, exc)] * len(fns)
+        return outcomes
+
+    def _submit(self, job: _Job) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="toren-sqlite", daemon=True)
+            self._thread.start()
+        self._queue.put(job)
 
     async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self._in_tx, fn, write)
+            if write and self._inline:
+                return await self._group_write(fn)
+            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+            self._submit(_Job(fn, write, future, asyncio.get_running_loop()))
+            return await future
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
@@ -145,11 +287,16 @@ class SQLiteStore(SqlStore):
             pass
         self._wakeup.clear()
 
-    async def close(self) -> None:
-        def shut() -> None:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
-        await asyncio.get_running_loop().run_in_executor(self._executor, shut)
-        self._executor.shutdown(wait=True)
+    async def close(self) -> None:
+        if self._loop_conn is not None:
+            self._loop_conn.close()
+            self._loop_conn = None
+        if self._thread is not None:
+            self._queue.put(None)
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+            self._thread = None
