@@ -1,0 +1,65 @@
+"""The console's HTML shells. Each page is static markup plus one script that fetches the
+data with the user's token; the only value spliced in is a (validated, escaped) run id."""
+
+from __future__ import annotations
+
+from html import escape
+from importlib.resources import files
+
+import toren
+
+_TEMPLATES = files("toren.console") / "templates"
+
+NAV = (("/", "Runs", "runs"), ("/agents", "Agents", "agents"), ("/plan", "Replay plan", "plan"))
+TITLES = {
+    "runs": "Runs",
+    "run": "Run",
+    "agents": "Agents",
+    "plan": "Replay plan",
+    "login": "Sign in",
+    "missing": "Not found",
+}
+
+
+def render(page: str, *, run_id: str = "") -> str:
+    body = (_TEMPLATES / f"{page}.html").read_text("utf-8")
+    body = body.replace("{{run_id}}", escape(run_id, quote=True))
+    nav = "".join(
+        f'<a href="{href}"{" aria-current=page" if key == page else ""}>{label}</a>'
+        for href, label, key in NAV
+    )
+    title = TITLES[page] + (f" {escape(run_id)}" if run_id else "")
+    script = (
+        ""
+        if page == "missing"
+        else (f'<script type="module" src="/console/static/{page}.js"></script>')
+    )
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="color-scheme" content="light dark">
+<title>{title} · Toren</title>
+<link rel="icon" href="/console/static/favicon.svg" type="image/svg+xml">
+<link rel="stylesheet" href="/console/static/console.css">
+{script}
+</head>
+<body data-page="{page}">
+<a class="skip" href="#main">Skip to content</a>
+<header class="top">
+  <a class="brand" href="/"><img src="/console/static/favicon.svg" alt="" width="20"
+    height="20">Toren</a>
+  <nav aria-label="Console">{nav}</nav>
+  <div class="session" id="session"></div>
+</header>
+<main id="main" tabindex="-1">
+<noscript><p class="notice">The console needs JavaScript to load data from the API.</p>
+</noscript>
+{body}
+</main>
+<div id="announcer" class="visually-hidden" aria-live="polite" aria-atomic="true"></div>
+<footer class="foot">Toren {escape(toren.__version__)}</footer>
+</body>
+</html>
+"""

@@ -1,0 +1,50 @@
+// The replay plan: which in-flight runs the code this server runs would invalidate.
+import { $, api, digestButton, h, num, pill, showError, usd } from "./app.js";
+
+function finding(f) {
+  const fact = (label, ...value) => h("div", {}, h("dt", {}, label), h("dd", {}, ...value));
+  return h("dl", { class: "finding" },
+    fact("Stream", h("span", { class: "mono" }, f.stream)),
+    fact("From step", `#${f.from_pos}`),
+    fact("Cause", f.cause.replace(/_/g, " ")),
+    fact("Expected digest", digestButton(f.expected_digest) || "–", f.expected_kind ? ` (${f.expected_kind})` : ""),
+    fact("New digest", digestButton(f.actual_digest) || "stream ends", f.actual_kind ? ` (${f.actual_kind})` : ""),
+    fact("Superseded", `${f.suffix_steps} steps, ${f.suffix_model_calls} model calls`),
+    fact("Re-run cost", `${usd(f.suffix_cost_usd)} · ${num(f.suffix_tokens)} tokens`),
+    fact("Written by", h("span", { class: "mono" }, f.written_by.join(", ") || "–")),
+  );
+}
+
+function planCard(p) {
+  const verdict = p.problem ? "cannot be planned" : p.clean ? "replays cleanly" : "would be invalidated";
+  return h("article", { class: `plan-run ${p.clean ? "clean" : ""}`, "aria-label": `${p.run_id}: ${verdict}` },
+    h("h2", {}, h("a", { href: `/runs/${p.run_id}`, class: "mono" }, p.run_id), pill(p.status),
+      h("span", {}, `${p.agent} · ${p.process}`),
+      h("span", { class: "sub" }, `${p.replayed_steps} steps replay · ${verdict}`)),
+    p.problem ? h("p", { class: "error" }, p.problem) : null,
+    ...p.findings.map(finding));
+}
+
+async function load() {
+  const status = $("plan-status");
+  status.textContent = "Planning…";
+  try {
+    const plan = await api("/console/api/plan");
+    $("plan-totals").hidden = false;
+    $("p-runs").textContent = num(plan.runs);
+    $("p-inval").textContent = num(plan.invalidated);
+    $("p-problems").textContent = num(plan.problems);
+    $("p-cost").textContent = usd(plan.rerun_cost_usd);
+    const sorted = [...plan.plans].sort((a, b) => Number(a.clean) - Number(b.clean));
+    $("plan").replaceChildren(...(sorted.length ? sorted.map(planCard)
+      : [h("p", { class: "empty" }, "No in-flight runs: nothing to plan.")]));
+    status.textContent = `Planned ${plan.runs} run${plan.runs === 1 ? "" : "s"} in ${plan.elapsed_ms} ms.`;
+    showError($("plan-error"), null);
+  } catch (err) {
+    status.textContent = "";
+    if (err.status !== 401) showError($("plan-error"), err);
+  }
+}
+
+$("replan").addEventListener("click", load);
+load();

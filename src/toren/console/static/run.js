@@ -1,0 +1,477 @@
+// The run page: header, controls, input/output, and the timeline of the run's streams,
+// followed live over the API's SSE stream (events, token deltas, the final run).
+import {
+  $, ago, announce, api, digestButton, followStream, h, json, ms, num, pill, showError, stamp, usd,
+} from "./app.js";
+
+const runId = $("run-root").dataset.runId;
+const STATES = { connecting: "connecting…", live: "● live", reconnecting: "reconnecting…", ended: "log complete" };
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const events = [];
+const deltas = new Map(); // "stream:pos" -> streamed text of a model call in flight
+const requests = new Map(); // seq -> loaded request messages of a model call
+let run = null;
+let streamState = "connecting";
+let scheduled = false;
+let refreshTimer = null;
+
+// -- folding the log into streams (as toren.core.replay does) ------------------------------
+
+function fold() {
+  const streams = new Map();
+  const root = { waiting: null };
+  const get = (name) => {
+    if (!streams.has(name)) streams.set(name, { name, steps: new Map(), invalidations: [] });
+    return streams.get(name);
+  };
+  for (const e of events) {
+    if (e.stream === "") {
+      if (e.type === "RunWaiting") root.waiting = e;
+      else if (e.type !== "RunStarted") root.waiting = null;
+      continue;
+    }
+    const s = get(e.stream);
+    if (e.type === "StreamInvalidated") {
+      const from = e.payload.from_pos;
+      const removed = [...s.steps.values()].filter((st) => st.pos >= from).sort((a, b) => a.pos - b.pos);
+      removed.forEach((st) => s.steps.delete(st.pos));
+      s.invalidations.push({ event: e, from, removed });
+      continue;
+    }
+    if (e.position === null || e.position === undefined || !e.digest) continue;
+    const step = s.steps.get(e.position);
+    if (!step || step.digest !== e.digest) {
+      s.steps.set(e.position, { pos: e.position, digest: e.digest, first: e, done: null, stream: e.stream });
+    } else {
+      step.done = e;
+    }
+  }
+  return { streams, root };
+}
+
+// -- rendering steps -----------------------------------------------------------------------
+
+function compact(value, max = 120) {
+  if (value === undefined) return "";
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  return text.length > max ? text.slice(0, max - 1) + "…" : text;
+}
+
+function pre(value) {
+  return h("pre", { class: "json", tabindex: "0" }, typeof value === "string" ? value : json(value));
+}
+
+function block(title, value) {
+  return h("div", {}, h("h4", {}, title), pre(value));
+}
+
+function describe(step) {
+  const p = step.first.payload;
+  const done = step.done && step.done.payload;
+  switch (step.first.type) {
+    case "ModelCallRecorded": {
+      const response = p.response || {};
+      const calls = (response.tool_calls || []).map((c) => c.name);
+      return {
+        kind: "model",
+        name: `${p.provider}:${p.model}`,
+        preview: p.error ? null : (response.text ? compact(response.text, 160) : calls.length ? `→ calls ${calls.join(", ")}` : ""),
+        badges: p.error ? [h("span", { class: "badge err" }, `error: ${compact(p.error.message || p.error.code, 80)}`)] : [],
+        facts: [ms(p.latency_ms), `${num(p.input_tokens)} → ${num(p.output_tokens)} tok`,
+          h("span", { class: "cost" }, usd(p.cost_usd))],
+        details: () => modelDetails(step),
+      };
+    }
+    case "ToolCallRecorded":
+      return {
+        kind: "tool",
+        name: p.name,
+        args: `(${compact(p.args, 90).replace(/^\{|\}$/g, "")})`,
+        preview: p.error ? null : `→ ${compact(p.result, 160)}`,
+        badges: [
+          p.reused_from_seq ? h("span", { class: "badge reused", title: `The identical call at seq ${p.reused_from_seq} in a superseded suffix was not executed again` }, `reused result of seq ${p.reused_from_seq}`) : null,
+          p.error ? h("span", { class: "badge err" }, `error: ${compact(p.error.message || p.error.code, 80)}`) : null,
+        ],
+        facts: [ms(p.latency_ms)],
+        details: () => h("div", { class: "detail-grid" }, block("Arguments", p.args), p.error ? block("Error", p.error) : block("Result", p.result)),
+      };
+    case "ValueRecorded":
+      return { kind: "value", name: p.what, preview: `= ${compact(p.value)}`, facts: [] };
+    case "TimerScheduled": {
+      const isSleep = p.purpose === "sleep";
+      let preview = `${isSleep ? "fires" : "times out"} ${stamp(p.fire_at)}`;
+      if (done && step.done.type === "TimerFired") preview = `fired ${stamp(done.fired_at)}`;
+      if (done && step.done.type === "MessageReceived") preview = `received “${done.name}” → ${compact(done.payload)}`;
+      return {
+        kind: isSleep ? "sleep" : "message",
+        name: isSleep ? `sleep ${p.seconds} s` : `wait for message (timeout ${p.seconds} s)`,
+        preview, facts: [],
+        details: done && step.done.type === "MessageReceived" ? () => block("Payload", done.payload) : null,
+      };
+    }
+    case "MessageReceived":
+      return { kind: "message", name: `message “${p.name}”`, preview: `→ ${compact(p.payload)}`, facts: [],
+        details: () => block("Payload", p.payload) };
+    case "ChildStarted":
+      return {
+        kind: "child",
+        name: `spawn ${p.process}`,
+        args: `(${compact(p.input, 80)})`,
+        preview: done ? (done.error ? null : `→ ${compact(done.output, 140)}`) : "running…",
+        badges: done && done.error ? [h("span", { class: "badge err" }, `error: ${compact(done.error.message, 80)}`)] : [],
+        facts: [h("span", { class: "mono" }, p.child_stream)],
+        details: () => h("div", { class: "detail-grid" }, block("Input", p.input), done ? block(done.error ? "Error" : "Output", done.error || done.output) : null),
+      };
+    default:
+      return { kind: "other", name: step.first.type, preview: compact(step.first.payload), facts: [] };
+  }
+}
+
+function modelDetails(step) {
+  const p = step.first.payload;
+  const response = p.response || {};
+  const box = h("div", {});
+  const grid = h("div", { class: "detail-grid" },
+    p.error ? block("Error", p.error) : block("Response", response.text || "(no text)"),
+    (response.tool_calls || []).length ? block("Tool calls", response.tool_calls) : block("Parameters", p.params || {}));
+  const messages = h("div", { class: "messages", "aria-live": "polite" });
+  const loaded = requests.get(step.first.seq);
+  if (loaded) fillMessages(messages, loaded);
+  const button = h("button", { type: "button", class: "link", hidden: loaded ? true : null }, `Show the request (${p.message_count} messages)`);
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    try {
+      const body = await api(`/console/api/runs/${runId}/calls/${step.first.seq}`);
+      requests.set(step.first.seq, body.messages);
+      fillMessages(messages, body.messages);
+      button.hidden = true;
+    } catch (err) {
+      messages.replaceChildren(h("p", { class: "error" }, err.message));
+      button.disabled = false;
+    }
+  });
+  box.append(grid, h("p", {}, button), messages);
+  return box;
+}
+
+function fillMessages(el, messages) {
+  el.replaceChildren(...messages.map((m) => {
+    const content = typeof m.content === "string" ? m.content : json(m.content);
+    return h("div", { class: `msg ${m.role}` }, h("span", { class: "role" }, m.role),
+      h("p", {}, content || (m.tool_calls ? json(m.tool_calls) : "")));
+  }));
+}
+
+function stepItem(step, ctx, superseded) {
+  const d = describe(step);
+  const key = `${step.stream}|${step.first.seq}`;
+  const li = h("li", { class: "step", dataset: { kind: d.kind, pos: step.pos, seq: step.first.seq } });
+  li.append(h("div", { class: "step-row" },
+    h("span", { class: "pos", title: `position ${step.pos} in stream ${step.stream}` }, `#${step.pos}`),
+    h("span", { class: `kind ${d.kind}` }, d.kind),
+    h("div", { class: "title" },
+      h("span", { class: "name" }, d.name), d.args ? h("span", { class: "args" }, d.args) : null,
+      " ", ...(d.badges || []),
+      d.preview ? h("span", { class: "preview", title: d.preview }, d.preview) : null),
+    h("div", { class: "facts" }, ...d.facts.map((f) => h("span", {}, f)), digestButton(step.digest))));
+  if (d.details) {
+    const details = h("details", { dataset: { key } }, h("summary", {}, "Details"));
+    if (ctx.open.has(key)) {
+      details.open = true;
+      details.append(d.details());
+    } else {
+      details.addEventListener("toggle", () => {
+        if (details.open && details.children.length === 1) details.append(d.details());
+      });
+    }
+    li.append(details);
+  }
+  const child = step.first.type === "ChildStarted" && step.first.payload.child_stream;
+  if (child && ctx.streams.has(child) && !ctx.rendered.has(child) && (!superseded || !ctx.claimed.has(child))) {
+    li.append(h("div", { class: "children" }, streamBox(ctx.streams.get(child), ctx)));
+  }
+  return li;
+}
+
+function invalidationItem(inv, ctx) {
+  const p = inv.event.payload;
+  const cause = {
+    digest_mismatch: "the request changed",
+    kind_mismatch: "a different kind of step",
+    stream_ended: "the new code ended the stream here",
+    parent_invalidated: "its parent step was invalidated",
+  }[p.cause] || p.cause;
+  const versions = [...new Set(inv.removed.map((s) => (s.done || s.first).code_version))].join(", ");
+  return h("li", { class: "invalidation", dataset: { from: inv.from } },
+    h("div", { class: "inv-head" },
+      h("strong", {}, `Invalidated from #${inv.from}`),
+      h("span", {}, `${cause} · code version `, h("span", { class: "mono" }, p.code_version || "?")),
+      h("span", { class: "inv-digests" },
+        h("span", {}, "expected ", h("del", {}, digestButton(p.expected_digest) || "–"), p.expected_kind ? ` ${p.expected_kind}` : ""),
+        h("span", {}, "actual ", h("ins", {}, digestButton(p.actual_digest) || "none"), p.actual_kind ? ` ${p.actual_kind}` : ""))),
+    inv.removed.length ? h("div", { class: "superseded", role: "group", "aria-label": `Superseded steps from #${inv.from}` },
+      h("p", {}, `Superseded: ${inv.removed.length} step${inv.removed.length === 1 ? "" : "s"} kept in the log, no longer replayed`,
+        versions ? ` (written by ${versions})` : ""),
+      h("ol", { class: "steps" }, ...inv.removed.map((s) => stepItem(s, ctx, true)))) : null);
+}
+
+function pendingItem(stream, pos, text) {
+  return h("li", { class: "step pending", dataset: { pending: `${stream}:${pos}` }, "aria-busy": "true" },
+    h("div", { class: "step-row" },
+      h("span", { class: "pos" }, `#${pos}`), h("span", { class: "kind model" }, "model"),
+      h("div", { class: "title" }, h("span", { class: "name" }, "streaming…")), h("div", { class: "facts" })),
+    h("p", { class: "live-text" }, h("span", { class: "live-delta" }, text), h("span", { class: "cursor", "aria-hidden": "true" })));
+}
+
+function waitingItem(waiting) {
+  const p = waiting.payload;
+  const text = p.messages && p.messages.length
+    ? `Waiting for message ${p.messages.map((m) => `“${m}”`).join(" or ")}`
+    : p.not_before ? `Sleeping until ${stamp(p.not_before)}` : "Waiting";
+  return h("li", { class: "step pending", dataset: { waiting: "" } },
+    h("div", { class: "step-row" }, h("span", { class: "pos" }, "…"), h("span", { class: "kind message" }, "wait"),
+      h("div", { class: "title" }, h("span", { class: "name" }, text)), h("div", { class: "facts" })));
+}
+
+function streamBox(s, ctx) {
+  ctx.rendered.add(s.name);
+  const items = [];
+  const positions = new Set([...s.steps.keys(), ...s.invalidations.map((i) => i.from)]);
+  for (const key of deltas.keys()) {
+    const [stream, pos] = splitKey(key);
+    if (stream === s.name && !s.steps.has(pos)) positions.add(pos);
+  }
+  for (const pos of [...positions].sort((a, b) => a - b)) {
+    for (const inv of s.invalidations.filter((i) => i.from === pos)) items.push(invalidationItem(inv, ctx));
+    if (s.steps.has(pos)) items.push(stepItem(s.steps.get(pos), ctx, false));
+    else if (deltas.has(`${s.name}:${pos}`)) items.push(pendingItem(s.name, pos, deltas.get(`${s.name}:${pos}`)));
+  }
+  if (s.name === ctx.main && ctx.root.waiting && run && run.status === "waiting") items.push(waitingItem(ctx.root.waiting));
+  const inv = s.invalidations.length;
+  return h("section", { class: "stream", "aria-label": `Stream ${s.name}`, dataset: { stream: s.name } },
+    h("h3", {}, "Stream ", h("span", { class: "mono" }, s.name),
+      h("span", { class: "sub" }, `${s.steps.size} step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}`)),
+    items.length ? h("ol", { class: "steps" }, ...items) : h("p", { class: "empty" }, "No steps yet."));
+}
+
+function splitKey(key) {
+  const cut = key.lastIndexOf(":");
+  return [key.slice(0, cut), Number(key.slice(cut + 1))];
+}
+
+function renderTimeline() {
+  scheduled = false;
+  const el = $("timeline");
+  const { streams, root } = fold();
+  for (const key of deltas.keys()) {
+    const [stream] = splitKey(key);
+    if (!streams.has(stream)) streams.set(stream, { name: stream, steps: new Map(), invalidations: [] });
+  }
+  const open = new Set([...el.querySelectorAll("details[open]")].map((d) => d.dataset.key));
+  const claimed = new Set();
+  for (const s of streams.values()) {
+    for (const st of s.steps.values()) if (st.first.type === "ChildStarted") claimed.add(st.first.payload.child_stream);
+  }
+  const main = run ? run.process : "main";
+  const ctx = { streams, root, open, claimed, rendered: new Set(), main };
+  const order = [...streams.keys()].sort((a, b) => (a === main ? -1 : b === main ? 1 : a.localeCompare(b)));
+  const boxes = [];
+  for (const name of order) if (!ctx.rendered.has(name) && !isChildAnywhere(name, streams)) boxes.push(streamBox(streams.get(name), ctx));
+  for (const name of order) if (!ctx.rendered.has(name)) boxes.push(streamBox(streams.get(name), ctx)); // orphans
+  if (!boxes.length) boxes.push(h("p", { class: "empty" }, run && run.status === "queued" ? "Queued: no steps yet." : "No steps yet."));
+  el.replaceChildren(...boxes);
+  el.setAttribute("aria-busy", String(streamState === "connecting"));
+  const invalidations = [...streams.values()].reduce((n, s) => n + s.invalidations.length, 0);
+  $("timeline-legend").replaceChildren(...[
+    h("span", {}, `${events.length} events`), h("span", {}, `${streams.size} stream${streams.size === 1 ? "" : "s"}`),
+    invalidations ? h("span", {}, `${invalidations} invalidation${invalidations === 1 ? "" : "s"}`) : null,
+    h("span", { id: "stream-state" }, STATES[streamState] || streamState)].filter(Boolean));
+}
+
+function isChildAnywhere(name, streams) {
+  for (const s of streams.values()) {
+    for (const st of s.steps.values()) if (st.first.type === "ChildStarted" && st.first.payload.child_stream === name) return true;
+    for (const inv of s.invalidations) for (const st of inv.removed) if (st.first.type === "ChildStarted" && st.first.payload.child_stream === name) return true;
+  }
+  return false;
+}
+
+function schedule() {
+  if (!scheduled) {
+    scheduled = true;
+    requestAnimationFrame(renderTimeline);
+  }
+}
+
+// -- header, output, controls --------------------------------------------------------------
+
+function renderRun() {
+  if (!run) return;
+  const u = run.usage || {};
+  $("run-status").className = `pill ${run.status}`;
+  $("run-status").textContent = run.status + (run.cancel_requested && !TERMINAL.has(run.status) ? " · cancelling" : "");
+  $("run-meta").replaceChildren(
+    h("strong", {}, run.agent), ` · ${run.process} · started `,
+    h("time", { datetime: new Date(run.created_at * 1000).toISOString() }, stamp(run.created_at)),
+    ` · updated ${ago(run.updated_at)}`,
+    run.idempotency_key ? ` · key ${run.idempotency_key}` : "",
+    run.lease_recoveries ? ` · recovered from a dead worker ${run.lease_recoveries}×` : "");
+  $("s-steps").textContent = num(u.steps);
+  $("s-tokens").textContent = `${num(u.input_tokens)} · ${num(u.output_tokens)}`;
+  $("s-cost").textContent = usd(u.cost_usd);
+  $("s-saved").textContent = usd(u.saved_by_replay_usd);
+  $("s-inval").textContent = num(run.invalidations);
+  $("s-version").textContent = run.code_version || "–";
+  $("run-input").textContent = json(run.input);
+  const out = $("run-output");
+  if (run.status === "completed") {
+    const o = run.output;
+    const text = typeof o === "string" ? o : o && typeof o === "object" && typeof (o.answer ?? o.text ?? o.output) === "string" ? (o.answer ?? o.text ?? o.output) : null;
+    out.replaceChildren(...[text !== null ? h("p", { class: "output-text" }, text) : null, pre(o)].filter(Boolean));
+  } else if (run.status === "failed") {
+    const e = run.error || {};
+    out.replaceChildren(h("div", { class: "run-error-box" }, h("strong", {}, e.type || e.code || "Failed"), ": ", e.message || ""), ...(e.details ? [pre(e.details)] : []));
+  } else if (run.status === "cancelled") {
+    out.replaceChildren(h("p", { class: "empty" }, "Cancelled before finishing."));
+  } else {
+    out.replaceChildren(h("p", { class: "empty" }, run.status === "waiting" ? "Not finished: the run is waiting." : "Not finished yet."));
+  }
+  const live = !TERMINAL.has(run.status);
+  $("controls").hidden = !live;
+  const waitingFor = run.waiting_for || [];
+  $("waiting-hint").textContent = run.status === "waiting" && waitingFor.length
+    ? `The run is waiting for ${waitingFor.map((n) => `“${n}”`).join(" or ")}.`
+    : "Messages wait in the run's inbox until it asks for them.";
+  const name = $("msg-name");
+  if (!name.value && waitingFor.length) name.value = waitingFor[0];
+  schedule();
+}
+
+async function refreshRun() {
+  clearTimeout(refreshTimer);
+  refreshTimer = null;
+  try {
+    const before = run && run.status;
+    run = await api(`/v1/runs/${runId}`);
+    if (before && before !== run.status) announce(`Run is ${run.status}`);
+    renderRun();
+  } catch (err) {
+    if (err.status !== 401) showError($("run-error"), err);
+  }
+}
+
+function refreshSoon() {
+  if (!refreshTimer) refreshTimer = setTimeout(refreshRun, 400);
+}
+
+function onMessage(message) {
+  if (message.event === "event") {
+    const e = message.data;
+    events.push(e);
+    if (e.position !== null && e.position !== undefined) deltas.delete(`${e.stream}:${e.position}`);
+    if (e.type === "StreamInvalidated") announce(`Stream ${e.stream} invalidated from step ${e.payload.from_pos}`);
+    refreshSoon();
+    schedule();
+  } else if (message.event === "delta") {
+    const { stream, position, text } = message.data;
+    const key = `${stream}:${position}`;
+    deltas.set(key, (deltas.get(key) || "") + text);
+    const el = document.querySelector(`[data-pending="${CSS.escape(key)}"] .live-delta`);
+    if (el) el.textContent = deltas.get(key);
+    else schedule();
+  } else if (message.event === "end") {
+    deltas.clear();
+    const before = run && run.status;
+    if (message.data.run) run = message.data.run;
+    if (run && before !== run.status) announce(`Run ${run.status}`);
+    renderRun();
+  } else if (message.event === "error") {
+    showError($("run-error"), new Error(message.data.error.message));
+  }
+}
+
+function setupControls() {
+  $("copy-id").addEventListener("click", async () => {
+    try {
+      await navigator.clipboard.writeText(runId);
+      announce("Run id copied");
+    } catch (_) {
+      announce("Copy is not available here");
+    }
+  });
+  $("message-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const status = $("msg-status");
+    let payload;
+    try {
+      payload = JSON.parse($("msg-payload").value || "null");
+    } catch (err) {
+      status.textContent = `The payload is not valid JSON: ${err.message}`;
+      status.className = "status-line bad";
+      $("msg-payload").setAttribute("aria-invalid", "true");
+      return;
+    }
+    $("msg-payload").removeAttribute("aria-invalid");
+    try {
+      const sent = await api(`/v1/runs/${runId}/messages`, { method: "POST", body: { name: $("msg-name").value.trim(), payload } });
+      status.textContent = `Message sent (inbox id ${sent.message_id}).`;
+      status.className = "status-line ok";
+      refreshSoon();
+    } catch (err) {
+      status.textContent = err.message;
+      status.className = "status-line bad";
+    }
+  });
+  const cancel = $("cancel");
+  let armed = null;
+  cancel.addEventListener("click", async () => {
+    if (!armed) {
+      cancel.textContent = "Click again to cancel";
+      cancel.classList.add("confirm");
+      armed = setTimeout(() => {
+        armed = null;
+        cancel.textContent = "Cancel run";
+        cancel.classList.remove("confirm");
+      }, 5000);
+      return;
+    }
+    clearTimeout(armed);
+    armed = null;
+    cancel.disabled = true;
+    try {
+      run = await api(`/v1/runs/${runId}/cancel`, { method: "POST" });
+      $("cancel-status").textContent = "Cancellation requested.";
+      renderRun();
+    } catch (err) {
+      $("cancel-status").textContent = err.message;
+      cancel.disabled = false;
+    }
+  });
+}
+
+async function init() {
+  setupControls();
+  try {
+    run = await api(`/v1/runs/${runId}`);
+  } catch (err) {
+    if (err.status !== 401) {
+      showError($("run-error"), err);
+      $("timeline").replaceChildren(h("p", { class: "empty" }, "Nothing to show."));
+      $("run-meta").textContent = "";
+      $("run-status").textContent = "unknown";
+    }
+    return;
+  }
+  renderRun();
+  await followStream(`/v1/runs/${runId}/stream`, {
+    onMessage,
+    onState: (state) => {
+      streamState = state;
+      schedule();
+    },
+  }).catch((err) => showError($("run-error"), err));
+  streamState = "ended";
+  schedule();
+}
+
+init();

@@ -1,0 +1,198 @@
+// The runs page: totals, filters, a live table (polled every 2 s), and the start form.
+import { $, ago, announce, api, h, num, pill, showError, usd } from "./app.js";
+
+const POLL_MS = 2000;
+const PAGE = 50;
+const ID_LIKE = /^[A-Za-z0-9_-]{6,64}$/;
+
+let limit = PAGE;
+let known = new Map(); // run id -> status, to announce changes and highlight new rows
+let first = true;
+let agents = [];
+let timer = null;
+
+function filters() {
+  return {
+    status: $("f-status").value,
+    agent: $("f-agent").value,
+    process: $("f-process").value.trim(),
+    q: $("f-q").value.trim(),
+  };
+}
+
+function syncUrl() {
+  const params = new URLSearchParams();
+  for (const [k, v] of Object.entries(filters())) if (v) params.set(k, v);
+  const query = params.toString();
+  history.replaceState(null, "", query ? `/?${query}` : "/");
+}
+
+function restoreFilters() {
+  const params = new URLSearchParams(location.search);
+  $("f-status").value = params.get("status") || "";
+  $("f-process").value = params.get("process") || "";
+  $("f-q").value = params.get("q") || "";
+  return params.get("agent") || "";
+}
+
+async function loadRuns() {
+  const f = filters();
+  const params = new URLSearchParams({ limit: String(Math.min(limit, 200)) });
+  for (const key of ["status", "agent", "process"]) if (f[key]) params.set(key, f[key]);
+  const page = await api(`/v1/runs?${params}`);
+  let runs = page.runs;
+  if (f.q) {
+    runs = runs.filter((r) => r.id.toLowerCase().includes(f.q.toLowerCase()));
+    // An exact id beyond the loaded page (or outside the filters) is looked up directly.
+    if (!runs.length && ID_LIKE.test(f.q)) {
+      try {
+        runs = [await api(`/v1/runs/${encodeURIComponent(f.q)}`)];
+      } catch (err) {
+        if (err.status !== 404) throw err;
+      }
+    }
+  }
+  $("more").hidden = !page.next_cursor || Boolean(f.q) || limit >= 200;
+  return runs;
+}
+
+function cell(label, content, cls) {
+  return h("td", { "data-label": label, class: cls }, content);
+}
+
+function row(run) {
+  const u = run.usage || {};
+  const fresh = !first && !known.has(run.id);
+  return h("tr", { class: fresh ? "fresh" : null, dataset: { runId: run.id, status: run.status } },
+    cell("Run", h("a", { href: `/runs/${run.id}` }, run.id), "id"),
+    cell("Agent", [h("span", { class: "agent" }, run.agent), h("span", { class: "proc" }, ` · ${run.process}`)]),
+    cell("Status", [pill(run.status), run.cancel_requested && !["cancelled", "completed", "failed"].includes(run.status)
+      ? h("span", { class: "badge", title: "cancellation requested" }, " cancelling") : null]),
+    cell("Steps", num(u.steps), "num"),
+    cell("Tokens", num((u.input_tokens || 0) + (u.output_tokens || 0)), "num"),
+    cell("Cost", usd(u.cost_usd), "num"),
+    cell("Saved", Number(u.saved_by_replay_usd) ? usd(u.saved_by_replay_usd) : "–", "num"),
+    cell("Started", h("time", { datetime: new Date(run.created_at * 1000).toISOString(), title: new Date(run.created_at * 1000).toLocaleString() }, ago(run.created_at)), "when"),
+    cell("Updated", ago(run.updated_at), "when"),
+  );
+}
+
+function render(runs) {
+  const body = $("runs-body");
+  const changes = [];
+  for (const run of runs) {
+    const before = known.get(run.id);
+    if (!first && before === undefined) changes.push(`Run ${run.id} started (${run.agent})`);
+    else if (!first && before !== run.status) changes.push(`Run ${run.id} is ${run.status}`);
+  }
+  body.replaceChildren(...(runs.length ? runs.map(row)
+    : [h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No runs match. Start one above, or with `toren run`."))]));
+  known = new Map([...known, ...runs.map((r) => [r.id, r.status])]);
+  first = false;
+  if (changes.length) announce(changes.slice(0, 3).join(". "));
+}
+
+async function loadTotals() {
+  const t = await api("/console/api/summary");
+  $("t-runs").textContent = num(t.runs);
+  $("t-status").replaceChildren(h("span", { class: "status-counts" },
+    ...["running", "waiting", "queued", "completed", "failed", "cancelled"]
+      .filter((s) => t.runs_by_status[s])
+      .map((s) => h("a", { href: `/?status=${s}` }, `${t.runs_by_status[s]} ${s}`))));
+  $("t-tokens").textContent = num(t.input_tokens + t.output_tokens);
+  $("t-tokens-split").textContent = `${num(t.input_tokens)} in · ${num(t.output_tokens)} out`;
+  $("t-cost").textContent = usd(t.cost_usd);
+  $("t-steps").textContent = `${num(t.steps)} steps executed`;
+  $("t-saved").textContent = usd(t.saved_by_replay_usd);
+  $("t-inval").textContent = `${num(t.invalidations)} invalidation${t.invalidations === 1 ? "" : "s"}`;
+}
+
+async function refresh() {
+  clearTimeout(timer);
+  try {
+    const [runs] = await Promise.all([loadRuns(), loadTotals()]);
+    render(runs);
+    showError($("runs-error"), null);
+    $("live-dot").classList.remove("stale");
+  } catch (err) {
+    if (err.status === 401) return;
+    showError($("runs-error"), err);
+    $("live-dot").classList.add("stale");
+  }
+  if (!document.hidden) timer = setTimeout(refresh, POLL_MS);
+}
+
+// -- the start form -----------------------------------------------------------------------
+
+function fillProcesses() {
+  const agent = agents.find((a) => a.name === $("start-agent").value);
+  const wanted = new URLSearchParams(location.search).get("process");
+  $("start-process").replaceChildren(...(agent ? agent.processes : []).map((p) =>
+    h("option", { selected: p === wanted || null }, p)));
+}
+
+async function loadAgents(selectedAgent) {
+  agents = (await api("/v1/agents")).agents;
+  const options = agents.map((a) => h("option", { value: a.name }, a.name + (a.error ? " (does not load)" : "")));
+  $("f-agent").append(...options.map((o) => o.cloneNode(true)));
+  $("f-agent").value = selectedAgent;
+  $("start-agent").replaceChildren(...options);
+  const startAgent = new URLSearchParams(location.search).get("start");
+  if (startAgent) {
+    $("start-agent").value = startAgent;
+    $("start-panel").open = true;
+  }
+  fillProcesses();
+}
+
+async function startRun(event) {
+  event.preventDefault();
+  const status = $("start-status");
+  let input;
+  try {
+    input = JSON.parse($("start-input").value || "null");
+  } catch (err) {
+    status.textContent = `The input is not valid JSON: ${err.message}`;
+    status.className = "status-line bad";
+    $("start-input").setAttribute("aria-invalid", "true");
+    $("start-input").focus();
+    return;
+  }
+  $("start-input").removeAttribute("aria-invalid");
+  const body = { agent: $("start-agent").value, process: $("start-process").value || "main", input };
+  const key = $("start-key").value.trim();
+  if (key) body.idempotency_key = key;
+  status.textContent = "Starting…";
+  status.className = "status-line";
+  try {
+    const run = await api("/v1/runs", { method: "POST", body });
+    status.replaceChildren("Started ", h("a", { href: `/runs/${run.id}` }, run.id), ".");
+    status.className = "status-line ok";
+    refresh();
+  } catch (err) {
+    status.textContent = err.message;
+    status.className = "status-line bad";
+  }
+}
+
+function init() {
+  const agent = restoreFilters();
+  $("filters").addEventListener("input", () => {
+    syncUrl();
+    limit = PAGE;
+    refresh();
+  });
+  $("filters").addEventListener("submit", (e) => e.preventDefault());
+  $("more").addEventListener("click", () => {
+    limit += PAGE;
+    refresh();
+  });
+  $("start-agent").addEventListener("change", fillProcesses);
+  $("start-form").addEventListener("submit", startRun);
+  document.addEventListener("visibilitychange", () => !document.hidden && refresh());
+  loadAgents(agent).then(refresh, (err) => {
+    if (err.status !== 401) showError($("runs-error"), err);
+  });
+}
+
+init();
