@@ -12,6 +12,7 @@ agent.yaml or the command line, not to a library developer. They must be seen.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 
 class TorenDeprecationWarning(FutureWarning):
@@ -27,4 +28,53 @@ def warn_deprecated(
         f"{old!r} will stop being accepted in toren-run {removed_in}",
         TorenDeprecationWarning,
         stacklevel=stacklevel,
+    )
+
+
+@dataclass(frozen=True)
+class Deprecation:
+    """One old spelling still accepted. ``surface`` is ``agent.yaml``, ``cli`` or ``http``."""
+
+    surface: str
+    old: str
+    new: str
+    since: str
+    removed_in: str
+
+
+# Every deprecation of every settled surface, printed by ``toren version --deprecations``.
+# The agent.yaml entries come from ``toren.agents.config.DEPRECATED_KEYS`` (the config
+# loader's own table); the CLI and HTTP ones are declared here and used where parsed.
+CLI_FLAGS: dict[str, tuple[str, str]] = {
+    # old flag: (new flag, removed in)
+    "toren worker --drain-timeout": ("toren worker --drain-window", "0.3.0"),
+}
+HTTP_FIELDS: dict[str, tuple[str, str]] = {
+    # old field: (new field, removed in)
+    "POST /v1/runs idempotencyKey": ("POST /v1/runs idempotency_key", "0.3.0"),
+}
+
+
+def registry() -> list[Deprecation]:
+    from toren.agents.config import DEPRECATED_KEYS
+
+    entries = [
+        Deprecation("agent.yaml", old, new, "0.1.0", removed)
+        for old, (new, removed) in sorted(DEPRECATED_KEYS.items())
+    ]
+    entries += [
+        Deprecation("cli", old, new, "0.1.0", removed) for old, (new, removed) in CLI_FLAGS.items()
+    ]
+    entries += [
+        Deprecation("http", old, new, "0.1.0", removed)
+        for old, (new, removed) in HTTP_FIELDS.items()
+    ]
+    return entries
+
+
+def message(surface_key: str, table: dict[str, tuple[str, str]]) -> str:
+    new, removed_in = table[surface_key]
+    return (
+        f"{surface_key!r} is deprecated, use {new!r} instead; it will stop being accepted "
+        f"in toren-run {removed_in}"
     )

@@ -48,6 +48,20 @@ async def test_start_get_and_idempotency(api: Api) -> None:
         mismatch = await http.post("/v1/runs", json=body, headers={"Idempotency-Key": "other"})
         assert mismatch.status_code == 409 and error_of(mismatch)["code"] == "idempotency_conflict"
 
+        # The deprecated spelling still works for one more minor, and says so.
+        old = await http.post(
+            "/v1/runs", json={"agent": "echo", "input": {"n": 1}, "idempotencyKey": "order-17"}
+        )
+        assert old.status_code == 200 and old.json()["id"] == first.json()["id"]
+        assert old.headers["Deprecation"] == "true"
+        assert (
+            "'POST /v1/runs idempotency_key'" in old.headers["Warning"]
+            and "0.3.0" in old.headers["Warning"]
+        )
+        assert "Deprecation" not in first.headers
+        both = await http.post("/v1/runs", json={**body, "idempotencyKey": "other"})
+        assert both.status_code == 409 and error_of(both)["code"] == "idempotency_conflict"
+
     done = await api.client.wait(run["id"], timeout=20)
     assert done.status == "completed" and done.output["turns"] == 2
     assert done.usage.steps == 2 and done.usage.input_tokens > 0
@@ -154,8 +168,14 @@ async def test_agents_health_ready_metrics_plan(api: Api) -> None:
             "toren_worker_active_runs",
         ):
             assert name in samples
-        plan = await http.get("/v1/plan")
-        assert plan.status_code == 501 and error_of(plan)["code"] == "not_implemented"
+        plan = (await http.get("/v1/plan")).json()
+        # Nothing in flight but the waiting/slow runs of other tests: a clean plan.
+        assert plan["invalidated"] == 0 and plan["problems"] == 0
+        assert plan["runs"] == len(plan["plans"])
+        assert all(p["clean"] for p in plan["plans"])
+        again = await api.client.plan()
+        again.pop("elapsed_ms"), plan.pop("elapsed_ms")
+        assert again == plan  # the client reads the same report
 
 
 async def test_error_bodies(api: Api) -> None:

@@ -31,6 +31,7 @@ COMMANDS = [
     ["worker"],
     ["serve"],
     ["version"],
+    ["plan"],
 ]
 
 
@@ -45,7 +46,7 @@ def test_every_command_has_help_with_examples(runner: CliRunner, path: list[str]
 def test_deploy_aws_is_registered_lazily(runner: CliRunner) -> None:
     result = invoke(runner, "--help")
     assert "deploy-aws" in result.output
-    assert "plan" not in result.output.split()
+    assert "plan" in result.output.split()
 
 
 def test_init_scaffolds_and_refuses_to_overwrite(runner: CliRunner, tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ async def test_an_edited_prompt_shows_the_superseded_suffix_and_the_digests(
         await expect(old).to_have_count(2)
         await expect(old.nth(0)).to_contain_text("Dear customer")  # v1's draft, greyed
         await expect(old.nth(1)).to_contain_text("send_email")
-        assert float(await old.nth(0).evaluate("e => getComputedStyle(e).opacity")) < 1
+        await expect(old.nth(0)).to_have_css("opacity", re.compile(r"^0(\.\d+)?$"))  # greyed
 
         new = page.locator('.stream[data-stream="main"] > .steps > .step')
         await expect(new.locator("> .step-row > .pos")).to_have_text(

@@ -28,7 +28,7 @@ async def test_pages_are_public_shells_and_data_needs_the_token(sqlite_store: St
             assert (await http.get("/console/static/../routes.py")).status_code in (401, 404)
             for path in (
                 "/console/api/summary",
-                "/console/api/plan",
+                "/v1/plan",
                 f"/console/api/runs/{run_id}/calls/1",
                 "/v1/runs",
             ):
@@ -50,7 +50,7 @@ async def test_pages_are_public_shells_and_data_needs_the_token(sqlite_store: St
                 assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
             use(server.registry, "v2")
-            plan = (await http.get("/console/api/plan", headers=auth)).json()
+            plan = (await http.get("/v1/plan", headers=auth)).json()
             assert (plan["runs"], plan["invalidated"]) == (1, 1)
             (finding,) = plan["plans"][0]["findings"]
             assert (finding["stream"], finding["from_pos"]) == ("main", 3)

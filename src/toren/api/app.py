@@ -26,6 +26,7 @@ from toren.api.middleware import Auth, BodyLimit, CatchAll
 from toren.api.redact import Redactor, secrets_from_env
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.live import LiveHub
+from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
 from toren.core.runs import start_run as core_start_run
 from toren.core.worker import LocalWorkerRuntime
@@ -250,6 +251,8 @@ async def start_run(
     ] = None,
 ) -> dict[str, Any]:
     key = body.idempotency_key
+    if body.idempotencyKey is not None:
+        key = _deprecated_key(response, key, body.idempotencyKey)
     if idempotency_key_header is not None:
         if key is not None and key != idempotency_key_header:
             raise ApiError(
@@ -271,6 +274,24 @@ async def start_run(
     if not watch.created:
         response.status_code = 200
     return _run(state, run)
+
+
+def _deprecated_key(response: Response, key: str | None, old: str) -> str:
+    """``idempotencyKey`` still works for one more minor, and says so."""
+    from toren.deprecations import HTTP_FIELDS, message
+
+    if key is not None and key != old:
+        raise ApiError(
+            409,
+            "idempotency_conflict",
+            f"idempotency_key ({key!r}) and its deprecated spelling idempotencyKey ({old!r}) "
+            "differ; send idempotency_key only",
+        )
+    text = message("POST /v1/runs idempotencyKey", HTTP_FIELDS)
+    response.headers["Deprecation"] = "true"
+    response.headers["Warning"] = f'299 - "{text}"'
+    log.warning("deprecated HTTP field used: %s", text)
+    return old
 
 
 @_route(
@@ -475,16 +496,22 @@ async def ready(state: State) -> dict[str, Any]:
 @_route(
     "GET",
     "/plan",
+    response_model=models.PlanReport,
     tags=["operations"],
-    summary="The replay plan (not available yet)",
-    responses={501: {"model": models.ErrorBody, "description": "Not implemented yet"}},
+    summary="The replay plan: what the current code would invalidate, and at what cost",
 )
-async def plan() -> None:
-    raise ApiError(
-        501,
-        "not_implemented",
-        "the replay plan is not served over HTTP yet; this route is reserved for it",
-    )
+async def plan(
+    state: State,
+    limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT)] = PLAN_LIMIT,
+) -> dict[str, Any]:
+    """Replay every in-flight run (queued, running, waiting) against the code this server
+    resolves, executing nothing live, and report per run and stream whether it replays
+    cleanly or would be invalidated, from which step, with which digests, and the recorded
+    cost of the suffix that would be re-run."""
+    runtime = state.runtime
+    version = runtime.deps.code_version if runtime is not None else None
+    report = await plan_report(state.store, state.agents, code_version=version, limit=limit)
+    return cast(dict[str, Any], state.redact(report))
 
 
 async def get_metrics(state: State) -> PlainTextResponse:

@@ -84,6 +84,13 @@ class StartRunRequest(BaseModel):
         "with another agent, process or input is a 409. Also accepted as the "
         "`Idempotency-Key` header. Visible ASCII, 1-255 characters.",
     )
+    idempotencyKey: str | None = Field(  # the deprecated spelling itself
+        default=None,
+        pattern=KEY_PATTERN,
+        description="Deprecated spelling of `idempotency_key`, accepted until 0.3.0; the "
+        "response then carries `Deprecation: true` and a `Warning` header.",
+        json_schema_extra={"deprecated": True},
+    )
 
 
 class Usage(BaseModel):
@@ -179,3 +186,43 @@ class Health(BaseModel):
 
 class Ready(BaseModel):
     status: Literal["ready"]
+
+
+class StreamFinding(BaseModel):
+    """A stream the current code would invalidate."""
+
+    stream: str
+    from_pos: int = Field(description="The first step that would be re-run.")
+    cause: Literal["digest_mismatch", "kind_mismatch", "stream_ended"]
+    expected_digest: str | None = Field(description="The digest recorded at from_pos.")
+    actual_digest: str | None = Field(description="The digest the current code asks for.")
+    expected_kind: str | None
+    actual_kind: str | None
+    written_by: list[str] = Field(description="Code versions that wrote the superseded steps.")
+    suffix_steps: int
+    suffix_model_calls: int
+    suffix_tokens: int
+    suffix_cost_usd: str = Field(description="Recorded cost of the suffix (decimal string).")
+
+
+class RunPlan(BaseModel):
+    run_id: str
+    agent: str
+    process: str
+    status: RunStatus
+    code_version: str
+    clean: bool = Field(description="Replays without any invalidation.")
+    replayed_steps: int
+    streams: list[str]
+    findings: list[StreamFinding]
+    problem: str | None = Field(description="Why the run cannot be planned (unknown agent...).")
+    rerun_cost_usd: str
+
+
+class PlanReport(BaseModel):
+    plans: list[RunPlan]
+    runs: int
+    invalidated: int = Field(description="Runs with at least one stream to invalidate.")
+    problems: int
+    rerun_cost_usd: str = Field(description="Recorded cost of every suffix to re-run.")
+    elapsed_ms: float

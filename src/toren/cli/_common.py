@@ -269,3 +269,11 @@ def examples(*lines: str) -> str:
     """The 'Examples' block of a command's help (\b keeps click from rewrapping it)."""
     body = "\n".join(f"  {line}" for line in lines)
     return f"\n\n\b\nExamples:\n{body}"
+
+
+def deprecated_flag(flag: str) -> None:
+    """Say (on stderr) that a deprecated flag was used; it still works for one more minor."""
+    from toren.deprecations import CLI_FLAGS, message
+
+    key = next(k for k in CLI_FLAGS if k.endswith(" " + flag))
+    err().print(f"warning: {message(key, CLI_FLAGS)}")

@@ -20,6 +20,7 @@ from toren.cli._common import (
     report,
     setup_logging,
 )
+from toren.cli.plan import plan
 from toren.cli.project import init
 from toren.cli.runs import run, runs
 from toren.cli.servers import dev, serve, worker
@@ -106,34 +107,15 @@ def version(deprecations: bool) -> None:
 
 
 def _print_deprecations() -> None:
-    rows: list[tuple[str, str, str, str]] = []
-    try:
-        from toren import deprecations as registry
-    except ImportError:
-        registry = None  # type: ignore[assignment]
-    entries = getattr(registry, "REGISTRY", None) or getattr(registry, "DEPRECATIONS", None)
-    if entries:
-        for entry in entries:
-            data = entry if isinstance(entry, dict) else getattr(entry, "__dict__", {})
-            rows.append(
-                (
-                    str(data.get("surface", "")),
-                    str(data.get("old", "")),
-                    str(data.get("new", "")),
-                    str(data.get("removed_in", "")),
-                )
-            )
-    else:
-        from toren.agents.config import DEPRECATED_KEYS
+    from toren.deprecations import registry
 
-        for old, (new, removed_in) in DEPRECATED_KEYS.items():
-            rows.append(("agent.yaml", old, new, removed_in))
-    if not rows:
+    entries = registry()
+    if not entries:
         click.echo("no deprecations")
         return
     click.echo("deprecated (still accepted):")
-    for surface, old, new, removed_in in rows:
-        click.echo(f"  {surface:<11} {old!r} -> {new!r}  (removed in {removed_in})")
+    for d in entries:
+        click.echo(f"  {d.surface:<11} {d.old!r} -> {d.new!r}  (removed in {d.removed_in})")
 
 
 cli.add_command(init)
@@ -142,6 +124,7 @@ cli.add_command(run)
 cli.add_command(runs)
 cli.add_command(worker)
 cli.add_command(serve)
+cli.add_command(plan)
 
 
 def main(argv: list[str] | None = None) -> None:

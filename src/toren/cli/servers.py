@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from toren.cli._common import (
     database_url_for,
+    deprecated_flag,
     err,
     examples,
     fail,
@@ -354,11 +355,28 @@ def _uvicorn_level() -> str:
     help="Seconds running steps get to finish on stop (default 30). [env: TOREN_DRAIN_WINDOW]",
 )
 @click.option(
+    "--drain-timeout",
+    "drain_timeout_deprecated",
+    default=None,
+    type=click.FloatRange(0),
+    hidden=True,
+    help="Deprecated spelling of --drain-window.",
+)
+@click.option(
     "--code-version",
     envvar="TOREN_CODE_VERSION",
     default=None,
     help="Code version, e.g. the image's git SHA (default: the agent directory's hash). "
     "[env: TOREN_CODE_VERSION]",
+)
+@click.option(
+    "--worker-id",
+    envvar="TOREN_WORKER_ID",
+    default=None,
+    help="A stable id for this worker (e.g. the host or pod name). A worker restarted "
+    "under the same id takes its dead predecessor's runs back at once instead of waiting "
+    "for their leases to expire. Never give two live workers the same id. "
+    "[env: TOREN_WORKER_ID]",
 )
 @click.option("--log-level", default="info", envvar="TOREN_LOG_LEVEL", show_default=True)
 def worker(
@@ -366,9 +384,14 @@ def worker(
     database_url: str | None,
     concurrency: int | None,
     drain_window: float | None,
+    drain_timeout_deprecated: float | None,
     code_version: str | None,
+    worker_id: str | None,
     log_level: str,
 ) -> None:
+    if drain_timeout_deprecated is not None:
+        deprecated_flag("--drain-timeout")
+        drain_window = drain_window if drain_window is not None else drain_timeout_deprecated
     _setup_logging(log_level)
     root = agents_root.resolve()
     url = database_url_for(root, database_url)
@@ -378,10 +401,10 @@ def worker(
         concurrency=concurrency,
         drain_window=drain_window,
     )
-    run_async(lambda: _worker(root, settings))
+    run_async(lambda: _worker(root, settings, worker_id))
 
 
-async def _worker(root: Path, settings: Any) -> None:
+async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> None:
     runtime = await open_runtime(root, settings.database_url, settings)
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)
@@ -394,6 +417,8 @@ async def _worker(root: Path, settings: Any) -> None:
             )
         for name in names:
             runtime.resolver.load(name)  # a broken agent fails here, not in every tick
+        if worker_id:
+            runtime.deps.worker_id = worker_id
         worker = LocalWorkerRuntime(runtime.deps)
         await worker.start()
         log.info(

@@ -106,6 +106,10 @@ class AsyncTorenClient:
     async def health(self) -> dict[str, Any]:
         return await self._send(p.health())
 
+    async def plan(self) -> dict[str, Any]:
+        """The replay plan of the server's in-flight runs (``GET /v1/plan``)."""
+        return await self._send(p.plan())
+
     async def wait(self, run_id: str, timeout: float = 60.0) -> Run:
         """Until the run is completed, failed or cancelled; ``TimeoutError`` otherwise."""
         deadline = time.monotonic() + timeout

@@ -92,6 +92,10 @@ def health() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/health", dict)
 
 
+def plan() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/plan", dict)
+
+
 def needs_tls(base_url: str) -> bool:
     """Plain ``http://`` needs no certificate store: skipping it saves ~30 ms per client
     (loading the CA bundle), which adds up with many short-lived clients. Safe because

@@ -99,6 +99,10 @@ class TorenClient:
     def health(self) -> dict[str, Any]:
         return self._send(p.health())
 
+    def plan(self) -> dict[str, Any]:
+        """The replay plan of the server's in-flight runs (``GET /v1/plan``)."""
+        return self._send(p.plan())
+
     def wait(self, run_id: str, timeout: float = 60.0) -> Run:
         deadline = time.monotonic() + timeout
         delay = 0.02

@@ -1,8 +1,8 @@
-"""The console's routes: public HTML shells, static files, and three JSON helpers.
+"""The console's routes: public HTML shells, static files, and two JSON helpers.
 
 The JSON helpers live under ``/console/api`` because ``/v1`` does not (yet) serve them:
-totals in money (``/metrics`` has them, but as Prometheus text), the replay plan (``GET
-/v1/plan`` is reserved, answering 501), and a recorded model call's request messages.
+totals in money (``/metrics`` has them, but as Prometheus text) and a recorded model
+call's request messages. The replay plan comes from ``GET /v1/plan``.
 They need the API token exactly like ``/v1`` (the API's auth middleware guards them).
 
 Routes are plain Starlette routes, not FastAPI ones: they stay out of the OpenAPI document
@@ -12,8 +12,6 @@ of the versioned API, which is a contract the console is not part of.
 from __future__ import annotations
 
 import re
-import time
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,13 +25,10 @@ from toren.api.errors import ApiError
 from toren.console import pages
 from toren.core.events import ModelCallRecorded
 from toren.core.history import load_messages
-from toren.core.plan import plan_runs
-from toren.core.tick import TickDeps
 from toren.store.base import from_nano
 
 STATIC = Path(__file__).parent / "static"
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the API's run routes accept
-PLAN_LIMIT = 500  # in-flight runs planned per request: a plan replays each run's log
 
 # The pages hold no data, so they are safe to serve without a token; strict CSP keeps any
 # injected markup inert (no inline script or style, only same-origin fetches).
@@ -73,7 +68,6 @@ def mount(app: FastAPI, state: ApiState) -> None:
         app.add_route(path, _page(page), methods=["GET"], include_in_schema=False)
     app.add_route("/runs/{run_id}", run_page, methods=["GET"], include_in_schema=False)
     app.add_route("/console/api/summary", summary, methods=["GET"], include_in_schema=False)
-    app.add_route("/console/api/plan", plan, methods=["GET"], include_in_schema=False)
     app.add_route(
         "/console/api/runs/{run_id}/calls/{seq}",
         model_call,
@@ -128,34 +122,6 @@ async def summary(request: Request) -> Response:
 
 def _active(state: ApiState) -> int | None:
     return len(state.runtime.active_runs) if state.runtime is not None else None
-
-
-async def plan(request: Request) -> Response:
-    """The replay plan of every in-flight run against the code this server resolves: a
-    dry-run tick per run (nothing executes live). Newest first."""
-    state = _state(request)
-    runtime = state.runtime
-    deps = TickDeps(
-        store=state.store,
-        agents=state.agents,
-        code_version=runtime.deps.code_version if runtime is not None else None,
-    )
-    started = time.perf_counter()
-    plans = [p.to_dict() for p in await plan_runs(state.store, state.agents, deps=deps)]
-    plans = plans[:PLAN_LIMIT]
-    rerun = sum((Decimal(p["rerun_cost_usd"]) for p in plans), Decimal(0))
-    return JSONResponse(
-        state.redact(
-            {
-                "plans": plans,
-                "runs": len(plans),
-                "invalidated": sum(1 for p in plans if p["findings"]),
-                "problems": sum(1 for p in plans if p["problem"]),
-                "rerun_cost_usd": str(rerun),
-                "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
-            }
-        )
-    )
 
 
 async def model_call(request: Request) -> Response:

@@ -12,6 +12,7 @@ cannot know).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -26,6 +27,7 @@ from toren.errors import AgentNotFound, CorruptEventLog
 from toren.store.base import Lease, RunRecord, Store
 
 IN_FLIGHT = ("queued", "running", "waiting")
+PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log
 
 
 @dataclass(frozen=True)
@@ -220,3 +222,25 @@ async def plan_runs(
                 plans.append(await plan_run(deps, run))
             cursor = page[-1].id
     return plans
+
+
+async def plan_report(
+    store: Store,
+    agents: AgentResolver,
+    *,
+    code_version: str | None = None,
+    limit: int = PLAN_LIMIT,
+) -> dict[str, Any]:
+    """The replay plan as one JSON document (``GET /v1/plan``, ``toren plan --json``)."""
+    started = time.perf_counter()
+    deps = TickDeps(store=store, agents=agents, code_version=code_version)
+    plans = [p.to_dict() for p in await plan_runs(store, agents, deps=deps, limit=limit)]
+    rerun = sum((Decimal(p["rerun_cost_usd"]) for p in plans), Decimal(0))
+    return {
+        "plans": plans,
+        "runs": len(plans),
+        "invalidated": sum(1 for p in plans if p["findings"]),
+        "problems": sum(1 for p in plans if p["problem"]),
+        "rerun_cost_usd": str(rerun),
+        "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
+    }

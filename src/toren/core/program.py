@@ -8,7 +8,7 @@ loader in ``toren.agents``, or a plain dict-backed registry in tests) hands it a
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -97,7 +97,7 @@ class Registry:
 
     def resolve(self, agent: str, process: str) -> AgentProgram:
         try:
-            return self.programs[(agent, process)]
+            program = self.programs[(agent, process)]
         except KeyError:
             known = sorted({a for a, _ in self.programs})
             if any(a == agent for a, _ in self.programs):
@@ -108,6 +108,8 @@ class Registry:
             raise AgentNotFound(
                 f"unknown agent {agent!r}; known agents: {known or 'none'}"
             ) from None
+        processes = tuple(sorted(p for a, p in self.programs if a == agent))
+        return program if program.processes == processes else replace(program, processes=processes)
 
     def names(self) -> list[str]:
         return sorted({a for a, _ in self.programs})

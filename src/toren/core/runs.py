@@ -25,7 +25,9 @@ def new_run_id(now: float) -> str:
 
 def _check_input(input: Any) -> Any:
     try:
-        return json.loads(json.dumps(input, allow_nan=False))
+        text = json.dumps(input, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")  # lone surrogates cannot be stored
+        return json.loads(text)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(
             f"run input must be JSON data (objects, arrays, strings, numbers, booleans, null); "

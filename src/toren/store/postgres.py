@@ -221,7 +221,7 @@ class PostgresStore(SqlStore):
             cur,
             "UPDATE runs SET lease_owner = ?, lease_epoch = runs.lease_epoch + 1, "
             "lease_expires_at = ?, "
-            "status = CASE WHEN runs.status = 'waiting' THEN 'running' ELSE runs.status END, "
+            "status = 'running', "
             "lease_recoveries = runs.lease_recoveries + "
             "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
             f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "

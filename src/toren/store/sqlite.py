@@ -250,7 +250,7 @@ class SQLiteStore(SqlStore):
             recovered = old_owner is not None
             cur.execute(
                 "UPDATE runs SET lease_owner = ?, lease_epoch = ?, lease_expires_at = ?, "
-                "status = CASE WHEN status = 'waiting' THEN 'running' ELSE status END, "
+                "status = 'running', "
                 "lease_recoveries = lease_recoveries + ? WHERE id = ?",
                 (worker_id, epoch + 1, now + ttl, int(recovered), run_id),
             )

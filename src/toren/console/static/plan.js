@@ -29,7 +29,7 @@ async function load() {
   const status = $("plan-status");
   status.textContent = "Planning…";
   try {
-    const plan = await api("/console/api/plan");
+    const plan = await api("/v1/plan");
     $("plan-totals").hidden = false;
     $("p-runs").textContent = num(plan.runs);
     $("p-inval").textContent = num(plan.invalidated);

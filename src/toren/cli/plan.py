@@ -1,0 +1,142 @@
+"""``toren plan``: before deploying, replay every in-flight run against the current code
+without executing anything live, and report what would be invalidated and what re-running
+it would cost. With ``--fail-on-invalidation`` it gates a deploy in CI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from toren.cli._common import (
+    EXIT_OK,
+    database_url_for,
+    examples,
+    out,
+    run_async,
+    settings_from,
+)
+from toren.cli.runs import backend_options
+from toren.cli.view import money
+from toren.core.plan import plan_report
+from toren.runtime import close_runtime, open_runtime
+
+EXIT_WOULD_INVALIDATE = 6  # --fail-on-invalidation and something would be re-run
+
+
+@click.command(
+    "plan",
+    help="Replay every in-flight run against the current code, executing nothing, and "
+    "report which streams would be invalidated, from which step, with which digests, and "
+    "the recorded cost of what would be re-run."
+    + examples(
+        "toren plan                          # against the embedded database",
+        "toren plan --fail-on-invalidation   # exit 6 if a deploy would re-run anything",
+        "toren plan --url https://toren.example.com --json",
+        "TOREN_DATABASE_URL=postgresql://... toren plan --agents ./agents",
+    ),
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--fail-on-invalidation",
+    is_flag=True,
+    help=f"Exit {EXIT_WOULD_INVALIDATE} when any stream would be invalidated (or a run "
+    "cannot be planned).",
+)
+@click.option(
+    "--code-version",
+    envvar="TOREN_CODE_VERSION",
+    default=None,
+    help="The code version the plan replays as (default: the agent directory hash). "
+    "[env: TOREN_CODE_VERSION]",
+)
+@backend_options
+def plan(
+    as_json: bool,
+    fail_on_invalidation: bool,
+    code_version: str | None,
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+) -> None:
+    report = run_async(lambda: _report(url, token, agents_root, database_url, code_version))
+    if as_json:
+        click.echo(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        _print(report)
+    if fail_on_invalidation and (report["invalidated"] or report["problems"]):
+        raise SystemExit(EXIT_WOULD_INVALIDATE)
+    raise SystemExit(EXIT_OK)
+
+
+async def _report(
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+    code_version: str | None,
+) -> dict[str, Any]:
+    if url:
+        from toren.client import AsyncTorenClient
+
+        async with AsyncTorenClient(url, token) as client:
+            return await client.plan()
+    root = agents_root.resolve()
+    settings = settings_from(database_url=database_url, code_version=code_version)
+    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    try:
+        return await plan_report(
+            runtime.store, runtime.resolver, code_version=runtime.deps.code_version
+        )
+    finally:
+        await close_runtime(runtime)
+
+
+def _print(report: dict[str, Any]) -> None:
+    console = out()
+    plans = report["plans"]
+    if not plans:
+        console.print("no runs in flight: nothing to plan")
+        return
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for column in (
+        "run",
+        "agent",
+        "status",
+        "stream",
+        "from step",
+        "expected",
+        "actual",
+        "re-run cost",
+    ):
+        table.add_column(column, no_wrap=column in ("run", "expected", "actual"))
+    for p in plans:
+        agent = p["agent"] + (f"/{p['process']}" if p["process"] != "main" else "")
+        if p["problem"]:
+            table.add_row(
+                p["run_id"], agent, p["status"], "", "", "", "", f"[red]{p['problem']}[/]"
+            )
+        for f in p["findings"]:
+            table.add_row(
+                p["run_id"],
+                agent,
+                p["status"],
+                f["stream"],
+                str(f["from_pos"]),
+                (f["expected_digest"] or "-")[:12],
+                (f["actual_digest"] or "(ended)")[:12],
+                money(f["suffix_cost_usd"]),
+            )
+    clean = len(plans) - report["invalidated"] - report["problems"]
+    if report["invalidated"] or report["problems"]:
+        console.print(table)
+    console.print(
+        f"{len(plans)} runs in flight: {clean} replay cleanly, "
+        f"{report['invalidated']} would be invalidated"
+        + (f", {report['problems']} cannot be planned" if report["problems"] else "")
+        + f"; re-running costs {money(report['rerun_cost_usd'])} (recorded cost, an estimate)"
+    )

@@ -1,0 +1,57 @@
+"""``toren plan``: clean before a change, the exact invalidation after it, and a non-zero
+exit with --fail-on-invalidation so it can gate a deploy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tests.cli.conftest import invoke, last_run_id
+
+
+def test_plan_reports_then_gates(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"ask": true}').exit_code == 4
+    run_id = last_run_id(runner, chain)
+
+    clean = invoke(runner, "plan", "--agents", "chain", "--fail-on-invalidation")
+    assert clean.exit_code == 0, clean.output
+    assert "1 runs in flight: 1 replay cleanly, 0 would be invalidated" in clean.output
+
+    (chain / "prompts" / "step1.md").write_text("An edited prompt.\n", encoding="utf-8")
+    report = invoke(runner, "plan", "--agents", "chain", "--json")
+    assert report.exit_code == 0
+    data = json.loads(report.stdout)
+    assert data["invalidated"] == 1
+    (finding,) = data["plans"][0]["findings"]
+    assert (data["plans"][0]["run_id"], finding["stream"], finding["from_pos"]) == (
+        run_id,
+        "main",
+        1,
+    )
+    assert finding["suffix_model_calls"] == 1
+
+    gate = invoke(runner, "plan", "--agents", "chain", "--fail-on-invalidation")
+    assert gate.exit_code == 6
+    assert run_id in gate.output and "would be invalidated" in gate.output
+
+    # The real resume then invalidates exactly there.
+    assert (
+        invoke(runner, "runs", "send", run_id, "approval", "yes", "--agents", "chain").exit_code
+        == 0
+    )
+    assert invoke(runner, "runs", "resume", run_id, "--agents", "chain").exit_code == 0
+    events = json.loads(
+        "["
+        + ",".join(
+            invoke(runner, "runs", "events", run_id, "--agents", "chain", "--json").stdout.split(
+                "\n"
+            )[:-1]
+        )
+        + "]"
+    )
+    inv = [e for e in events if e["type"] == "StreamInvalidated"]
+    assert [
+        (e["stream"], e["payload"]["from_pos"], e["payload"]["expected_digest"]) for e in inv
+    ] == [("main", 1, finding["expected_digest"])]
