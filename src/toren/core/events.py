@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 from toren.errors import CorruptEventLog
@@ -34,8 +34,35 @@ class Payload:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Payload:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """Read a stored payload; fields a newer release added are ignored. Built without
+        the dataclass ``__init__`` (a frozen init costs a ``setattr`` per field): replay
+        reads every event of a run at the start of every tick."""
+        plain, factories = _defaults(cls)
+        obj = object.__new__(cls)
+        values = obj.__dict__
+        values.update(plain)
+        for name, factory in factories:
+            if name not in data:
+                values[name] = factory()
+        known = cls.__dataclass_fields__
+        for key, value in data.items():
+            if key in known:
+                values[key] = value
+        return obj
+
+
+_DEFAULTS: dict[type, tuple[dict[str, Any], list[tuple[str, Any]]]] = {}
+
+
+def _defaults(cls: type) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    found = _DEFAULTS.get(cls)
+    if found is None:
+        plain = {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+        factories = [
+            (f.name, f.default_factory) for f in fields(cls) if f.default_factory is not MISSING
+        ]
+        found = _DEFAULTS[cls] = (plain, factories)
+    return found
 
 
 @dataclass(frozen=True)
