@@ -220,3 +220,52 @@ async def test_with_the_guard_at_most_one_invalidation_per_stream(store: Store) 
     for run_id in run_ids:  # ...and the newest deploy's prompt is what the stream holds
         run = await store.get_run(run_id)
         assert run is not None and run.status == "waiting" and run.code_version == "B"
+
+
+async def test_a_backing_off_worker_says_so_in_metrics_and_logs(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The guard's decision is visible: a log line naming the newer version, and the
+    worker's backoff counter in GET /metrics."""
+    from toren.api.metrics import render
+
+    clock = toren.ManualClock(1_960_000_000.0)
+    await store.register_worker(WorkerInfo("wb", "B", clock.now() + 1, clock.now()))
+    provider = ScriptedProvider()
+    settings = toren.Settings(
+        lease=LeaseSettings(ttl=30, heartbeat=0.05), drain_window=30, poll_interval=0.05
+    )
+    b = toren.TickDeps(
+        store=store,
+        agents=storm_registry("B"),
+        providers={"scripted": provider},
+        clock=clock,
+        settings=settings,
+    )
+    run = await toren.start_run(store, storm_registry("B"), "storm", "r", clock=clock)
+    assert (await toren.tick(run.id, b)).status == "waiting"  # B wrote the stream
+    await clock.advance(61)
+    # B's workers are the current deploy: started after the A worker below.
+    await store.register_worker(WorkerInfo("wb", "B", clock.now() + 5, clock.now()))
+    a = toren.TickDeps(
+        store=store,
+        agents=storm_registry("A"),
+        providers={"scripted": provider},
+        clock=clock,
+        settings=settings,
+        worker_id="wa",
+    )
+    worker = toren.LocalWorkerRuntime(a)
+    with caplog.at_level("WARNING", logger="toren.tick"):
+        async with worker:
+            deadline = time.monotonic() + 10
+            while worker.metrics.backoffs == 0:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+    assert any(
+        "backs off run" in r.message and "newer live code version B" in r.message
+        for r in caplog.records
+    )
+    text = render(await store.stats(), worker)
+    assert "toren_worker_backoffs_total 1" in text
+    assert (await count_invalidations(store, [run.id])) == [0]

@@ -515,7 +515,10 @@ async def plan(
 
 
 async def get_metrics(state: State) -> PlainTextResponse:
-    stats = await state.store.stats()
+    stats = {
+        **await state.store.stats(),
+        "queue_depth": await state.store.queue_depth(now=time.time()),
+    }
     return PlainTextResponse(metrics.render(stats, state.runtime), media_type=metrics.CONTENT_TYPE)
 
 

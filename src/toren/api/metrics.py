@@ -61,11 +61,32 @@ def render(stats: Mapping[str, Any], runtime: LocalWorkerRuntime | None = None) 
         "Stream invalidations (new code disagreed with the recorded steps).",
         [("", stats["invalidations"])],
     )
+    if "queue_depth" in stats:
+        metric(
+            "toren_queue_depth",
+            "gauge",
+            "Runs runnable now that no worker holds (what worker autoscaling follows).",
+            [("", stats["queue_depth"])],
+        )
     if runtime is not None:
+        m = runtime.metrics
         metric(
             "toren_worker_active_runs",
             "gauge",
             "Runs this process's worker is executing now.",
             [("", len(runtime.active_runs))],
+        )
+        metric(
+            "toren_worker_backoffs_total",
+            "counter",
+            "Ticks this worker gave up because a newer live code version owns the stream "
+            "(the invalidation-storm guard).",
+            [("", m.backoffs)],
+        )
+        metric(
+            "toren_worker_ticks_total",
+            "counter",
+            "Ticks this worker ran, by how they ended.",
+            [(f'{{result="{k}"}}', v) for k, v in sorted(m.ticks.items())],
         )
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import time
@@ -404,6 +405,20 @@ def worker(
     run_async(lambda: _worker(root, settings, worker_id))
 
 
+def _queue_metric(runtime: Runtime) -> Any:
+    """On AWS (``TOREN_DEPLOYMENT`` set by the task definition), publish the queue depth
+    that worker autoscaling follows."""
+    deployment = os.environ.get("TOREN_DEPLOYMENT")
+    if not deployment:
+        return None
+    from toren.adapters.aws.queue_metric import QueueDepthPublisher
+
+    publisher = QueueDepthPublisher(runtime.store, deployment)
+    publisher.start()
+    log.info("publishing Toren/QueueDepth for deployment %s", deployment)
+    return publisher
+
+
 async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> None:
     runtime = await open_runtime(root, settings.database_url, settings)
     stop = asyncio.Event()
@@ -421,6 +436,7 @@ async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> No
             runtime.deps.worker_id = worker_id
         worker = LocalWorkerRuntime(runtime.deps)
         await worker.start()
+        publisher = _queue_metric(runtime)
         log.info(
             "worker %s serving %s (code version %s) on %s, concurrency %d, drain window %.0fs",
             worker.worker_id,
@@ -432,6 +448,8 @@ async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> No
         )
         await stop.wait()
         log.info("worker %s draining", worker.worker_id)
+        if publisher is not None:
+            await publisher.stop()
         await worker.stop()
     finally:
         remove_handlers()

@@ -241,6 +241,17 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
+    async def queue_depth(self, *, now: float) -> int:
+        """Runs runnable now that no live worker holds: what autoscaling scales on."""
+
+        def tx(cur: Any) -> int:
+            row = self._x(
+                cur, f"SELECT COUNT(id) FROM runs WHERE {CLAIMABLE}", (now, now, now)
+            ).fetchone()
+            return int(row[0])
+
+        return await self._run(tx, write=False)
+
     async def stats(self) -> dict[str, Any]:
         def tx(cur: Any) -> dict[str, Any]:
             by_status = dict(
