@@ -19,7 +19,7 @@ from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, Too
 
 if TYPE_CHECKING:
     from toren.core.program import AgentProgram
-    from toren.core.tick import TickRunner
+    from toren.core.steps import Steps
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Context:
     """One stream of a run. The root stream is named after the run's process; a child
     spawned at position ``k`` of stream ``s`` runs in stream ``f"{s}/{k}"``."""
 
-    def __init__(self, runner: TickRunner, stream: str, program: AgentProgram, input: Any) -> None:
+    def __init__(self, runner: Steps, stream: str, program: AgentProgram, input: Any) -> None:
         self._runner = runner
         self._next = 0
         self.stream = stream

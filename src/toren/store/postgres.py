@@ -28,10 +28,11 @@ _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema 
 
 
 @functools.lru_cache(maxsize=64)
-def _append_sql(n_blobs: int, n_events: int) -> str:
-    """One statement: check the lease (a share lock, so a concurrent claim waits), insert
-    the blobs and the events only if it holds, return the new sequence numbers (in the
-    order of the VALUES list, which is the order nextval assigns them)."""
+def _append_sql(n_blobs: int, n_events: int, with_delta: bool) -> str:
+    """One statement: check the lease (a share lock, so a concurrent claim waits; or, with
+    totals to add, the run row's update itself), insert the blobs and the events only if
+    it holds, return the new sequence numbers (in the order of the VALUES list, which is
+    the order nextval assigns them)."""
     blob_rows = ", ".join("(%s, %s, %s::bigint)" for _ in range(n_blobs))
     event_rows = ", ".join(
         "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
@@ -44,9 +45,18 @@ def _append_sql(n_blobs: int, n_events: int) -> str:
         if n_blobs
         else ""
     )
+    fence = (
+        "UPDATE runs SET updated_at = %s::double precision, "
+        "input_tokens = input_tokens + %s::bigint, output_tokens = output_tokens + %s::bigint, "
+        "cost_nanousd = cost_nanousd + %s::bigint, saved_nanousd = saved_nanousd + %s::bigint, "
+        "steps = steps + %s::bigint, invalidations = invalidations + %s::bigint, "
+        "code_version = COALESCE(%s::text, code_version) "
+        "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING id"
+        if with_delta
+        else "SELECT id FROM runs WHERE id = %s AND lease_owner = %s AND lease_epoch = %s FOR SHARE"
+    )
     return (
-        "WITH fence AS (SELECT id FROM runs WHERE id = %s AND lease_owner = %s "
-        f"AND lease_epoch = %s FOR SHARE){blobs} "
+        f"WITH fence AS ({fence}){blobs} "
         "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
         "code_version, worker_id, created_at, format_version, payload) "
         "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
@@ -99,7 +109,7 @@ class PostgresStore(SqlStore):
     dialect = "postgres"
     lease_check_lock = " FOR SHARE"
 
-    def __init__(self, url: str, *, pool_size: int = 8) -> None:
+    def __init__(self, url: str, *, pool_size: int = 16) -> None:
         self.url = url
         psycopg, psycopg_pool = _import_psycopg()
         self._psycopg = psycopg
@@ -160,16 +170,28 @@ class PostgresStore(SqlStore):
         consume_inbox: int | None = None,
         now: float,
     ) -> list[Event]:
-        """The common case of a step (no totals, no message consumed) in one statement,
-        hence one round trip and one autocommit transaction: the lease check, the new
-        blobs and the events, all or nothing."""
-        if delta is not None or consume_inbox is not None or not events:
+        """A step in one statement, hence one round trip and one autocommit transaction:
+        the lease check (with the run's totals when due), the new blobs and the events,
+        all or nothing. Consuming a message takes the general path."""
+        if consume_inbox is not None or not events:
             return await super().append(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
         blobs = blobs or {}
-        sql = _append_sql(len(blobs), len(events))
-        params: list[Any] = [lease.run_id, lease.worker_id, lease.epoch]
+        sql = _append_sql(len(blobs), len(events), delta is not None)
+        params: list[Any] = []
+        if delta is not None:
+            params += (
+                now,
+                delta.input_tokens,
+                delta.output_tokens,
+                delta.cost_nanousd,
+                delta.saved_nanousd,
+                delta.steps,
+                delta.invalidations,
+                delta.code_version,
+            )
+        params += (lease.run_id, lease.worker_id, lease.epoch)
         for key, body in blobs.items():
             params += (key, body, len(body))
         for event in events:
