@@ -4,6 +4,7 @@ the guard prevents."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -222,9 +223,16 @@ async def test_with_the_guard_at_most_one_invalidation_per_stream(store: Store) 
         assert run is not None and run.status == "waiting" and run.code_version == "B"
 
 
-async def test_a_backing_off_worker_says_so_in_metrics_and_logs(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+async def test_a_backing_off_worker_says_so_in_metrics_and_logs(store: Store) -> None:
     """The guard's decision is visible: a log line naming the newer version, and the
     worker's backoff counter in GET /metrics."""
     from toren.api.metrics import render
@@ -256,16 +264,23 @@ async def test_a_backing_off_worker_says_so_in_metrics_and_logs(
         worker_id="wa",
     )
     worker = toren.LocalWorkerRuntime(a)
-    with caplog.at_level("WARNING", logger="toren.tick"):
+    # A handler of our own: the CLI tests configure the "toren" logger in this process
+    # (no propagation), so pytest's caplog would not see the line in a whole-suite run.
+    records = _Records()
+    tick_log = logging.getLogger("toren.tick")
+    level = tick_log.level
+    tick_log.setLevel(logging.WARNING)  # the CLI tests may have raised "toren" to ERROR
+    tick_log.addHandler(records)
+    try:
         async with worker:
             deadline = time.monotonic() + 10
             while worker.metrics.backoffs == 0:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.02)
-    assert any(
-        "backs off run" in r.message and "newer live code version B" in r.message
-        for r in caplog.records
-    )
+    finally:
+        tick_log.removeHandler(records)
+        tick_log.setLevel(level)
+    assert any("backs off run" in m and "newer live code version B" in m for m in records.messages)
     text = render(await store.stats(), worker)
     assert "toren_worker_backoffs_total 1" in text
     assert (await count_invalidations(store, [run.id])) == [0]
