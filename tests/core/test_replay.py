@@ -140,3 +140,25 @@ def test_unknown_events_are_kept_and_ignored() -> None:
     odd = Event(**{**odd.__dict__, "type": "FromTheFuture"})
     log = RunLog.fold("r", [model(0, "d0"), odd])
     assert list(log.streams["main"].steps) == [0]
+
+
+def test_the_replay_gc_pause_is_shared_and_restores_the_collector() -> None:
+    import gc
+
+    from toren.core.tickstate import ReplayGcPause
+
+    assert gc.isenabled()
+    ReplayGcPause.begin()
+    ReplayGcPause.begin()  # two ticks replaying at once
+    assert not gc.isenabled()
+    ReplayGcPause.end()
+    assert not gc.isenabled()  # the other tick still replays
+    ReplayGcPause.end()
+    assert gc.isenabled()
+    gc.disable()  # a host that runs without the collector keeps it off
+    try:
+        ReplayGcPause.begin()
+        ReplayGcPause.end()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

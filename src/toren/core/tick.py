@@ -75,6 +75,13 @@ class TickRunner(Steps):
     # -- the drive ------------------------------------------------------------------------
 
     async def run(self) -> TickResult:
+        self.begin_replay()
+        try:
+            return await self._run()
+        finally:
+            self.end_replay()
+
+    async def _run(self) -> TickResult:
         run = await self.store.get_run(self.run_id)
         if run is None:
             raise RunNotFound(f"no run with id {self.run_id!r}")
