@@ -18,21 +18,47 @@ from typing import Any, TypeVar
 
 from toren.core.events import Event
 from toren.errors import LeaseLost, SchemaError, StorageError
-from toren.store.base import Lease, RunDelta
+from toren.store.base import TERMINAL_STATUSES, Lease, Release, RunDelta, RunRecord, dumps
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
-from toren.store.sql import CLAIMABLE, SqlStore, _lease_lost, _with_seq, event_params
+from toren.store.sql import (
+    CLAIMABLE,
+    RUN_COLUMNS,
+    SqlStore,
+    _lease_lost,
+    _with_seq,
+    event_params,
+    run_from_row,
+)
 
 T = TypeVar("T")
 CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
 
 
+_TOTALS = (
+    "updated_at = %s::double precision, "
+    "input_tokens = input_tokens + %s::bigint, output_tokens = output_tokens + %s::bigint, "
+    "cost_nanousd = cost_nanousd + %s::bigint, saved_nanousd = saved_nanousd + %s::bigint, "
+    "steps = steps + %s::bigint, invalidations = invalidations + %s::bigint, "
+    "code_version = COALESCE(%s::text, code_version) "
+)
+_LEASED = "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
+# The three ways a statement checks the lease: a share lock (a concurrent claim waits), the
+# run row's totals update, or the run row's release.
+FENCE_CHECK = f"SELECT id FROM runs {_LEASED} FOR SHARE"
+FENCE_TOTALS = f"UPDATE runs SET {_TOTALS}{_LEASED} RETURNING id"
+FENCE_RELEASE = (
+    "UPDATE runs SET status = %s, not_before = %s::double precision, waiting_for = %s, "
+    "output = %s, error = %s, lease_owner = NULL, lease_expires_at = NULL, "
+    f"{_TOTALS}{_LEASED} RETURNING id"
+)
+
+
 @functools.lru_cache(maxsize=64)
-def _append_sql(n_blobs: int, n_events: int, with_delta: bool) -> str:
-    """One statement: check the lease (a share lock, so a concurrent claim waits; or, with
-    totals to add, the run row's update itself), insert the blobs and the events only if
+def _append_sql(n_blobs: int, n_events: int, fence: str) -> str:
+    """One statement: check the lease (``fence``), insert the blobs and the events only if
     it holds, return the new sequence numbers (in the order of the VALUES list, which is
-    the order nextval assigns them)."""
+    the order nextval assigns them), or with no events the fenced run's id."""
     blob_rows = ", ".join("(%s, %s, %s::bigint)" for _ in range(n_blobs))
     event_rows = ", ".join(
         "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
@@ -45,16 +71,8 @@ def _append_sql(n_blobs: int, n_events: int, with_delta: bool) -> str:
         if n_blobs
         else ""
     )
-    fence = (
-        "UPDATE runs SET updated_at = %s::double precision, "
-        "input_tokens = input_tokens + %s::bigint, output_tokens = output_tokens + %s::bigint, "
-        "cost_nanousd = cost_nanousd + %s::bigint, saved_nanousd = saved_nanousd + %s::bigint, "
-        "steps = steps + %s::bigint, invalidations = invalidations + %s::bigint, "
-        "code_version = COALESCE(%s::text, code_version) "
-        "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s RETURNING id"
-        if with_delta
-        else "SELECT id FROM runs WHERE id = %s AND lease_owner = %s AND lease_epoch = %s FOR SHARE"
-    )
+    if not n_events:
+        return f"WITH fence AS ({fence}){blobs} SELECT id FROM fence"
     return (
         f"WITH fence AS ({fence}){blobs} "
         "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
@@ -65,6 +83,20 @@ def _append_sql(n_blobs: int, n_events: int, with_delta: bool) -> str:
         "type, digest, code_version, worker_id, created_at, format_version, payload) "
         "WHERE EXISTS (SELECT 1 FROM fence) RETURNING seq"
     )
+
+
+def _totals_params(delta: RunDelta | None, now: float) -> list[Any]:
+    d = delta or RunDelta()
+    return [
+        now,
+        d.input_tokens,
+        d.output_tokens,
+        d.cost_nanousd,
+        d.saved_nanousd,
+        d.steps,
+        d.invalidations,
+        d.code_version,
+    ]
 
 
 def _present_schema(cur: Any) -> tuple[set[str], set[tuple[str, str]], set[str]]:
@@ -178,19 +210,9 @@ class PostgresStore(SqlStore):
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
         blobs = blobs or {}
-        sql = _append_sql(len(blobs), len(events), delta is not None)
-        params: list[Any] = []
-        if delta is not None:
-            params += (
-                now,
-                delta.input_tokens,
-                delta.output_tokens,
-                delta.cost_nanousd,
-                delta.saved_nanousd,
-                delta.steps,
-                delta.invalidations,
-                delta.code_version,
-            )
+        fence = FENCE_CHECK if delta is None else FENCE_TOTALS
+        sql = _append_sql(len(blobs), len(events), fence)
+        params: list[Any] = [] if delta is None else _totals_params(delta, now)
         params += (lease.run_id, lease.worker_id, lease.epoch)
         for key, body in blobs.items():
             params += (key, body, len(body))
@@ -210,9 +232,51 @@ class PostgresStore(SqlStore):
             raise _lease_lost(lease)
         return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
 
+    async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
+        """Give the run back in one statement (the common case). A run parking on its
+        inbox takes the general path: it must look at the inbox again after its row is
+        locked, which one statement's snapshot cannot."""
+        if release.status == "waiting" and release.waiting_for:
+            return await super().release(lease, release, now=now)
+        terminal = release.status in TERMINAL_STATUSES
+        params: list[Any] = [
+            release.status,
+            None if terminal else release.not_before,
+            None if release.waiting_for is None else dumps(release.waiting_for),
+            dumps(release.output) if terminal else None,
+            None if release.error is None else dumps(release.error),
+            *_totals_params(release.delta, now),
+            lease.run_id,
+            lease.worker_id,
+            lease.epoch,
+        ]
+        for event in release.events:
+            params += event_params(event)
+        sql = _append_sql(0, len(release.events), FENCE_RELEASE)
+        try:
+            rows = await self._fetch_async(sql, params)
+        except Exception as exc:
+            if self._is_conflict(exc):
+                raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
+            raise
+        if len(rows) != max(1, len(release.events)):
+            raise _lease_lost(lease)
+        await self.notify()
+        if not release.events:
+            return []
+        seqs = sorted(int(r[0]) for r in rows)
+        return [_with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
+
     async def _execute_async(self, sql: str, params: Sequence[Any]) -> list[int]:
         """Run one autocommit statement on the event loop itself (no thread hand-off):
         the hot path of a step. Returns the first column of every row, sorted."""
+        rows = await self._fetch_async(sql, params)
+        return sorted(int(r[0]) for r in rows)
+
+    async def _fetch_async(
+        self, sql: str, params: Sequence[Any], *, rows: bool = True
+    ) -> list[Any]:
+        """One autocommit statement on an async connection; all its rows."""
         if self._apool is None:
             self._apool = self._psycopg_pool.AsyncConnectionPool(
                 self.url,
@@ -224,13 +288,22 @@ class PostgresStore(SqlStore):
             await self._apool.open(wait=True, timeout=30)
         try:
             async with self._apool.connection() as conn:
-                cur = await conn.execute(sql, params)
-                rows = await cur.fetchall()
+                cur = await conn.execute(self._q(sql), params)
+                return list(await cur.fetchall()) if rows else []
         except self._psycopg.errors.UniqueViolation:
             raise
         except self._psycopg.Error as exc:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
-        return sorted(int(r[0]) for r in rows)
+
+    # The reads at the start of every tick, on the loop too: with a thousand runs in
+    # flight, a thread hand-off per read is what bounds a worker.
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        rows = await self._fetch_async(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+        return run_from_row(rows[0]) if rows else None
+
+    async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        return await self._fetch_async(sql, params)
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, self._psycopg.errors.UniqueViolation)
@@ -280,7 +353,7 @@ class PostgresStore(SqlStore):
             raise SchemaError(f"cannot apply the schema: {exc}") from exc
 
     async def notify(self) -> None:
-        await self._run(lambda cur: cur.execute(f"NOTIFY {CHANNEL}"), write=False)
+        await self._fetch_async(f"NOTIFY {CHANNEL}", (), rows=False)
 
     async def _listen(self) -> None:
         psycopg = self._psycopg

@@ -289,10 +289,7 @@ class SqlStore:
             sql += " LIMIT ?"
             params = (*params, limit)
 
-        def tx(cur: Any) -> list[Any]:
-            return list(self._x(cur, sql, params).fetchall())
-
-        rows = await self._run(tx, write=False)
+        rows = await self._event_rows(sql, params)
         # Parsing builds only acyclic objects: pausing the cycle collector for this loop
         # (synchronous, so nothing else runs meanwhile) saves it re-scanning a growing
         # heap many times over while a long log loads.
@@ -303,6 +300,12 @@ class SqlStore:
         finally:
             if paused:
                 gc.enable()
+
+    async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+        def tx(cur: Any) -> list[Any]:
+            return list(self._x(cur, sql, params).fetchall())
+
+        return await self._run(tx, write=False)
 
     async def get_blobs(self, hashes: Sequence[str]) -> dict[str, Any]:
         if not hashes:
