@@ -843,3 +843,48 @@ async def test_0_1_queries_run_against_todays_schema(v0_1_db: tuple[str, str]) -
         assert cancelled is not None and cancelled.cancel_requested
     finally:
         await store.close()
+
+
+def test_toren_plan_cli_on_the_0_1_database(tmp_path: Path) -> None:
+    """`toren plan` itself (the command a deploy pipeline runs) against a copy of the 0.1
+    SQLite database with today's example agents: clean, then, after the manifest's prompt
+    edit, the invalidations the real resume produces (see the test above) and exit 6."""
+    from click.testing import CliRunner
+
+    from toren.cli.main import cli
+
+    db = tmp_path / "toren-0.1.sqlite"
+    shutil.copy(FIXTURES / "toren-0.1.sqlite", db)
+    agents = tmp_path / "agents"
+    shutil.copytree(SUPPORT, agents / "support-agent", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(FIXTURES / "agents" / "fixture-agent", agents / "fixture-agent")
+    args = ["plan", "--agents", str(agents), "--database-url", f"sqlite:///{db}"]
+    in_flight = sum(1 for r in MANIFEST["runs"] if r["status"] in ("queued", "running", "waiting"))
+
+    clean = CliRunner().invoke(cli, [*args, "--fail-on-invalidation"])
+    assert clean.exit_code == 0, clean.output
+    assert (
+        f"{in_flight} runs in flight: {in_flight} replay cleanly, 0 would be invalidated"
+        in clean.output
+    )
+
+    edit = MANIFEST["prompt_edit"]
+    with open(agents / "support-agent" / edit["file"], "a", encoding="utf-8") as fh:
+        fh.write(edit["appended"])
+    report = CliRunner().invoke(cli, [*args, "--json"])
+    data = json.loads(report.stdout)
+    found = {
+        p["run_id"]: [
+            {"stream": f["stream"], "from_pos": f["from_pos"], "cause": f["cause"]}
+            for f in p["findings"]
+        ]
+        for p in data["plans"]
+    }
+    expected = {
+        r["ids"]["sqlite"]: r["plan_after_prompt_edit"]
+        for r in MANIFEST["runs"]
+        if r["status"] in ("queued", "running", "waiting")
+    }
+    assert found == expected  # exactly what the real resume invalidates (test above)
+    gate = CliRunner().invoke(cli, [*args, "--fail-on-invalidation"])
+    assert gate.exit_code == 6
