@@ -9,7 +9,7 @@ import datetime as _dt
 import json
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # How long an interrupted `toren run` lets a running step finish before giving it back.
 INTERACTIVE_DRAIN = 2.0
@@ -104,6 +105,22 @@ async def open_backend(
     finally:
         await backend.close()
         await close_runtime(runtime)
+
+
+def on_backend(
+    url: str | None,
+    token: str | None,
+    agents_root: Path,
+    database_url: str | None,
+    action: Callable[[Backend], Awaitable[T]],
+) -> T:
+    """Open the backend (a server with --url, else the embedded database), do one thing."""
+
+    async def go() -> T:
+        async with open_backend(url, token, agents_root, database_url) as backend:
+            return await action(backend)
+
+    return run_async(go)
 
 
 def locate_agent(agent: str, agents_root: Path) -> tuple[Path, str | None]:
@@ -400,11 +417,13 @@ def list_runs(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    async def go() -> list[dict[str, Any]]:
-        async with open_backend(url, token, agents_root, database_url) as backend:
-            return await backend.list_runs(status=status, agent=agent, limit=limit)
-
-    found = run_async(go)
+    found = on_backend(
+        url,
+        token,
+        agents_root,
+        database_url,
+        lambda backend: backend.list_runs(status=status, agent=agent, limit=limit),
+    )
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return
@@ -449,11 +468,9 @@ def show(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    async def go() -> dict[str, Any]:
-        async with open_backend(url, token, agents_root, database_url) as backend:
-            return await backend.get_run(run_id)
-
-    found = run_async(go)
+    found = on_backend(
+        url, token, agents_root, database_url, lambda backend: backend.get_run(run_id)
+    )
     found.pop("_foreign_lease", None)
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
@@ -514,11 +531,9 @@ def events(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    async def go() -> list[dict[str, Any]]:
-        async with open_backend(url, token, agents_root, database_url) as backend:
-            return await backend.events(run_id, after=after)
-
-    found = run_async(go)
+    found = on_backend(
+        url, token, agents_root, database_url, lambda backend: backend.events(run_id, after=after)
+    )
     if as_json:
         for event in found:
             click.echo(json.dumps(event, ensure_ascii=False, separators=(",", ":")))
@@ -556,12 +571,11 @@ def send(
 ) -> None:
     value = parse_payload(payload)
 
-    async def go() -> dict[str, Any]:
-        async with open_backend(url, token, agents_root, database_url) as backend:
-            await backend.send(run_id, name, value)
-            return await backend.get_run(run_id)
+    async def send_then_get(backend: Backend) -> dict[str, Any]:
+        await backend.send(run_id, name, value)
+        return await backend.get_run(run_id)
 
-    found = run_async(go)
+    found = on_backend(url, token, agents_root, database_url, send_then_get)
     found.pop("_foreign_lease", None)
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
@@ -589,11 +603,9 @@ def cancel(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    async def go() -> dict[str, Any]:
-        async with open_backend(url, token, agents_root, database_url) as backend:
-            return await backend.cancel(run_id)
-
-    found = run_async(go)
+    found = on_backend(
+        url, token, agents_root, database_url, lambda backend: backend.cancel(run_id)
+    )
     found.pop("_foreign_lease", None)
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
