@@ -12,7 +12,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.markup import escape
@@ -32,12 +32,33 @@ from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 log = logging.getLogger("toren.cli")
 
 # How long `toren dev` lets running steps finish before a reload takes their runs over.
 # Short on purpose: the point of a reload is to see the new code now. A step cut off
 # here was not recorded, so it simply runs again (under the new code).
 RELOAD_DRAIN = 0.5
+
+
+def agents_and_database(fn: F) -> F:
+    """The --agents and --database-url options of the long-running commands."""
+    fn = click.option(
+        "--database-url",
+        envvar="TOREN_DATABASE_URL",
+        default=None,
+        help="Database URL (default: <agents>/.toren/toren.db). [env: TOREN_DATABASE_URL]",
+    )(fn)
+    return click.option(
+        "--agents",
+        "agents_root",
+        default=".",
+        envvar="TOREN_AGENTS",
+        show_default=True,
+        type=click.Path(path_type=Path),
+        help="Agents root. [env: TOREN_AGENTS]",
+    )(fn)
 
 
 def _setup_logging(level: str) -> None:
@@ -254,21 +275,7 @@ async def _watch(
     help="Accepted bearer token (repeat, or comma-separate, for several; required off "
     "loopback). [env: TOREN_API_TOKEN]",
 )
-@click.option(
-    "--agents",
-    "agents_root",
-    default=".",
-    envvar="TOREN_AGENTS",
-    show_default=True,
-    type=click.Path(path_type=Path),
-    help="Agents root. [env: TOREN_AGENTS]",
-)
-@click.option(
-    "--database-url",
-    envvar="TOREN_DATABASE_URL",
-    default=None,
-    help="Database URL (default: <agents>/.toren/toren.db). [env: TOREN_DATABASE_URL]",
-)
+@agents_and_database
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
 @click.option("--log-level", default="info", envvar="TOREN_LOG_LEVEL", show_default=True)
 def serve(
@@ -326,21 +333,7 @@ def _uvicorn_level() -> str:
         "toren worker --drain-window 60 --code-version $(git rev-parse HEAD)",
     )
 )
-@click.option(
-    "--agents",
-    "agents_root",
-    default=".",
-    envvar="TOREN_AGENTS",
-    show_default=True,
-    type=click.Path(path_type=Path),
-    help="Agents root. [env: TOREN_AGENTS]",
-)
-@click.option(
-    "--database-url",
-    envvar="TOREN_DATABASE_URL",
-    default=None,
-    help="Database URL (default: <agents>/.toren/toren.db). [env: TOREN_DATABASE_URL]",
-)
+@agents_and_database
 @click.option(
     "--concurrency",
     envvar="TOREN_CONCURRENCY",
