@@ -123,6 +123,14 @@ def on_backend(
     return run_async(go)
 
 
+def printed_as_json(run: dict[str, Any], as_json: bool) -> bool:
+    """With --json, print the run (without backend-private keys) and say so."""
+    run.pop("_foreign_lease", None)
+    if as_json:
+        click.echo(json.dumps(run, indent=2, ensure_ascii=False))
+    return as_json
+
+
 def locate_agent(agent: str, agents_root: Path) -> tuple[Path, str | None]:
     """AGENT as (agents root, name). A path to an agent directory (or its agent.yaml) is
     its own root; anything else is a name under ``agents_root``. A ``None`` name means
@@ -471,9 +479,7 @@ def show(
     found = on_backend(
         url, token, agents_root, database_url, lambda backend: backend.get_run(run_id)
     )
-    found.pop("_foreign_lease", None)
-    if as_json:
-        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+    if printed_as_json(found, as_json):
         return
     console = out()
     usage = found.get("usage") or {}
@@ -576,9 +582,7 @@ def send(
         return await backend.get_run(run_id)
 
     found = on_backend(url, token, agents_root, database_url, send_then_get)
-    found.pop("_foreign_lease", None)
-    if as_json:
-        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+    if printed_as_json(found, as_json):
         return
     where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"
     out().print(
@@ -606,9 +610,7 @@ def cancel(
     found = on_backend(
         url, token, agents_root, database_url, lambda backend: backend.cancel(run_id)
     )
-    found.pop("_foreign_lease", None)
-    if as_json:
-        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+    if printed_as_json(found, as_json):
         return
     if found.get("status") == "cancelled":
         out().print(f"run {escape(run_id)} cancelled")

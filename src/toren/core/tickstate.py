@@ -268,7 +268,6 @@ class TickState:
             self._replaying = False
             ReplayGcPause.end()
 
-
     def cancel(self) -> None:
         self._stop(_Cancel("cancelled"))
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from toren.core.events import Event
 from toren.errors import LeaseLost, SchemaError, StorageError
-from toren.store.base import TERMINAL_STATUSES, Lease, Release, RunDelta, RunRecord, dumps
+from toren.store.base import Lease, Release, RunDelta, RunRecord
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
 from toren.store.sql import (
     CLAIMABLE,
@@ -27,6 +27,7 @@ from toren.store.sql import (
     _lease_lost,
     _with_seq,
     event_params,
+    release_values,
     run_from_row,
 )
 
@@ -238,13 +239,8 @@ class PostgresStore(SqlStore):
         locked, which one statement's snapshot cannot."""
         if release.status == "waiting" and release.waiting_for:
             return await super().release(lease, release, now=now)
-        terminal = release.status in TERMINAL_STATUSES
         params: list[Any] = [
-            release.status,
-            None if terminal else release.not_before,
-            None if release.waiting_for is None else dumps(release.waiting_for),
-            dumps(release.output) if terminal else None,
-            None if release.error is None else dumps(release.error),
+            *release_values(release),
             *_totals_params(release.delta, now),
             lease.run_id,
             lease.worker_id,

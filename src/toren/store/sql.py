@@ -460,8 +460,6 @@ class SqlStore:
         return count
 
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
-        terminal = release.status in TERMINAL_STATUSES
-
         def tx(cur: Any) -> list[Event]:
             self._fence(cur, lease, now, release.delta)
             stored = self._insert_events(cur, release.events)
@@ -470,15 +468,7 @@ class SqlStore:
                 "UPDATE runs SET status = ?, not_before = ?, waiting_for = ?, output = ?, "
                 "error = ?, lease_owner = NULL, lease_expires_at = NULL, updated_at = ? "
                 "WHERE id = ?",
-                (
-                    release.status,
-                    None if terminal else release.not_before,
-                    None if release.waiting_for is None else dumps(release.waiting_for),
-                    dumps(release.output) if terminal else None,
-                    None if release.error is None else dumps(release.error),
-                    now,
-                    lease.run_id,
-                ),
+                (*release_values(release), now, lease.run_id),
             )
             if release.status == "waiting" and release.waiting_for:
                 # A message that arrived while the run was still leased found it 'running'
@@ -609,6 +599,18 @@ class SqlStore:
             return [WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
 
         return await self._run(tx, write=False)
+
+
+def release_values(release: Release) -> tuple[Any, ...]:
+    """The run row's (status, not_before, waiting_for, output, error) after a release."""
+    terminal = release.status in TERMINAL_STATUSES
+    return (
+        release.status,
+        None if terminal else release.not_before,
+        None if release.waiting_for is None else dumps(release.waiting_for),
+        dumps(release.output) if terminal else None,
+        None if release.error is None else dumps(release.error),
+    )
 
 
 def _lease_lost(lease: Lease) -> LeaseLost:
