@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
+from toren.core.jsontext import dumps
 from toren.errors import CorruptEventLog
 
 FORMAT_VERSION = 1
@@ -244,7 +245,7 @@ class Event:
         data = (
             self.payload.raw if isinstance(self.payload, UnknownEvent) else self.payload.to_dict()
         )
-        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return dumps(data)
 
     def to_dict(self) -> dict[str, Any]:
         """The public JSON shape of an event (HTTP API, ``toren runs events --json``)."""

@@ -7,12 +7,11 @@ invalidation-storm guard. The steps themselves are in :mod:`toren.core.steps`; t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -223,6 +222,32 @@ class ReplayGcPause:
             gc.enable()
 
 
+class _Busy:
+    """Marks a live step in flight. Entering it ends the replay phase (and, while the
+    worker drains, blocks: no new live work). Leaving the last one wakes the tick's driver
+    only when it has something to decide (a parked waiter, a drain), not after every step.
+    Stateless beyond its tick, so one instance serves every step of it."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: TickState) -> None:
+        self.state = state
+
+    async def __aenter__(self) -> None:
+        s = self.state
+        if s._draining:  # no new live work; wait here to be released
+            s._wake.set()
+            await asyncio.Future()
+        s.end_replay()  # the first live step: replay is over
+        s._inflight += 1
+
+    async def __aexit__(self, *exc: object) -> None:
+        s = self.state
+        s._inflight -= 1
+        if s._inflight == 0 and (s._waiters or s._draining):
+            s._wake.set()
+
+
 class TickState:
     """The state of one tick. Contexts call into it; :meth:`run` drives it."""
 
@@ -245,6 +270,7 @@ class TickState:
         self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
         self._parked: list[tuple[float | None, tuple[str, ...]]] = []
         self._wake = asyncio.Event()
+        self._busy_cm = _Busy(self)
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
         self._usage = [0, 0, 0, 0]  # input tokens, output tokens, cost nano-USD, steps
@@ -369,19 +395,9 @@ class TickState:
             created_at=self.clock.now(),
         )
 
-    @contextlib.asynccontextmanager
-    async def _busy(self) -> AsyncIterator[None]:
-        if self._draining:  # no new live work; wait here to be released
-            self._wake.set()
-            await asyncio.Future()
-        self.end_replay()  # the first live step: replay is over
-        self._inflight += 1
-        try:
-            yield
-        finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._wake.set()
+    def _busy(self) -> _Busy:
+        """``async with self._busy():`` around a live step's work (see :class:`_Busy`)."""
+        return self._busy_cm
 
     # -- decisions ------------------------------------------------------------------------
 

@@ -224,9 +224,5 @@ class Store(Protocol):
     async def queue_depth(self, *, now: float) -> int: ...
 
 
-def dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)

@@ -3,6 +3,7 @@
 Writes are *group-committed* on the event loop's own thread: every write requested
 during one turn of the loop joins one ``BEGIN IMMEDIATE`` transaction, each in its own
 savepoint, committed once; each caller learns its own outcome after that commit. A lone
+write, with nothing else ready to run, commits at once (no turn of the loop); a lone
 step pays no thread hand-off; many runs stepping at once share one fsync. That connection
 never waits for a lock (busy timeout 0): if another process holds the write lock, the
 group is handed to the database thread, which waits on the busy timeout so the loop never
@@ -120,8 +121,14 @@ class SQLiteStore(SqlStore):
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, future))
         if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush, loop)
+            if not getattr(loop, "_ready", True):
+                # Nothing else is ready to run in this turn of the loop, so no other write
+                # could join the group: commit now (saves a turn of the loop per step). A
+                # loop without the CPython ``_ready`` queue always takes the group path.
+                self._flush(loop)
+            else:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush, loop)
         return await future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -1,0 +1,65 @@
+"""JSON text for the log: one fast path (orjson) where its bytes are provably the same as
+the standard library's, and the standard library everywhere else.
+
+``plain_kind`` walks a value once, without recursion, and says whether it holds only the
+common JSON types (``str``, ``int``, ``bool``, ``None``, finite ``float``, ``dict``,
+``list``, ``tuple`` and Toren's immutable :class:`Message`/:class:`FrozenList`). Only such
+values take orjson: floats that are not finite (which ``json`` writes as ``NaN`` and orjson
+would silently turn into ``null``), other Mappings, and every other type keep the exact
+behaviour of :mod:`json`, errors included.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from toren.providers.base import FrozenList, Message
+
+NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS = 0, 1, 2
+
+# Types orjson would serialise where ``json`` raises: keep them on the ``json`` path.
+_STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def plain_kind(value: Any) -> int:
+    """``PLAIN``, ``PLAIN_WITH_FLOATS`` (finite floats somewhere) or ``NOT_PLAIN``."""
+    kind = PLAIN
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        v = pop()
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if t is float:
+            if v - v != 0:  # NaN and infinities
+                return NOT_PLAIN
+            kind = PLAIN_WITH_FLOATS
+            continue
+        if t is dict or t is Message:
+            for k, item in v.items():
+                if type(k) is not str:
+                    return NOT_PLAIN
+                if type(item) is not str:
+                    push(item)
+            continue
+        if t is list or t is tuple or t is FrozenList:
+            stack.extend(v)
+            continue
+        return NOT_PLAIN
+    return kind
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text (``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``
+    in meaning; float spelling may differ, e.g. ``1e+16`` vs ``1e16``). For stored
+    payloads, never for digests (see :func:`toren.core.digest.canonical_json`)."""
+    if plain_kind(value) != NOT_PLAIN:
+        try:
+            return orjson.dumps(value, option=_STRICT).decode("utf-8")
+        except TypeError:  # an integer beyond 64 bits, or a lone surrogate
+            pass
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

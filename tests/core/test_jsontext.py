@@ -1,0 +1,109 @@
+"""The fast JSON paths against the reference encoder.
+
+``canonical_json`` sends plain, float-free values through orjson; its bytes must be the
+reference encoder's byte for byte, or digests would change (the golden vectors pin the
+common cases; these tests sweep every code point and random documents). ``dumps`` (stored
+payloads) must round-trip to the same value as ``json.dumps`` and keep ``json``'s
+behaviour for what orjson would treat differently (NaN, big integers, other types).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toren.core.digest import canonical_json, reference_canonical_json
+from toren.core.jsontext import NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS, dumps, plain_kind
+from toren.providers.base import Message
+
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    _text,
+)
+_documents = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.tuples(inner, inner),
+        st.dictionaries(_text, inner, max_size=5),
+    ),
+    max_leaves=30,
+)
+
+
+def test_every_code_point_is_spelled_as_the_reference_spells_it() -> None:
+    chunk = 4096
+    for start in range(0, 0x110000, chunk):
+        chars = [
+            chr(cp)
+            for cp in range(start, min(start + chunk, 0x110000))
+            if not 0xD800 <= cp <= 0xDFFF
+        ]
+        # One document per block: a list of one-character strings and an object keyed by them.
+        doc = {"list": chars, "keys": {c: i for i, c in enumerate(chars)}}
+        assert plain_kind(doc) == PLAIN
+        assert canonical_json(doc) == reference_canonical_json(doc), hex(start)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_documents)
+def test_canonical_json_equals_the_reference(doc: Any) -> None:
+    assert canonical_json(doc) == reference_canonical_json(doc)
+    assert canonical_json(Message({"role": "user", "content": doc})) == reference_canonical_json(
+        {"role": "user", "content": doc}
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(_documents)
+def test_stored_text_reads_back_as_the_same_value(doc: Any) -> None:
+    back = json.loads(dumps(doc))
+    assert back == json.loads(json.dumps(doc, ensure_ascii=False))
+    # 1 and 1.0 stay apart (equal in Python, different in JSON and in replay).
+    assert _types(back) == _types(json.loads(json.dumps(doc)))
+
+
+def _types(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _types(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_types(v) for v in value]
+    return type(value)
+
+
+def test_plain_kind() -> None:
+    assert plain_kind({"a": [1, "x", None, True, (2,)]}) == PLAIN
+    assert plain_kind({"a": [1, 2.5]}) == PLAIN_WITH_FLOATS
+    for bad in (float("nan"), float("inf"), {1: "x"}, {1, 2}, b"x", object()):
+        assert plain_kind({"a": [bad]}) == NOT_PLAIN
+
+
+def test_what_orjson_would_change_keeps_the_reference_behaviour() -> None:
+    # NaN stays NaN (orjson would write null), big integers stay exact.
+    assert dumps({"x": float("nan")}) == '{"x":NaN}'
+    assert math.isnan(json.loads(dumps({"x": float("nan")}))["x"])
+    assert json.loads(dumps({"n": 2**80})) == {"n": 2**80}
+    assert canonical_json({"n": 2**80}) == b'{"n":1208925819614629174706176}'
+    # Types json refuses are still refused (orjson would serialise them).
+    import dataclasses
+    import datetime
+
+    @dataclasses.dataclass
+    class D:
+        x: int
+
+    for value in (D(1), datetime.datetime(2026, 1, 1), {"s": {1}}):
+        with pytest.raises(TypeError):
+            dumps(value)
+    # A lone surrogate cannot be stored by either path.
+    with pytest.raises((TypeError, UnicodeEncodeError)):
+        dumps("\ud800").encode("utf-8")
