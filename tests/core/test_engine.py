@@ -546,3 +546,36 @@ async def test_conversation_history_is_stored_once(store: Store) -> None:
     assert len(messages) == last.message_count == 240
     assert messages[0] == {"role": "system", "content": "s" * 500}
     assert messages[-1]["content"].startswith("question 119")
+
+
+async def test_a_busy_run_does_not_starve_the_event_loop(store: Store) -> None:
+    """Steps that never wait on I/O (clock reads) commit back to back. SQLite may commit
+    such a step inline, without a turn of the loop, but only for a few milliseconds at a
+    time: a timer (a heartbeat, another run, the HTTP API) still gets its turn mid-run."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)  # a timer: only a turn of the loop can fire it
+            ticks += 1
+
+    seen: dict[str, int] = {}
+
+    async def busy(ctx: toren.Context, input: Any) -> Any:
+        seen["start"] = ticks
+        for _ in range(1500):
+            await ctx.now()
+        seen["end"] = ticks
+        return None
+
+    reg = toren.Registry()
+    reg.add("busy", busy)
+    task = asyncio.create_task(ticker())
+    try:
+        run = await toren.start_run(store, reg, "busy")
+        result = await toren.tick(run.id, make_deps(store, reg, ScriptedProvider()))
+    finally:
+        task.cancel()
+    assert result.status == "completed"
+    assert seen["end"] > seen["start"], "the timer never fired while the run was stepping"

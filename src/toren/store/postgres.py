@@ -127,6 +127,114 @@ def _is_present(
     return migration.name in indexes
 
 
+# Many runs' steps in one statement (group commit): one row per run in ``l`` (its lease,
+# and its totals when due), then the blobs and events of every run whose lease holds.
+# The run rows are locked in id order (``lk``), as ``renew`` locks them: two statements
+# that lock many rows in the same order cannot deadlock.
+# Columns arrive as arrays, so the statement has one shape whatever the batch size (one
+# server-side prepared statement), sent in binary (``%b``: text arrays of 2 KB payloads
+# cost 7x more to escape); WITH ORDINALITY + ORDER BY keep each run's events in
+# order, so its sequence numbers ascend as in a single-run append.
+APPEND_MANY = (
+    "WITH l AS (SELECT id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv "
+    "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::boolean[], "
+    "%b::double precision[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
+    "%b::bigint[], %b::bigint[], %b::text[]) "
+    "AS l (id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv)), "
+    "lk AS (SELECT r.id FROM runs r JOIN l ON r.id = l.id AND r.lease_owner = l.owner "
+    "AND r.lease_epoch = l.epoch ORDER BY r.id FOR NO KEY UPDATE OF r), "
+    "upd AS (UPDATE runs r SET updated_at = l.now, input_tokens = r.input_tokens + l.it, "
+    "output_tokens = r.output_tokens + l.ot, cost_nanousd = r.cost_nanousd + l.cost, "
+    "saved_nanousd = r.saved_nanousd + l.saved, steps = r.steps + l.steps, "
+    "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version) "
+    "FROM l WHERE l.totals AND r.id = l.id AND r.id IN (SELECT id FROM lk)), "
+    "fence AS (SELECT id FROM lk), "
+    "b AS (INSERT INTO blobs (hash, body, size) SELECT v.hash, v.body, v.size "
+    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[]) AS v (run_id, hash, body, size) "
+    "WHERE v.run_id IN (SELECT id FROM fence) ON CONFLICT (hash) DO NOTHING) "
+    "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
+    "code_version, worker_id, created_at, format_version, payload) "
+    "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
+    "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+    "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[], %b::text[], %b::text[], "
+    "%b::text[], %b::text[], %b::text[], %b::double precision[], %b::bigint[], %b::text[]) "
+    "WITH ORDINALITY AS v (run_id, stream, position, generation, slot, type, digest, "
+    "code_version, worker_id, created_at, format_version, payload, ord) "
+    "WHERE v.run_id IN (SELECT id FROM fence) ORDER BY v.ord RETURNING run_id, seq"
+)
+
+
+RENEW = (
+    "WITH lk AS (SELECT id FROM runs WHERE lease_owner = %s AND id = ANY(%b::text[]) "
+    "ORDER BY id FOR NO KEY UPDATE) "
+    "UPDATE runs r SET lease_expires_at = %s FROM lk WHERE r.id = lk.id "
+    "RETURNING r.id, r.cancel_requested"
+)
+
+
+class _Append:
+    """One run's step waiting to be committed with others (see ``PostgresStore.append``)."""
+
+    __slots__ = ("blobs", "delta", "events", "future", "lease", "now")
+
+    def __init__(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        blobs: Mapping[str, str],
+        delta: RunDelta | None,
+        now: float,
+        future: asyncio.Future[list[Event]],
+    ) -> None:
+        self.lease, self.events, self.blobs = lease, events, blobs
+        self.delta, self.now, self.future = delta, now, future
+
+
+def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
+    runs: list[list[Any]] = [[] for _ in range(12)]
+    blob_cols: list[list[Any]] = [[], [], [], []]
+    event_cols: list[list[Any]] = [[] for _ in range(12)]
+    seen: set[str] = set()
+    for job in batch:
+        lease, d = job.lease, job.delta
+        totals = d or RunDelta()
+        row: tuple[Any, ...] = (
+            lease.run_id,
+            lease.worker_id,
+            lease.epoch,
+            d is not None,
+            job.now,
+            totals.input_tokens,
+            totals.output_tokens,
+            totals.cost_nanousd,
+            totals.saved_nanousd,
+            totals.steps,
+            totals.invalidations,
+            totals.code_version,
+        )
+        for col, value in zip(runs, row, strict=True):
+            col.append(value)
+        for key, body in job.blobs.items():
+            if key not in seen:  # one row per hash: a batch may share a message
+                seen.add(key)
+                blob: tuple[Any, ...] = (lease.run_id, key, body, len(body))
+                for col, value in zip(blob_cols, blob, strict=True):
+                    col.append(value)
+        for event in job.events:
+            for col, value in zip(event_cols, event_params(event), strict=True):
+                col.append(value)
+    return [*runs, *blob_cols, *event_cols]
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 def _import_psycopg() -> Any:
     try:
         import psycopg
@@ -162,6 +270,9 @@ class PostgresStore(SqlStore):
         self._listener: Any = None
         self._listen_task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
+        self._batch: list[_Append] = []
+        self._batch_tasks: set[asyncio.Task[None]] = set()
+        self.batched_steps = 0  # steps committed in a statement shared with other runs
 
     def _q(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
@@ -205,12 +316,71 @@ class PostgresStore(SqlStore):
     ) -> list[Event]:
         """A step in one statement, hence one round trip and one autocommit transaction:
         the lease check (with the run's totals when due), the new blobs and the events,
-        all or nothing. Consuming a message takes the general path."""
+        all or nothing. Consuming a message takes the general path.
+
+        Group commit: the steps of many runs requested in the same turn of the event loop
+        go to the database as one statement (one round trip, one WAL flush); a lone step,
+        with nothing else ready to run, goes at once."""
         if consume_inbox is not None or not events:
             return await super().append(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
         blobs = blobs or {}
+        loop = asyncio.get_running_loop()
+        if not self._batch and not getattr(loop, "_ready", True):
+            return await self._append_one(lease, events, blobs, delta, now)
+        future: asyncio.Future[list[Event]] = loop.create_future()
+        self._batch.append(_Append(lease, events, blobs, delta, now, future))
+        if len(self._batch) == 1:
+            loop.call_soon(self._flush_batch)
+        return await future
+
+    def _flush_batch(self) -> None:
+        batch, self._batch = self._batch, []
+        task = asyncio.ensure_future(self._append_batch(batch))
+        self._batch_tasks.add(task)
+        task.add_done_callback(self._batch_tasks.discard)
+
+    async def _append_batch(self, batch: list[_Append]) -> None:
+        """Commit a batch in one statement. If that statement fails (one run's step
+        conflicts with another worker's copy, say), nothing of it was written: each step
+        then goes alone, so each learns its own outcome."""
+        if len(batch) > 1 and len({job.lease.run_id for job in batch}) == len(batch):
+            try:
+                rows = await self._fetch_async(APPEND_MANY, _append_many_params(batch))
+            except Exception:
+                rows = None
+            if rows is not None:
+                self.batched_steps += len(batch)
+                seqs: dict[str, list[int]] = {}
+                for run_id, seq in rows:
+                    seqs.setdefault(run_id, []).append(int(seq))
+                for job in batch:
+                    got = sorted(seqs.get(job.lease.run_id, ()))
+                    if len(got) != len(job.events):
+                        _settle(job.future, None, _lease_lost(job.lease))
+                    else:
+                        stored = [_with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
+                        _settle(job.future, stored, None)
+                return
+        await asyncio.gather(*(self._append_alone(job) for job in batch))
+
+    async def _append_alone(self, job: _Append) -> None:
+        try:
+            stored = await self._append_one(job.lease, job.events, job.blobs, job.delta, job.now)
+        except Exception as exc:
+            _settle(job.future, None, exc)
+        else:
+            _settle(job.future, stored, None)
+
+    async def _append_one(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        blobs: Mapping[str, str],
+        delta: RunDelta | None,
+        now: float,
+    ) -> list[Event]:
         fence = FENCE_CHECK if delta is None else FENCE_TOTALS
         sql = _append_sql(len(blobs), len(events), fence)
         params: list[Any] = [] if delta is None else _totals_params(delta, now)
@@ -232,6 +402,25 @@ class PostgresStore(SqlStore):
         if len(seqs) != len(events):
             raise _lease_lost(lease)
         return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+
+    async def renew(
+        self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
+    ) -> tuple[set[str], set[str]]:
+        """Extend this worker's leases in one statement on the loop, locking the rows in
+        id order (as a batch of appends does, so the two cannot deadlock). A deadlock with
+        a statement of another kind is retried: the heartbeat must not be lost."""
+        if not run_ids:
+            return set(), set()
+        for attempt in range(3):
+            try:
+                rows = await self._fetch_async(RENEW, (worker_id, list(run_ids), expires_at))
+                break
+            except StorageError as exc:
+                if attempt == 2 or not isinstance(
+                    exc.__cause__, self._psycopg.errors.DeadlockDetected
+                ):
+                    raise
+        return {r[0] for r in rows}, {r[0] for r in rows if r[1]}
 
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         """Give the run back in one statement (the common case). A run parking on its

@@ -22,6 +22,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +35,7 @@ from toren.store.sql import CLAIMABLE, SqlStore
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
+_INLINE_FOR = 0.005  # s: the longest a run may commit inline without yielding to the loop
 
 
 class _Job:
@@ -94,6 +96,7 @@ class SQLiteStore(SqlStore):
         self._loop_conn: sqlite3.Connection | None = None
         self._pending: list[tuple[Callable[[Any], Any], asyncio.Future[Any]]] = []
         self._flush_scheduled = False
+        self._turn_at = 0.0  # when a scheduled flush last ran (a turn of the loop)
         self._conn: sqlite3.Connection | None = None
         self._wakeup: asyncio.Event | None = None
 
@@ -121,15 +124,21 @@ class SQLiteStore(SqlStore):
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, future))
         if not self._flush_scheduled:
-            if not getattr(loop, "_ready", True):
+            if not getattr(loop, "_ready", True) and time.monotonic() - self._turn_at < _INLINE_FOR:
                 # Nothing else is ready to run in this turn of the loop, so no other write
                 # could join the group: commit now (saves a turn of the loop per step). A
-                # loop without the CPython ``_ready`` queue always takes the group path.
+                # loop without the CPython ``_ready`` queue always takes the group path, and
+                # so does the first write after _INLINE_FOR without a turn of the loop:
+                # timers, sockets and other runs are never starved by a busy run.
                 self._flush(loop)
             else:
                 self._flush_scheduled = True
-                loop.call_soon(self._flush, loop)
+                loop.call_soon(self._flush_turn, loop)
         return await future
+
+    def _flush_turn(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._turn_at = time.monotonic()
+        self._flush(loop)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
