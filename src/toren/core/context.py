@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from toren.core.digest import request_digest
 from toren.errors import InvalidInput
-from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec
+from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 
 if TYPE_CHECKING:
     from toren.core.program import AgentProgram
@@ -86,7 +86,14 @@ class Context:
                 "(e.g. 'openai:gpt-4o-mini' or 'scripted:script.yaml')"
             )
         specs = tuple(t if isinstance(t, ToolSpec) else _tool_spec(t) for t in tools)
-        request = ModelRequest(provider, name, tuple(messages), specs, dict(params))
+        request = frozen(
+            ModelRequest,
+            provider=provider,
+            model=name,
+            messages=tuple(messages),
+            tools=specs,
+            params=params,
+        )
         pos = self._position()
         hashed = self._runner.hashes.model(request)
         return self._runner.model_step(self, pos, hashed, request, on_delta)

@@ -46,9 +46,12 @@ class Payload:
             if name not in data:
                 values[name] = factory()
         known = cls.__dataclass_fields__
-        for key, value in data.items():
-            if key in known:
-                values[key] = value
+        if known.keys() >= data.keys():
+            values.update(data)
+        else:  # written by a newer release: keep the fields this one knows
+            for key, value in data.items():
+                if key in known:
+                    values[key] = value
         return obj
 
 
@@ -265,8 +268,21 @@ class Event:
         }
 
 
+_EVENT_DEFAULTS = {
+    f.name: f.default for f in fields(Event) if f.default is not MISSING and f.name != "seq"
+}
+
+
 def make_event(run_id: str, payload: Payload, **envelope: Any) -> Event:
-    return Event(run_id=run_id, type=payload.TYPE, payload=payload, **envelope)
+    """A new event (seq 0 until stored), built without the frozen ``__init__``: every live
+    step makes one."""
+    if not _EVENT_DEFAULTS.keys() >= envelope.keys():
+        return Event(run_id=run_id, type=payload.TYPE, payload=payload, **envelope)  # the error
+    event = object.__new__(Event)
+    event.__dict__.update(
+        _EVENT_DEFAULTS, run_id=run_id, type=payload.TYPE, payload=payload, seq=0, **envelope
+    )
+    return event
 
 
 def parse_payload(event_type: str, text: str, *, run_id: str, seq: int) -> Payload:

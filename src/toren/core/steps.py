@@ -45,7 +45,14 @@ from toren.errors import (
     StepFailed,
     ToolFailed,
 )
-from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolSpec, Usage
+from toren.providers.base import (
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    ToolSpec,
+    Usage,
+    frozen,
+)
 from toren.store.base import RunDelta, to_nano
 
 if TYPE_CHECKING:
@@ -135,7 +142,8 @@ class Steps(TickState):
             if pricing is not None and response is not None:
                 cost = pricing(f"{request.provider}:{request.model}", usage)
             blobs, list_node = self._new_blobs(ctx.stream, request, hashed)
-            payload = ModelCallRecorded(
+            payload = frozen(
+                ModelCallRecorded,
                 provider=request.provider,
                 model=request.model,
                 message_list=list_node,
@@ -153,11 +161,14 @@ class Steps(TickState):
             await self._write(
                 [self._event(ctx.stream, pos, gen, hashed.digest, payload)],
                 blobs=blobs,
-                delta=RunDelta(
+                delta=frozen(
+                    RunDelta,
                     input_tokens=usage.input_tokens,
                     output_tokens=usage.output_tokens,
                     cost_nanousd=nano,
+                    saved_nanousd=0,
                     steps=1,
+                    invalidations=0,
                     code_version=self.code_version,
                 ),
             )

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+_T = TypeVar("_T")
 
 MessageLike = Mapping[str, Any]  # a plain dict or a Message
 DeltaCallback = Callable[[str], None]
@@ -148,6 +150,15 @@ class ToolCall:
         )
 
 
+def frozen(cls: type[_T], **values: Any) -> _T:
+    """An instance of the frozen dataclass ``cls`` from *every* field's value, built
+    without its ``__init__`` (which costs a ``setattr`` per field): for the hot paths that
+    make one per step. Only for classes without ``__post_init__``."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
+
+
 @dataclass(frozen=True)
 class Usage:
     input_tokens: int = 0
@@ -187,10 +198,13 @@ class ModelResponse:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ModelResponse:
         usage = data.get("usage") or {}
-        return cls(
+        calls = data.get("tool_calls")
+        return frozen(
+            cls,
             text=str(data.get("text", "")),
-            tool_calls=tuple(ToolCall.from_dict(c) for c in data.get("tool_calls") or ()),
-            usage=Usage(
+            tool_calls=tuple(ToolCall.from_dict(c) for c in calls) if calls else (),
+            usage=frozen(
+                Usage,
                 input_tokens=int(usage.get("input_tokens", 0)),
                 output_tokens=int(usage.get("output_tokens", 0)),
             ),
