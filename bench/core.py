@@ -25,8 +25,11 @@ from rich.table import Table
 import toren
 from bench import floor as raw_floor
 from bench import toren_bench as tb
-from bench.common import Backend, pg_available
+from bench.common import Backend, fake_model, pg_available
 from toren.config import LeaseSettings
+from toren.core.digest import canonical_json, message_hash, message_list_node
+from toren.core.events import ModelCallRecorded, make_event
+from toren.core.replay import step_slot
 from toren.core.tick import TickRunner
 from toren.providers.base import ModelRequest, ModelResponse, Usage
 
@@ -88,6 +91,48 @@ async def replay_time(backend: Backend, steps: int, repeats: int = 3) -> dict[st
     }
 
 
+async def store_append_rate(backend: Backend, steps: int) -> dict[str, Any]:
+    """The store alone: ``steps`` appends of exactly what a sequential step writes (its
+    ModelCallRecorded event with a 2 KB response, the message blob and the list node),
+    built beforehand, through Toren's store API: the transaction a step costs with no
+    engine around it. Between the raw floor (one plain row) and the engine's steps/s."""
+    store = await toren.connect(tb.store_url(backend))
+    reg = registry()
+    run = await toren.start_run(store, reg, "one")
+    lease = (await store.claim("bench", 1, now=time.time(), ttl=600))[0]
+    writes = []
+    for i in range(steps):
+        message = {"role": "user", "content": f"step {i}"}
+        key = message_hash(message)
+        node, node_body = message_list_node(None, [key])
+        payload = ModelCallRecorded(
+            provider="bench",
+            model="fake",
+            message_list=node,
+            message_count=1,
+            params={"step": i},
+            response=ModelResponse(text=fake_model(i), usage=Usage(10, 500)).to_dict(),
+            input_tokens=10,
+            output_tokens=500,
+        )
+        event = make_event(
+            run.id,
+            payload,
+            stream="main",
+            position=i,
+            slot=step_slot("main", 0, i),
+            digest=f"{i:064x}",
+            created_at=time.time(),
+        )
+        writes.append(([event], {key: canonical_json(message).decode(), node: node_body}))
+    t0 = time.perf_counter()
+    for events, blobs in writes:
+        await store.append(lease, events, blobs=blobs, now=time.time())
+    elapsed = time.perf_counter() - t0
+    await store.close()
+    return {"steps": steps, "appends_per_s": round(steps / elapsed, 1)}
+
+
 async def first_step_latency(backend: Backend, runs: int = 40) -> dict[str, Any]:
     """An idle worker (polling once a second, so only the wake-up signal is fast): the
     time from calling start_run to the first model call starting."""
@@ -129,6 +174,7 @@ def main() -> None:
         r: dict[str, Any] = {}
         for name, fn in (
             ("sequential", lambda b: tb.sequential(b, steps)),
+            ("store_only", lambda b: asyncio.run(store_append_rate(b, steps))),
             ("replay_1k", lambda b: asyncio.run(replay_time(b, 1000))),
             ("replay_10k", lambda b: asyncio.run(replay_time(b, 1000 if args.quick else 10_000))),
             ("first_step", lambda b: asyncio.run(first_step_latency(b, 20 if args.quick else 50))),
@@ -155,6 +201,13 @@ def main() -> None:
             f"{seq:,.0f}",
             f"floor {floor:,.0f}/s" if floor else "",
             "within 2x of floor",
+        )
+        table.add_row(
+            kind,
+            "store alone: appends/s (a step's transaction, no engine)",
+            f"{r['store_only']['appends_per_s']:,.0f}",
+            "",
+            "",
         )
         table.add_row(kind, "replay 1,000 steps", f"{r['replay_1k']['replay_s']:.3f} s", "", "")
         table.add_row(
