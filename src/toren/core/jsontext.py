@@ -43,7 +43,8 @@ def plain_kind(value: Any) -> int:
             for k, item in v.items():
                 if type(k) is not str:
                     return NOT_PLAIN
-                if type(item) is not str:
+                ti = type(item)
+                if ti is not str and ti is not int and item is not None and ti is not bool:
                     push(item)
             continue
         if t is list or t is tuple or t is FrozenList:
