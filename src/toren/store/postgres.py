@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from toren.core.events import Event
+from toren.core.jsontext import dumps
 from toren.errors import LeaseLost, SchemaError, StorageError
-from toren.store.base import Lease, Release, RunDelta, RunRecord
+from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
 from toren.store.sql import (
     CLAIMABLE,
@@ -164,6 +165,19 @@ APPEND_MANY = (
 )
 
 
+# A new run in one statement: the row, its RunStarted event and the wake-up signal for idle
+# workers (delivered at commit). An existing id or idempotency key inserts nothing and
+# returns no row: the general path then looks the existing run up.
+CREATE_RUN = (
+    "WITH r AS (INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
+    "created_at, updated_at) VALUES (%s, %s, %s, 'queued', %s, %s, %s::double precision, "
+    f"%s::double precision) ON CONFLICT DO NOTHING RETURNING {RUN_COLUMNS}), "
+    "e AS (INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
+    "code_version, worker_id, created_at, format_version, payload) "
+    "SELECT %s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, "
+    "%s::bigint, %s WHERE EXISTS (SELECT 1 FROM r)) "
+    f"SELECT {RUN_COLUMNS}, pg_notify('{CHANNEL}', '') FROM r"
+)
 RENEW = (
     "WITH lk AS (SELECT id FROM runs WHERE lease_owner = %s AND id = ANY(%b::text[]) "
     "ORDER BY id FOR NO KEY UPDATE) "
@@ -404,6 +418,25 @@ class PostgresStore(SqlStore):
         if len(seqs) != len(events):
             raise _lease_lost(lease)
         return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+
+    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
+        """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a run
+        that already exists (its idempotency key was used) takes the general path, which
+        returns it or names the conflict."""
+        params = (
+            run.id,
+            run.agent,
+            run.process,
+            dumps(run.input),
+            run.idempotency_key,
+            run.created_at,
+            run.created_at,
+            *event_params(run.started_event),
+        )
+        rows = await self._fetch_async(CREATE_RUN, params)
+        if rows:
+            return run_from_row(rows[0][:-1]), True
+        return await super().create_run(run)
 
     async def renew(
         self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
