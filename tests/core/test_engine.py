@@ -579,3 +579,34 @@ async def test_a_busy_run_does_not_starve_the_event_loop(store: Store) -> None:
         task.cancel()
     assert result.status == "completed"
     assert seen["end"] > seen["start"], "the timer never fired while the run was stepping"
+
+
+async def test_a_finished_tick_frees_its_log_without_the_cycle_collector(store: Store) -> None:
+    """A tick holds its run's whole log. Nothing may point back at the tick when it ends
+    (the agent task, a per-step helper): its events must be freed by reference counting
+    at once, not linger until the cycle collector's next full pass (a long replay would
+    otherwise leave hundreds of thousands of objects for every later collection)."""
+    import gc
+
+    from toren.core.events import Event
+
+    async def then_wait(ctx: toren.Context, input: Any) -> Any:
+        await chain_agent(20)(ctx, input)
+        return await ctx.wait_for_message("go")  # parks: the agent task is cancelled
+
+    reg = toren.Registry()
+    reg.add("chain", then_wait)
+    deps = make_deps(store, reg, ScriptedProvider())
+    run = await toren.start_run(store, reg, "chain")
+    gc.collect()
+    gc.disable()
+    try:
+        result = await toren.tick(run.id, deps)
+        assert result.status == "waiting"
+        del result
+        for _ in range(3):  # callbacks the last commit scheduled run
+            await asyncio.sleep(0)
+        alive = [o for o in gc.get_objects() if isinstance(o, Event) and o.run_id == run.id]
+        assert alive == [], f"{len(alive)} events of the finished tick are still alive"
+    finally:
+        gc.enable()

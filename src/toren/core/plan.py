@@ -116,7 +116,10 @@ class PlanRunner(TickRunner):
         self.log = RunLog.fold(self.run_id, events)
         root = Context(self, run.process, program, run.input)
         self._task = asyncio.ensure_future(self._main(root))
-        await self._drive()
+        try:
+            await self._drive()
+        finally:
+            self._task = None  # no cycle through the agent task (see TickRunner.run)
         return self._plan(run, self.code_version)
 
     def _plan(self, run: RunRecord, version: str, problem: str | None = None) -> RunPlan:

@@ -80,6 +80,10 @@ class TickRunner(Steps):
             return await self._run()
         finally:
             self.end_replay()
+            # The agent task (its frames, a cancelled task's traceback) points back at
+            # this runner: drop it, so the tick and its log are freed at once, by reference
+            # counting, not at the cycle collector's next full pass.
+            self._task = None
 
     async def _run(self) -> TickResult:
         run = await self.store.get_run(self.run_id)

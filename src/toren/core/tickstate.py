@@ -226,7 +226,8 @@ class _Busy:
     """Marks a live step in flight. Entering it ends the replay phase (and, while the
     worker drains, blocks: no new live work). Leaving the last one wakes the tick's driver
     only when it has something to decide (a parked waiter, a drain), not after every step.
-    Stateless beyond its tick, so one instance serves every step of it."""
+    Made per step, never kept: the tick must not point back at it (a reference cycle
+    would keep the tick's whole log alive until the cycle collector runs)."""
 
     __slots__ = ("state",)
 
@@ -270,7 +271,6 @@ class TickState:
         self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
         self._parked: list[tuple[float | None, tuple[str, ...]]] = []
         self._wake = asyncio.Event()
-        self._busy_cm = _Busy(self)
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
         self._usage = [0, 0, 0, 0]  # input tokens, output tokens, cost nano-USD, steps
@@ -397,7 +397,7 @@ class TickState:
 
     def _busy(self) -> _Busy:
         """``async with self._busy():`` around a live step's work (see :class:`_Busy`)."""
-        return self._busy_cm
+        return _Busy(self)
 
     # -- decisions ------------------------------------------------------------------------
 

@@ -164,20 +164,26 @@ class SQLiteStore(SqlStore):
             if job is None:
                 self._close_conn()
                 return
-            if not job.write:
-                self._read(job)
-                continue
-            batch = [job]
-            while len(batch) < _MAX_GROUP:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None or not more.write:
-                    self._queue.put(more)  # after this group (a rare reordering of a read)
-                    break
-                batch.append(more)
-            self._write_group(batch)
+            self._serve_one(job)
+            # Waiting for the next job, the thread must not keep this one (and the result
+            # it carries, say a run's last events) alive.
+            del job
+
+    def _serve_one(self, job: _Job) -> None:
+        if not job.write:
+            self._read(job)
+            return
+        batch = [job]
+        while len(batch) < _MAX_GROUP:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None or not more.write:
+                self._queue.put(more)  # after this group (a rare reordering of a read)
+                break
+            batch.append(more)
+        self._write_group(batch)
 
     def _read(self, job: _Job) -> None:
         cur = self._connect().cursor()
