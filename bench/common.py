@@ -127,7 +127,13 @@ class Backend:
     # -- lifecycle
     @classmethod
     def fresh(cls, kind: str, tag: str) -> Backend:
+        """A new, empty database, on a quiet disk: what earlier scenarios wrote (GBs, for
+        LangGraph's conversation) is flushed first, and PostgreSQL checkpointed, so no
+        system's commits wait behind another's background writes."""
         tag = tag.replace("-", "_").lower()
+        os.sync()
+        if kind == "postgres":
+            pg_admin_exec("CHECKPOINT")
         if kind == "sqlite":
             d = tempfile.mkdtemp(prefix=f"toren_bench_{tag}_")
             return cls(kind, tag, sqlite_path=os.path.join(d, "bench.sqlite"))
