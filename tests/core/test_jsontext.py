@@ -107,3 +107,10 @@ def test_what_orjson_would_change_keeps_the_reference_behaviour() -> None:
     # A lone surrogate cannot be stored by either path.
     with pytest.raises((TypeError, UnicodeEncodeError)):
         dumps("\ud800").encode("utf-8")
+
+
+def test_a_cyclic_value_is_refused_not_walked_forever() -> None:
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    with pytest.raises(ValueError, match="Circular"):
+        dumps(cyclic)

@@ -60,18 +60,26 @@ async def test_a_batch_of_steps_keeps_each_runs_own_outcome(store: Store, with_c
     bodies = {run_id: f'{{"content":"hello {run_id}","role":"user"}}' for run_id in runs}
     keys = {run_id: message_hash({"role": "user", "content": f"hello {run_id}"}) for run_id in runs}
 
+    # A body every run sends (a shared system prompt): the stale run, first in the batch,
+    # sends it too, and must not take it down with its own rejected step.
+    shared = {
+        message_hash(
+            {"role": "system", "content": "shared"}
+        ): '{"content":"shared","role":"system"}'
+    }
+
     def step(run_id: str) -> Any:
         if run_id == stale:
             lease = leases[run_id]
             old = Lease(run_id, lease.worker_id, lease.epoch - 1)
-            return store.append(old, [_value(run_id, 0, 1)], now=now)
+            return store.append(old, [_value(run_id, 0, 1)], blobs=shared, now=now)
         if run_id == clash and with_clash:
             return store.append(leases[run_id], [_value(run_id, 0, "mine")], now=now)
         delta = RunDelta(steps=2, input_tokens=7) if run_id == good[0] else None
         return store.append(
             leases[run_id],
             [_value(run_id, 0, "a"), _value(run_id, 1, "b")],
-            blobs={keys[run_id]: bodies[run_id]},
+            blobs={keys[run_id]: bodies[run_id], **shared},
             delta=delta,
             now=now,
         )
@@ -97,5 +105,6 @@ async def test_a_batch_of_steps_keeps_each_runs_own_outcome(store: Store, with_c
         assert stored[0].seq < stored[1].seq  # in order, as a lone append
         assert await _values(store, run_id) == [(e.seq, e.payload.value) for e in stored]  # type: ignore[attr-defined]
         assert await store.get_blobs([keys[run_id]]) != {}
+    assert set(await store.get_blobs(list(shared))) == set(shared)
     record = await store.get_run(good[0])
     assert record is not None and record.steps == 2 and record.input_tokens == 7

@@ -19,6 +19,7 @@ import orjson
 from toren.providers.base import FrozenList, Message
 
 NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS = 0, 1, 2
+_MAX_NODES = 100_000  # containers walked at most before leaving a value to json
 
 # Types orjson would serialise where ``json`` raises: keep them on the ``json`` path.
 _STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
@@ -29,7 +30,11 @@ def plain_kind(value: Any) -> int:
     kind = PLAIN
     stack = [value]
     pop, push = stack.pop, stack.append
+    budget = _MAX_NODES
     while stack:
+        budget -= 1
+        if budget < 0:  # very large, or cyclic: json decides (and names a cycle)
+            return NOT_PLAIN
         v = pop()
         t = type(v)
         if t is str or t is int or t is bool or v is None:

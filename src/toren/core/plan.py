@@ -119,6 +119,8 @@ class PlanRunner(TickRunner):
         try:
             await self._drive()
         finally:
+            if not self._task.done():
+                self._task.cancel()
             self._task = None  # no cycle through the agent task (see TickRunner.run)
         return self._plan(run, self.code_version)
 

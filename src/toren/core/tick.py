@@ -82,7 +82,10 @@ class TickRunner(Steps):
             self.end_replay()
             # The agent task (its frames, a cancelled task's traceback) points back at
             # this runner: drop it, so the tick and its log are freed at once, by reference
-            # counting, not at the cycle collector's next full pass.
+            # counting, not at the cycle collector's next full pass. A task still running
+            # (the tick itself was cancelled or failed) is cancelled first, never orphaned.
+            if self._task is not None and not self._task.done():
+                self._task.cancel()
             self._task = None
 
     async def _run(self) -> TickResult:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -33,6 +34,7 @@ from toren.store.sql import (
 )
 
 T = TypeVar("T")
+log = logging.getLogger("toren.store")
 CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
 
@@ -130,8 +132,9 @@ def _is_present(
 
 # Many runs' steps in one statement (group commit): one row per run in ``l`` (its lease,
 # and its totals when due), then the blobs and events of every run whose lease holds.
-# The run rows are locked in id order (``lk``), as ``renew`` locks them: two statements
-# that lock many rows in the same order cannot deadlock.
+# The run rows are locked in id order (``lk``), as ``renew`` locks them, and new blobs are
+# inserted in hash order, as a single append inserts them: statements that take many locks
+# in the same order cannot deadlock.
 # Columns arrive as arrays, so the statement has one shape whatever the batch size (one
 # server-side prepared statement), sent in binary (``%b``: text arrays of 2 KB payloads
 # cost 7x more to escape); WITH ORDINALITY + ORDER BY keep each run's events in
@@ -150,9 +153,10 @@ APPEND_MANY = (
     "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version) "
     "FROM l WHERE l.totals AND r.id = l.id AND r.id IN (SELECT id FROM lk)), "
     "fence AS (SELECT id FROM lk), "
-    "b AS (INSERT INTO blobs (hash, body, size) SELECT v.hash, v.body, v.size "
-    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[]) AS v (run_id, hash, body, size) "
-    "WHERE v.run_id IN (SELECT id FROM fence) ON CONFLICT (hash) DO NOTHING) "
+    "b AS (INSERT INTO blobs (hash, body, size) SELECT DISTINCT ON (v.hash) v.hash, v.body, "
+    "v.size FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[]) "
+    "AS v (run_id, hash, body, size) WHERE v.run_id IN (SELECT id FROM fence) "
+    "ORDER BY v.hash ON CONFLICT (hash) DO NOTHING) "
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
     "code_version, worker_id, created_at, format_version, payload) "
     "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
@@ -208,7 +212,6 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
     runs: list[list[Any]] = [[] for _ in range(12)]
     blob_cols: list[list[Any]] = [[], [], [], []]
     event_cols: list[list[Any]] = [[] for _ in range(12)]
-    seen: set[str] = set()
     for job in batch:
         lease, d = job.lease, job.delta
         totals = d or RunDelta()
@@ -228,12 +231,12 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
         )
         for col, value in zip(runs, row, strict=True):
             col.append(value)
+        # Every run's own copy: a blob two runs share must land if either's lease holds
+        # (the statement keeps one per hash after the lease filter).
         for key, body in job.blobs.items():
-            if key not in seen:  # one row per hash: a batch may share a message
-                seen.add(key)
-                blob: tuple[Any, ...] = (lease.run_id, key, body, len(body))
-                for col, value in zip(blob_cols, blob, strict=True):
-                    col.append(value)
+            blob: tuple[Any, ...] = (lease.run_id, key, body, len(body))
+            for col, value in zip(blob_cols, blob, strict=True):
+                col.append(value)
         for event in job.events:
             for col, value in zip(event_cols, event_params(event), strict=True):
                 col.append(value)
@@ -360,26 +363,45 @@ class PostgresStore(SqlStore):
     async def _append_batch(self, batch: list[_Append]) -> None:
         """Commit a batch in one statement. If that statement fails (one run's step
         conflicts with another worker's copy, say), nothing of it was written: each step
-        then goes alone, so each learns its own outcome."""
-        if len(batch) > 1 and len({job.lease.run_id for job in batch}) == len(batch):
-            try:
-                rows = await self._fetch_async(APPEND_MANY, _append_many_params(batch))
-            except Exception:
-                rows = None
-            if rows is not None:
-                self.batched_steps += len(batch)
-                seqs: dict[str, list[int]] = {}
-                for run_id, seq in rows:
-                    seqs.setdefault(run_id, []).append(int(seq))
-                for job in batch:
-                    got = sorted(seqs.get(job.lease.run_id, ()))
-                    if len(got) != len(job.events):
-                        _settle(job.future, None, _lease_lost(job.lease))
-                    else:
-                        stored = [_with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
-                        _settle(job.future, stored, None)
-                return
-        await asyncio.gather(*(self._append_alone(job) for job in batch))
+        then goes alone, so each learns its own outcome. Every caller is answered, even if
+        this task is cancelled."""
+        try:
+            if len(batch) > 1 and len({job.lease.run_id for job in batch}) == len(batch):
+                try:
+                    rows = await self._fetch_async(APPEND_MANY, _append_many_params(batch))
+                except Exception as exc:
+                    rows = None
+                    if not self._is_conflict(exc):  # a conflict is expected; this is not
+                        log.warning(
+                            "batched append of %d steps failed (%s); each goes alone",
+                            len(batch),
+                            exc,
+                        )
+                if rows is not None:
+                    self.batched_steps += len(batch)
+                    seqs: dict[str, list[int]] = {}
+                    for run_id, seq in rows:
+                        seqs.setdefault(run_id, []).append(int(seq))
+                    for job in batch:
+                        got = sorted(seqs.get(job.lease.run_id, ()))
+                        if len(got) != len(job.events):
+                            _settle(job.future, None, _lease_lost(job.lease))
+                        else:
+                            stored = [_with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
+                            _settle(job.future, stored, None)
+                    return
+            # Alone: runs side by side, each run's steps one after another (in call order).
+            by_run: dict[str, list[_Append]] = {}
+            for job in batch:
+                by_run.setdefault(job.lease.run_id, []).append(job)
+            await asyncio.gather(*(self._append_in_order(jobs) for jobs in by_run.values()))
+        finally:
+            for job in batch:
+                _settle(job.future, None, StorageError("the batched append was interrupted"))
+
+    async def _append_in_order(self, jobs: list[_Append]) -> None:
+        for job in jobs:
+            await self._append_alone(job)
 
     async def _append_alone(self, job: _Append) -> None:
         try:
@@ -401,7 +423,7 @@ class PostgresStore(SqlStore):
         sql = _append_sql(len(blobs), len(events), fence)
         params: list[Any] = [] if delta is None else _totals_params(delta, now)
         params += (lease.run_id, lease.worker_id, lease.epoch)
-        for key, body in blobs.items():
+        for key, body in sorted(blobs.items()):  # hash order, as the batch inserts them
             params += (key, body, len(body))
         for event in events:
             params += event_params(event)
@@ -507,7 +529,7 @@ class PostgresStore(SqlStore):
             )
             await self._apool.open(wait=True, timeout=30)
         try:
-            if self._lane_free:
+            if self._lane_free and self._pool_size > 1:
                 return await self._on_lane(self._q(sql), params, rows)
             async with self._apool.connection() as conn:
                 cur = await conn.execute(self._q(sql), params)
