@@ -126,6 +126,8 @@ def tool_spec_hash(spec: ToolSpec | Mapping[str, Any]) -> str:
 
 def semantic_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Request parameters that change what is asked; transport settings are dropped."""
+    if type(params) is dict and TRANSPORT_PARAMS.isdisjoint(params):
+        return dict(params)  # the common case: nothing to drop
     return {k: v for k, v in params.items() if k not in TRANSPORT_PARAMS}
 
 
@@ -226,8 +228,14 @@ class HashCache:
     def model(self, request: ModelRequest) -> HashedRequest:
         msgs = [self.message(m) for m in request.messages]
         tools = [self.tool(t) for t in request.tools]
-        rest = model_request_body(request, (), tools)
-        del rest["messages"]
+        # The body without "messages" (its first key, hashed above): the same keys as
+        # model_request_body.
+        rest = {
+            "provider": request.provider,
+            "model": request.model,
+            "tools": tools,
+            "params": semantic_params(request.params),
+        }
         tail = b"]," + canonical_json(rest)[1:] + b',"kind":"model"}'
         state = self._list_state(msgs)
         state.update(tail)
