@@ -139,10 +139,15 @@ def request_digest(kind: str, body: Mapping[str, Any]) -> str:
 def model_request_body(
     request: ModelRequest, message_hashes: Sequence[str], tool_hashes: Sequence[str]
 ) -> dict[str, Any]:
+    return {"messages": list(message_hashes), **_body_without_messages(request, tool_hashes)}
+
+
+def _body_without_messages(request: ModelRequest, tool_hashes: Sequence[str]) -> dict[str, Any]:
+    """The model request body but its "messages" (its first key in canonical order), which
+    :class:`HashCache` hashes incrementally."""
     return {
         "provider": request.provider,
         "model": request.model,
-        "messages": list(message_hashes),
         "tools": list(tool_hashes),
         "params": semantic_params(request.params),
     }
@@ -228,14 +233,7 @@ class HashCache:
     def model(self, request: ModelRequest) -> HashedRequest:
         msgs = [self.message(m) for m in request.messages]
         tools = [self.tool(t) for t in request.tools]
-        # The body without "messages" (its first key, hashed above): the same keys as
-        # model_request_body.
-        rest = {
-            "provider": request.provider,
-            "model": request.model,
-            "tools": tools,
-            "params": semantic_params(request.params),
-        }
+        rest = _body_without_messages(request, tools)
         tail = b"]," + canonical_json(rest)[1:] + b',"kind":"model"}'
         state = self._list_state(msgs)
         state.update(tail)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from toren.core.jsontext import dumps
 from toren.errors import CorruptEventLog
+from toren.providers.base import frozen
 
 FORMAT_VERSION = 1
 ROOT = ""  # the stream of run-level events (RunStarted, RunWaiting, RunCompleted, ...)
@@ -268,21 +269,14 @@ class Event:
         }
 
 
-_EVENT_DEFAULTS = {
-    f.name: f.default for f in fields(Event) if f.default is not MISSING and f.name != "seq"
-}
-
-
 def make_event(run_id: str, payload: Payload, **envelope: Any) -> Event:
     """A new event (seq 0 until stored), built without the frozen ``__init__``: every live
     step makes one."""
-    if not _EVENT_DEFAULTS.keys() >= envelope.keys():
+    defaults, _ = _defaults(Event)
+    if "seq" in envelope or not defaults.keys() >= envelope.keys():
         return Event(run_id=run_id, type=payload.TYPE, payload=payload, **envelope)  # the error
-    event = object.__new__(Event)
-    event.__dict__.update(
-        _EVENT_DEFAULTS, run_id=run_id, type=payload.TYPE, payload=payload, seq=0, **envelope
-    )
-    return event
+    # seq stays 0 (its default) until stored
+    return frozen(Event, defaults, **envelope, run_id=run_id, type=payload.TYPE, payload=payload)
 
 
 def parse_payload(event_type: str, text: str, *, run_id: str, seq: int) -> Payload:

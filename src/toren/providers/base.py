@@ -150,12 +150,13 @@ class ToolCall:
         )
 
 
-def frozen(cls: type[_T], **values: Any) -> _T:
-    """An instance of the frozen dataclass ``cls`` from *every* field's value, built
-    without its ``__init__`` (which costs a ``setattr`` per field): for the hot paths that
-    make one per step. Only for classes without ``__post_init__``."""
+def frozen(cls: type[_T], base: Mapping[str, Any] = {}, /, **values: Any) -> _T:
+    """An instance of the frozen dataclass ``cls`` from *every* field's value (``base``,
+    then ``values`` over it), built without its ``__init__`` (which costs a ``setattr`` per
+    field): for the hot paths that make one per step. Only for classes without
+    ``__post_init__``."""
     obj = object.__new__(cls)
-    obj.__dict__.update(values)
+    obj.__dict__.update(base, **values)
     return obj
 
 

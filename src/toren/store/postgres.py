@@ -29,8 +29,10 @@ from toren.store.sql import (
     _lease_lost,
     _with_seq,
     event_params,
+    loop_is_idle,
     release_values,
     run_from_row,
+    settle,
 )
 
 T = TypeVar("T")
@@ -243,15 +245,6 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
     return [*runs, *blob_cols, *event_cols]
 
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
-
-
 def _import_psycopg() -> Any:
     try:
         import psycopg
@@ -346,7 +339,7 @@ class PostgresStore(SqlStore):
             )
         blobs = blobs or {}
         loop = asyncio.get_running_loop()
-        if not self._batch and not getattr(loop, "_ready", True):
+        if not self._batch and loop_is_idle(loop):
             return await self._append_one(lease, events, blobs, delta, now)
         future: asyncio.Future[list[Event]] = loop.create_future()
         self._batch.append(_Append(lease, events, blobs, delta, now, future))
@@ -385,10 +378,10 @@ class PostgresStore(SqlStore):
                     for job in batch:
                         got = sorted(seqs.get(job.lease.run_id, ()))
                         if len(got) != len(job.events):
-                            _settle(job.future, None, _lease_lost(job.lease))
+                            settle(job.future, None, _lease_lost(job.lease))
                         else:
                             stored = [_with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
-                            _settle(job.future, stored, None)
+                            settle(job.future, stored, None)
                     return
             # Alone: runs side by side, each run's steps one after another (in call order).
             by_run: dict[str, list[_Append]] = {}
@@ -397,7 +390,7 @@ class PostgresStore(SqlStore):
             await asyncio.gather(*(self._append_in_order(jobs) for jobs in by_run.values()))
         finally:
             for job in batch:
-                _settle(job.future, None, StorageError("the batched append was interrupted"))
+                settle(job.future, None, StorageError("the batched append was interrupted"))
 
     async def _append_in_order(self, jobs: list[_Append]) -> None:
         for job in jobs:
@@ -407,9 +400,9 @@ class PostgresStore(SqlStore):
         try:
             stored = await self._append_one(job.lease, job.events, job.blobs, job.delta, job.now)
         except Exception as exc:
-            _settle(job.future, None, exc)
+            settle(job.future, None, exc)
         else:
-            _settle(job.future, stored, None)
+            settle(job.future, stored, None)
 
     async def _append_one(
         self,

@@ -9,6 +9,8 @@ over a DB-API cursor, and each dialect runs them on its own threads (``SqlStore.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 from toren.core.events import Event, parse_payload
 from toren.core.jsontext import dumps
 from toren.errors import CorruptEventLog, IdempotencyConflict, LeaseLost, RunNotFound
+from toren.providers.base import frozen
 from toren.store.base import (
     TERMINAL_STATUSES,
     InboxMessage,
@@ -98,8 +101,8 @@ def event_from_row(row: Sequence[Any]) -> Event:
             seq=seq,
         )
     # Built without the frozen dataclass __init__: a tick reads every event of its run.
-    event = object.__new__(Event)
-    event.__dict__.update(
+    return frozen(
+        Event,
         seq=seq,
         run_id=run_id,
         stream=row[2],
@@ -114,7 +117,6 @@ def event_from_row(row: Sequence[Any]) -> Event:
         format_version=row[11],
         payload=parse_payload(type_, row[12], run_id=run_id, seq=seq),
     )
-    return event
 
 
 def event_params(event: Event) -> tuple[Any, ...]:
@@ -388,7 +390,7 @@ class SqlStore:
             out.append(_with_seq(event, row[0]))
         return out
 
-    @property
+    @functools.cached_property
     def _insert_event_fenced(self) -> str:
         return INSERT_EVENT_FENCED.format(lock=self.lease_check_lock)
 
@@ -636,6 +638,23 @@ def release_values(release: Release) -> tuple[Any, ...]:
     )
 
 
+def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """Hand a write's outcome to its caller, unless it already has one (or gave up)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
+    """Nothing else is ready to run in this turn of the loop, so no other write could join
+    a group: a lone write may go at once. Reads CPython's ``_ready`` queue; a loop without
+    one (uvloop) is never idle here, so its writes always take the group path."""
+    return not getattr(loop, "_ready", True)
+
+
 def _lease_lost(lease: Lease) -> LeaseLost:
     return LeaseLost(
         f"worker {lease.worker_id!r} no longer holds the lease on run {lease.run_id!r} "
@@ -644,9 +663,5 @@ def _lease_lost(lease: Lease) -> LeaseLost:
 
 
 def _with_seq(event: Event, seq: int) -> Event:
-    # A copy of a frozen dataclass, made without its __init__ (cheaper than replace()).
-    stored = object.__new__(Event)
-    fields = stored.__dict__
-    fields.update(event.__dict__)
-    fields["seq"] = int(seq)
-    return stored
+    # A copy made without the frozen __init__ (cheaper than replace()).
+    return frozen(Event, event.__dict__, seq=int(seq))

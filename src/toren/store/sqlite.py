@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
 from toren.store.schema import SCHEMA, AddColumn, render
-from toren.store.sql import CLAIMABLE, SqlStore
+from toren.store.sql import CLAIMABLE, SqlStore, loop_is_idle, settle
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
@@ -49,16 +49,7 @@ class _Job:
         self.fn, self.write, self.future, self.loop = fn, write, future, loop
 
     def finish(self, result: Any, error: BaseException | None) -> None:
-        self.loop.call_soon_threadsafe(_settle, self.future, result, error)
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.cancelled():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+        self.loop.call_soon_threadsafe(settle, self.future, result, error)
 
 
 _SYNC_MODES = {"full": "FULL", "normal": "NORMAL", "off": "OFF", "extra": "EXTRA"}
@@ -124,12 +115,10 @@ class SQLiteStore(SqlStore):
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, future))
         if not self._flush_scheduled:
-            if not getattr(loop, "_ready", True) and time.monotonic() - self._turn_at < _INLINE_FOR:
-                # Nothing else is ready to run in this turn of the loop, so no other write
-                # could join the group: commit now (saves a turn of the loop per step). A
-                # loop without the CPython ``_ready`` queue always takes the group path, and
-                # so does the first write after _INLINE_FOR without a turn of the loop:
-                # timers, sockets and other runs are never starved by a busy run.
+            if loop_is_idle(loop) and time.monotonic() - self._turn_at < _INLINE_FOR:
+                # Commit now (saves a turn of the loop per step). The first write after
+                # _INLINE_FOR without a turn of the loop takes the group path: timers,
+                # sockets and other runs are never starved by a busy run.
                 self._flush(loop)
             else:
                 self._flush_scheduled = True
@@ -155,7 +144,7 @@ class SQLiteStore(SqlStore):
             return
         outcomes = self._run_group(cur, [fn for fn, _ in batch])
         for (_, future), (result, error) in zip(batch, outcomes, strict=True):
-            _settle(future, result, error)
+            settle(future, result, error)
 
     def _serve(self) -> None:
         """The database thread: reads one at a time, writes in groups."""
