@@ -25,6 +25,7 @@ from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
 from toren.store.sql import (
     CLAIMABLE,
     RUN_COLUMNS,
+    InlineGate,
     SqlStore,
     _lease_lost,
     _with_seq,
@@ -39,6 +40,10 @@ T = TypeVar("T")
 log = logging.getLogger("toren.store")
 CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
+# The inline lane blocks the event loop while its statement runs, so it gives up on any
+# wait it cannot bound: a row lock held by another transaction, or a statement that runs
+# long. Cancelled there, the statement has done nothing and goes the loop's way instead.
+_INLINE_SETTINGS = "SET lock_timeout = '20ms'; SET statement_timeout = '500ms'"
 
 
 _TOTALS = (
@@ -245,6 +250,43 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
     return [*runs, *blob_cols, *event_cols]
 
 
+def _append_statement(
+    lease: Lease,
+    events: Sequence[Event],
+    blobs: Mapping[str, str],
+    delta: RunDelta | None,
+    now: float,
+) -> tuple[str, list[Any]]:
+    """One step's statement (lease check, blobs, events) and its parameters."""
+    fence = FENCE_CHECK if delta is None else FENCE_TOTALS
+    sql = _append_sql(len(blobs), len(events), fence)
+    params: list[Any] = [] if delta is None else _totals_params(delta, now)
+    params += (lease.run_id, lease.worker_id, lease.epoch)
+    for key, body in sorted(blobs.items()):  # hash order, as the batch inserts them
+        params += (key, body, len(body))
+    for event in events:
+        params += event_params(event)
+    return sql, params
+
+
+def _appended(lease: Lease, events: Sequence[Event], rows: list[Any]) -> list[Event]:
+    """The events as stored, from the seqs the statement returned (none: the lease was
+    gone, so nothing was written)."""
+    if len(rows) != len(events):
+        raise _lease_lost(lease)
+    seqs = sorted(int(r[0]) for r in rows)
+    return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+
+
+def _append_error(exc: Exception, lease: Lease, conflict: bool) -> Exception:
+    if conflict:
+        return LeaseLost(
+            f"another worker already recorded this step of run {lease.run_id!r}; "
+            "this worker's copy is discarded"
+        )
+    return exc
+
+
 def _import_psycopg() -> Any:
     try:
         import psycopg
@@ -269,6 +311,9 @@ class PostgresStore(SqlStore):
         self._apool: Any = None
         self._lane: tuple[Any, Any] | None = None  # (connection, cursor): see _on_lane
         self._lane_free = True
+        self._gate = InlineGate()
+        self._inline: tuple[Any, Any] | None = None  # (connection, cursor): see _on_inline
+        self._inline_opening: asyncio.Future[None] | None = None
         self._pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
@@ -285,6 +330,8 @@ class PostgresStore(SqlStore):
         self._batch: list[_Append] = []
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self.batched_steps = 0  # steps committed in a statement shared with other runs
+        self.inline_statements = 0  # statements run on the inline lane
+        self.inline_deferred = 0  # statements that gave up a wait there and took the loop
 
     def _q(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
@@ -348,7 +395,10 @@ class PostgresStore(SqlStore):
         return await future
 
     def _flush_batch(self) -> None:
+        self._gate.turned()
         batch, self._batch = self._batch, []
+        if len(batch) == 1 and self._append_inline(batch[0]):
+            return
         task = asyncio.ensure_future(self._append_batch(batch))
         self._batch_tasks.add(task)
         task.add_done_callback(self._batch_tasks.discard)
@@ -412,27 +462,30 @@ class PostgresStore(SqlStore):
         delta: RunDelta | None,
         now: float,
     ) -> list[Event]:
-        fence = FENCE_CHECK if delta is None else FENCE_TOTALS
-        sql = _append_sql(len(blobs), len(events), fence)
-        params: list[Any] = [] if delta is None else _totals_params(delta, now)
-        params += (lease.run_id, lease.worker_id, lease.epoch)
-        for key, body in sorted(blobs.items()):  # hash order, as the batch inserts them
-            params += (key, body, len(body))
-        for event in events:
-            params += event_params(event)
-
+        sql, params = _append_statement(lease, events, blobs, delta, now)
         try:
-            seqs = await self._execute_async(sql, params)
+            rows = await self._fetch_async(sql, params)
         except Exception as exc:
             if self._is_conflict(exc):
-                raise LeaseLost(
-                    f"another worker already recorded this step of run {lease.run_id!r}; "
-                    "this worker's copy is discarded"
-                ) from None
+                raise _append_error(exc, lease, True) from None
             raise
-        if len(seqs) != len(events):
-            raise _lease_lost(lease)
-        return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+        return _appended(lease, events, rows)
+
+    def _append_inline(self, job: _Append) -> bool:
+        """A lone step of a turn of the loop committed right here, on the inline lane, if
+        the gate is open; False if it must go the loop's way. Answering it here, not from
+        a task, leaves nothing behind on the loop, so the run's next step finds the loop
+        idle and commits inline too."""
+        sql, params = _append_statement(job.lease, job.events, job.blobs, job.delta, job.now)
+        try:
+            rows = self._try_inline(sql, params, turn=True)
+            if rows is None:
+                return False
+            settle(job.future, _appended(job.lease, job.events, rows), None)
+        except Exception as exc:
+            error = StorageError(f"PostgreSQL error: {exc}") if self._is_error(exc) else exc
+            settle(job.future, None, _append_error(error, job.lease, self._is_conflict(exc)))
+        return True
 
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
         """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a run
@@ -502,12 +555,6 @@ class PostgresStore(SqlStore):
         seqs = sorted(int(r[0]) for r in rows)
         return [_with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
 
-    async def _execute_async(self, sql: str, params: Sequence[Any]) -> list[int]:
-        """Run one autocommit statement on the event loop itself (no thread hand-off):
-        the hot path of a step. Returns the first column of every row, sorted."""
-        rows = await self._fetch_async(sql, params)
-        return sorted(int(r[0]) for r in rows)
-
     async def _fetch_async(
         self, sql: str, params: Sequence[Any], *, rows: bool = True
     ) -> list[Any]:
@@ -522,15 +569,79 @@ class PostgresStore(SqlStore):
             )
             await self._apool.open(wait=True, timeout=30)
         try:
-            if self._lane_free and self._pool_size > 1:
-                return await self._on_lane(self._q(sql), params, rows)
-            async with self._apool.connection() as conn:
-                cur = await conn.execute(self._q(sql), params)
-                return list(await cur.fetchall()) if rows else []
+            done = self._try_inline(sql, params, rows)
+            if done is not None:
+                return done
+            try:
+                if self._lane_free and self._pool_size > 1:
+                    return await self._on_lane(self._q(sql), params, rows)
+                async with self._apool.connection() as conn:
+                    cur = await conn.execute(self._q(sql), params)
+                    return list(await cur.fetchall()) if rows else []
+            finally:
+                self._gate.turned()  # that statement's wait was a turn of the loop
         except self._psycopg.errors.UniqueViolation:
             raise
         except self._psycopg.Error as exc:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    def _try_inline(
+        self, sql: str, params: Sequence[Any], rows: bool = True, *, turn: bool = False
+    ) -> list[Any] | None:
+        """The statement's rows if it ran on the inline lane; None if it must go the loop's
+        way: the gate is closed, the lane not open yet, or the statement gave up on a wait
+        it could not bound (then it did nothing). ``turn``: the caller is a turn of the
+        loop of its own (a scheduled flush), which needs no gate."""
+        if self._inline is None:
+            if self._inline_opening is None:
+                self._inline_opening = asyncio.ensure_future(self._open_inline())
+            return None
+        if not turn and not self._gate.open(asyncio.get_running_loop()):
+            return None
+        errors = self._psycopg.errors
+        try:
+            return self._on_inline(self._q(sql), params, rows)
+        except (errors.QueryCanceled, errors.LockNotAvailable):
+            self.inline_deferred += 1
+            return None
+
+    def _is_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, self._psycopg.Error) and not self._is_conflict(exc)
+
+    def _on_inline(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
+        """The inline lane: one statement on a connection of its own, run on the event
+        loop's thread and waited for there, blocking. Only when the loop has nothing else
+        to do (see :class:`InlineGate`): a lone run's step then pays neither the loop's
+        wake-ups nor the async driver's bookkeeping (about half of psycopg's client time
+        per statement). A broken connection is dropped, and opened again later."""
+        conn, cur = self._inline  # type: ignore[misc]
+        try:
+            cur.execute(sql, params)
+            self.inline_statements += 1
+            return cur.fetchall() if rows else []
+        except BaseException:
+            if conn.broken:
+                self._inline = None
+                self._inline_opening = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+            raise
+
+    async def _open_inline(self) -> None:
+        """Connect the inline lane off the loop (connecting takes milliseconds); until it
+        is ready, statements take the loop's way."""
+
+        def connect() -> Any:
+            conn = self._psycopg.connect(self.url, autocommit=True)
+            conn.execute(_INLINE_SETTINGS)
+            return conn
+
+        try:
+            conn = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
+        except Exception as exc:
+            log.warning("no inline PostgreSQL connection (%s); statements take the loop", exc)
+            return  # _inline_opening stays set: not tried again
+        self._inline = (conn, conn.cursor())
 
     async def _on_lane(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
         """The fast lane: one pooled connection kept out of the pool, with its cursor,
@@ -648,6 +759,13 @@ class PostgresStore(SqlStore):
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close()
+        if self._inline_opening is not None:
+            with contextlib.suppress(BaseException):
+                await self._inline_opening
+        if self._inline is not None:
+            with contextlib.suppress(Exception):
+                self._inline[0].close()
+            self._inline = None
         if self._apool is not None:
             if self._lane is not None:
                 await self._apool.putconn(self._lane[0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -653,6 +654,30 @@ def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
     a group: a lone write may go at once. Reads CPython's ``_ready`` queue; a loop without
     one (uvloop) is never idle here, so its writes always take the group path."""
     return not getattr(loop, "_ready", True)
+
+
+INLINE_FOR = 0.005  # s: the longest a store works inline without the loop taking a turn
+
+
+class InlineGate:
+    """When a store may do a statement inline, blocking the event loop's thread for it
+    instead of waiting for it through the loop: only when nothing else is ready to run
+    (no other write could join a group, no other task is kept waiting) and the loop has
+    taken a turn within the last ``INLINE_FOR`` seconds. So a busy run commits inline for
+    a few milliseconds, then takes the loop's way once: timers, sockets and other runs
+    are never starved. The store calls :meth:`turned` whenever its work did go through
+    the loop."""
+
+    __slots__ = ("turn_at",)
+
+    def __init__(self) -> None:
+        self.turn_at = 0.0
+
+    def open(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return loop_is_idle(loop) and time.monotonic() - self.turn_at < INLINE_FOR
+
+    def turned(self) -> None:
+        self.turn_at = time.monotonic()
 
 
 def _lease_lost(lease: Lease) -> LeaseLost:

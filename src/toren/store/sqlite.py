@@ -22,7 +22,6 @@ import contextlib
 import queue
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,11 +30,10 @@ from urllib.parse import parse_qs, urlsplit
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
 from toren.store.schema import SCHEMA, AddColumn, render
-from toren.store.sql import CLAIMABLE, SqlStore, loop_is_idle, settle
+from toren.store.sql import CLAIMABLE, InlineGate, SqlStore, settle
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
-_INLINE_FOR = 0.005  # s: the longest a run may commit inline without yielding to the loop
 
 
 class _Job:
@@ -87,7 +85,7 @@ class SQLiteStore(SqlStore):
         self._loop_conn: sqlite3.Connection | None = None
         self._pending: list[tuple[Callable[[Any], Any], asyncio.Future[Any]]] = []
         self._flush_scheduled = False
-        self._turn_at = 0.0  # when a scheduled flush last ran (a turn of the loop)
+        self._gate = InlineGate()
         self._conn: sqlite3.Connection | None = None
         self._wakeup: asyncio.Event | None = None
 
@@ -115,18 +113,15 @@ class SQLiteStore(SqlStore):
         future: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, future))
         if not self._flush_scheduled:
-            if loop_is_idle(loop) and time.monotonic() - self._turn_at < _INLINE_FOR:
-                # Commit now (saves a turn of the loop per step). The first write after
-                # _INLINE_FOR without a turn of the loop takes the group path: timers,
-                # sockets and other runs are never starved by a busy run.
-                self._flush(loop)
+            if self._gate.open(loop):
+                self._flush(loop)  # commit now: saves a turn of the loop per step
             else:
                 self._flush_scheduled = True
                 loop.call_soon(self._flush_turn, loop)
         return await future
 
     def _flush_turn(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._turn_at = time.monotonic()
+        self._gate.turned()
         self._flush(loop)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
