@@ -10,9 +10,11 @@ messages ``NOTIFY toren_work`` so idle workers wake at once.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -41,9 +43,19 @@ log = logging.getLogger("toren.store")
 CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
 # The inline lane blocks the event loop while its statement runs, so it gives up on any
-# wait it cannot bound: a row lock held by another transaction, or a statement that runs
-# long. Cancelled there, the statement has done nothing and goes the loop's way instead.
-_INLINE_SETTINGS = "SET lock_timeout = '20ms'; SET statement_timeout = '500ms'"
+# wait it can: a row lock held by another transaction, a statement that runs long (both
+# cancelled before the commit: the statement did nothing, and goes the loop's way), a peer
+# gone silent (TCP keepalives and a user timeout end the connection within seconds).
+_INLINE_SETTINGS = "SET lock_timeout = '20ms'; SET statement_timeout = '250ms'"
+_INLINE_CONNECT = {
+    "autocommit": True,
+    "keepalives": 1,
+    "keepalives_idle": 2,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 5000,  # ms
+}
+_INLINE_RETRY = 5.0  # s between attempts to (re)open the inline lane
 
 
 _TOTALS = (
@@ -314,6 +326,8 @@ class PostgresStore(SqlStore):
         self._gate = InlineGate()
         self._inline: tuple[Any, Any] | None = None  # (connection, cursor): see _on_inline
         self._inline_opening: asyncio.Future[None] | None = None
+        self._inline_retry_at = 0.0  # monotonic time before which no new attempt is made
+        self._closed = False
         self._pool = psycopg_pool.ConnectionPool(
             url,
             min_size=1,
@@ -331,7 +345,8 @@ class PostgresStore(SqlStore):
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self.batched_steps = 0  # steps committed in a statement shared with other runs
         self.inline_statements = 0  # statements run on the inline lane
-        self.inline_deferred = 0  # statements that gave up a wait there and took the loop
+        # Statements that gave up a wait there and took the loop, by reason.
+        self.inline_deferred: collections.Counter[str] = collections.Counter()
 
     def _q(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
@@ -397,7 +412,8 @@ class PostgresStore(SqlStore):
     def _flush_batch(self) -> None:
         self._gate.turned()
         batch, self._batch = self._batch, []
-        if len(batch) == 1 and self._append_inline(batch[0]):
+        alone = len(batch) == 1 and loop_is_idle(asyncio.get_running_loop())
+        if alone and self._append_inline(batch[0]):
             return
         task = asyncio.ensure_future(self._append_batch(batch))
         self._batch_tasks.add(task)
@@ -437,7 +453,10 @@ class PostgresStore(SqlStore):
             by_run: dict[str, list[_Append]] = {}
             for job in batch:
                 by_run.setdefault(job.lease.run_id, []).append(job)
-            await asyncio.gather(*(self._append_in_order(jobs) for jobs in by_run.values()))
+            if len(by_run) == 1:  # no gather: it would leave a callback on the loop
+                await self._append_in_order(batch)
+            else:
+                await asyncio.gather(*(self._append_in_order(jobs) for jobs in by_run.values()))
         finally:
             for job in batch:
                 settle(job.future, None, StorageError("the batched append was interrupted"))
@@ -483,8 +502,14 @@ class PostgresStore(SqlStore):
                 return False
             settle(job.future, _appended(job.lease, job.events, rows), None)
         except Exception as exc:
-            error = StorageError(f"PostgreSQL error: {exc}") if self._is_error(exc) else exc
+            error = exc
+            if self._is_error(exc):
+                error = StorageError(f"PostgreSQL error: {exc}")
+                error.__cause__ = exc
             settle(job.future, None, _append_error(error, job.lease, self._is_conflict(exc)))
+        except BaseException:  # interrupted: the caller must not wait forever
+            settle(job.future, None, StorageError("the append was interrupted"))
+            raise
         return True
 
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
@@ -556,9 +581,11 @@ class PostgresStore(SqlStore):
         return [_with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
 
     async def _fetch_async(
-        self, sql: str, params: Sequence[Any], *, rows: bool = True
+        self, sql: str, params: Sequence[Any], *, rows: bool = True, inline: bool = True
     ) -> list[Any]:
-        """One autocommit statement on an async connection; all its rows."""
+        """One autocommit statement; all its rows. On the inline lane when the gate is
+        open (unless ``inline`` is False: a read of unbounded size), else on an async
+        connection."""
         if self._apool is None:
             self._apool = self._psycopg_pool.AsyncConnectionPool(
                 self.url,
@@ -569,7 +596,7 @@ class PostgresStore(SqlStore):
             )
             await self._apool.open(wait=True, timeout=30)
         try:
-            done = self._try_inline(sql, params, rows)
+            done = self._try_inline(sql, params, rows) if inline else None
             if done is not None:
                 return done
             try:
@@ -593,7 +620,11 @@ class PostgresStore(SqlStore):
         it could not bound (then it did nothing). ``turn``: the caller is a turn of the
         loop of its own (a scheduled flush), which needs no gate."""
         if self._inline is None:
-            if self._inline_opening is None:
+            if (
+                self._inline_opening is None
+                and not self._closed
+                and time.monotonic() >= self._inline_retry_at
+            ):
                 self._inline_opening = asyncio.ensure_future(self._open_inline())
             return None
         if not turn and not self._gate.open(asyncio.get_running_loop()):
@@ -601,8 +632,11 @@ class PostgresStore(SqlStore):
         errors = self._psycopg.errors
         try:
             return self._on_inline(self._q(sql), params, rows)
-        except (errors.QueryCanceled, errors.LockNotAvailable):
-            self.inline_deferred += 1
+        except errors.LockNotAvailable:
+            self.inline_deferred["lock_timeout"] += 1
+            return None
+        except errors.QueryCanceled:
+            self.inline_deferred["statement_timeout"] += 1
             return None
 
     def _is_error(self, exc: BaseException) -> bool:
@@ -629,18 +663,35 @@ class PostgresStore(SqlStore):
 
     async def _open_inline(self) -> None:
         """Connect the inline lane off the loop (connecting takes milliseconds); until it
-        is ready, statements take the loop's way."""
+        is ready, statements take the loop's way. A failed attempt is retried a few
+        seconds later. A server that waits for synchronous standbys at commit gets no
+        inline lane: that wait has no bound the lane could set."""
 
         def connect() -> Any:
-            conn = self._psycopg.connect(self.url, autocommit=True)
-            conn.execute(_INLINE_SETTINGS)
+            conn = self._psycopg.connect(self.url, **_INLINE_CONNECT)
+            try:
+                conn.execute(_INLINE_SETTINGS)
+                standbys = conn.execute("SHOW synchronous_standby_names").fetchone()[0]
+                if standbys:
+                    conn.close()
+                    return None
+            except BaseException:
+                conn.close()
+                raise
             return conn
 
         try:
             conn = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
         except Exception as exc:
-            log.warning("no inline PostgreSQL connection (%s); statements take the loop", exc)
-            return  # _inline_opening stays set: not tried again
+            log.warning("no inline PostgreSQL connection yet (%s); retrying later", exc)
+            self._inline_retry_at = time.monotonic() + _INLINE_RETRY
+            self._inline_opening = None
+            return
+        if conn is None:
+            return  # synchronous standbys: _inline_opening stays set, never tried again
+        if self._closed:
+            conn.close()
+            return
         self._inline = (conn, conn.cursor())
 
     async def _on_lane(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
@@ -673,7 +724,9 @@ class PostgresStore(SqlStore):
         return run_from_row(rows[0]) if rows else None
 
     async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        return await self._fetch_async(sql, params)
+        # A whole log can be large: never on the inline lane, which would block the loop
+        # for as long as it takes to read (or run into its statement timeout).
+        return await self._fetch_async(sql, params, inline=False)
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, self._psycopg.errors.UniqueViolation)
@@ -752,6 +805,7 @@ class PostgresStore(SqlStore):
         self._wakeup.clear()
 
     async def close(self) -> None:
+        self._closed = True
         if self._listen_task is not None:
             self._listen_task.cancel()
             with contextlib.suppress(BaseException):
