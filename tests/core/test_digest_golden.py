@@ -178,3 +178,38 @@ def test_immutable_messages_cannot_change_under_the_cache() -> None:
     with pytest.raises(TypeError):
         m["tool_calls"][0]["arguments"]["a"].append(2)
     assert HashCache().message(m) == message_hash(dict(m))
+
+
+def test_a_growing_conversation_reuses_its_prefix_only_where_it_may() -> None:
+    """The hashes of a request's leading immutable Messages are reused when the next
+    request starts with the very same objects; a plain dict anywhere in the history is
+    re-hashed every time (it may have been edited in place), and so is all after it."""
+    from toren.providers.base import Message
+
+    cache = HashCache()
+    history: list[Any] = [Message(role="system", content="s")]
+    for i in range(40):
+        history.append(Message(role="user", content=f"q{i}"))
+        assert cache.messages(tuple(history)) == [message_hash(dict(m)) for m in history]
+        history.append(Message(role="assistant", content=f"a{i}"))
+
+    # A plain dict in the middle, edited in place between two calls.
+    middle = {"role": "tool", "content": "before"}
+    history.insert(20, middle)
+    assert cache.messages(tuple(history)) == [message_hash(dict(m)) for m in history]
+    middle["content"] = 1
+    assert cache.messages(tuple(history)) == [message_hash(dict(m)) for m in history]
+    middle["content"] = True  # equal to 1 in Python, a different message in JSON
+    assert cache.messages(tuple(history)) == [message_hash(dict(m)) for m in history]
+
+    # An earlier Message replaced by another object (same content, then other content).
+    history[5] = Message(role="user", content="q2")
+    assert cache.messages(tuple(history)) == [message_hash(dict(m)) for m in history]
+    history[5] = Message(role="user", content="changed")
+    assert cache.messages(tuple(history)) == [message_hash(dict(m)) for m in history]
+
+    # Shorter than before, then an unrelated conversation, then empty.
+    assert cache.messages(tuple(history[:3])) == [message_hash(dict(m)) for m in history[:3]]
+    other = (Message(role="user", content="other"),)
+    assert cache.messages(other) == [message_hash(dict(other[0]))]
+    assert cache.messages(()) == []

@@ -196,13 +196,17 @@ class HashCache:
       state); the bytes hashed are exactly those of :func:`request_digest`.
     """
 
-    __slots__ = ("_bodies", "_entries", "_frozen", "_lists")
+    __slots__ = ("_bodies", "_entries", "_frozen", "_lists", "_prefixes")
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[Any, Any, str]] = {}
         self._frozen: dict[int, tuple[Message, str]] = {}
         self._lists: dict[str, tuple[list[str], Any]] = {}
         self._bodies: dict[str, bytes] = {}  # canonical bodies hashed since last taken
+        # The last request's messages seen from the same first message: (the messages, kept
+        # alive so their ids stay theirs; their ids; their hashes; how many of the leading
+        # ones are immutable Messages).
+        self._prefixes: dict[int, tuple[Sequence[Any], list[int], list[str], int]] = {}
 
     def message(self, message: Mapping[str, Any]) -> str:
         if type(message) is Message:
@@ -230,8 +234,34 @@ class HashCache:
     def tool(self, spec: ToolSpec | Mapping[str, Any]) -> str:
         return self._lookup(spec, tool_spec_hash)
 
+    def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The hashes of a request's messages. When the request starts with the same
+        immutable :class:`Message` objects as an earlier one (a growing conversation),
+        their hashes are reused after one comparison of object ids, made in C: a step
+        costs Python time for its new messages only, not for the whole history."""
+        if not messages:
+            return []
+        ids = list(map(id, messages))
+        saved = self._prefixes.get(ids[0])
+        hashes: list[str] = []
+        done = 0
+        if saved is not None:
+            _, prev_ids, prev_hashes, frozen = saved
+            # Same ids while the saved messages are alive: the same objects, immutable.
+            if frozen <= len(ids) and ids[:frozen] == prev_ids[:frozen]:
+                hashes, done = prev_hashes[:frozen], frozen
+        leading = done
+        for m in messages[done:]:
+            hashes.append(self.message(m))
+            if leading == len(hashes) - 1 and type(m) is Message:
+                leading += 1
+        if len(self._prefixes) > 64:
+            self._prefixes.clear()
+        self._prefixes[ids[0]] = (messages, ids, hashes, leading)
+        return hashes
+
     def model(self, request: ModelRequest) -> HashedRequest:
-        msgs = [self.message(m) for m in request.messages]
+        msgs = self.messages(request.messages)
         tools = [self.tool(t) for t in request.tools]
         rest = _body_without_messages(request, tools)
         tail = b"]," + canonical_json(rest)[1:] + b',"kind":"model"}'
