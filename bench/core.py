@@ -28,7 +28,7 @@ from bench import toren_bench as tb
 from bench.common import Backend, fake_model, pg_available
 from toren.config import LeaseSettings
 from toren.core.digest import canonical_json, message_hash, message_list_node
-from toren.core.events import ModelCallRecorded, make_event
+from toren.core.events import Event, ModelCallRecorded, make_event
 from toren.core.replay import step_slot
 from toren.core.tick import TickRunner
 from toren.providers.base import ModelRequest, ModelResponse, Usage
@@ -91,17 +91,12 @@ async def replay_time(backend: Backend, steps: int, repeats: int = 3) -> dict[st
     }
 
 
-async def store_append_rate(backend: Backend, steps: int) -> dict[str, Any]:
-    """The store alone: ``steps`` appends of exactly what a sequential step writes (its
-    ModelCallRecorded event with a 2 KB response, the message blob and the list node),
-    built beforehand, through Toren's store API: the transaction a step costs with no
-    engine around it. Between the raw floor (one plain row) and the engine's steps/s."""
-    store = await toren.connect(tb.store_url(backend))
-    reg = registry()
-    run = await toren.start_run(store, reg, "one")
-    lease = (await store.claim("bench", 1, now=time.time(), ttl=600))[0]
+def step_writes(run_id: str, start: int, n: int) -> list[tuple[list[Event], dict[str, str]]]:
+    """What sequential steps ``start`` .. ``start + n - 1`` write, built ahead: each its
+    ModelCallRecorded event with a 2 KB response, and its blobs (the message body and the
+    message-list node)."""
     writes = []
-    for i in range(steps):
+    for i in range(start, start + n):
         message = {"role": "user", "content": f"step {i}"}
         key = message_hash(message)
         node, node_body = message_list_node(None, [key])
@@ -116,7 +111,7 @@ async def store_append_rate(backend: Backend, steps: int) -> dict[str, Any]:
             output_tokens=500,
         )
         event = make_event(
-            run.id,
+            run_id,
             payload,
             stream="main",
             position=i,
@@ -125,6 +120,19 @@ async def store_append_rate(backend: Backend, steps: int) -> dict[str, Any]:
             created_at=time.time(),
         )
         writes.append(([event], {key: canonical_json(message).decode(), node: node_body}))
+    return writes
+
+
+async def store_append_rate(backend: Backend, steps: int) -> dict[str, Any]:
+    """The store alone: ``steps`` appends of exactly what a sequential step writes (its
+    ModelCallRecorded event with a 2 KB response, the message blob and the list node),
+    built beforehand, through Toren's store API: the transaction a step costs with no
+    engine around it. Between the raw floor (one plain row) and the engine's steps/s."""
+    store = await toren.connect(tb.store_url(backend))
+    reg = registry()
+    run = await toren.start_run(store, reg, "one")
+    lease = (await store.claim("bench", 1, now=time.time(), ttl=600))[0]
+    writes = step_writes(run.id, 0, steps)
     t0 = time.perf_counter()
     for events, blobs in writes:
         await store.append(lease, events, blobs=blobs, now=time.time())

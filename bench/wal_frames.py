@@ -21,18 +21,13 @@ import sqlite3
 import struct
 import tempfile
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 import toren
 from bench.common import fake_model
-from bench.core import registry
-from toren.core.digest import canonical_json, message_hash, message_list_node
-from toren.core.events import ModelCallRecorded, make_event
-from toren.core.replay import step_slot
-from toren.providers.base import ModelResponse, Usage
+from bench.core import registry, step_writes
 
 _WAL_HEADER = 32
 _FRAME_HEADER = 24
@@ -73,46 +68,17 @@ def floor_frames(d: str, n: int) -> collections.Counter[str]:
     return counts
 
 
-def _step_writes(run_id: str, start: int, n: int) -> list[tuple[list[Any], dict[str, str]]]:
-    writes = []
-    for i in range(start, start + n):
-        message = {"role": "user", "content": f"step {i}"}
-        key = message_hash(message)
-        node, node_body = message_list_node(None, [key])
-        payload = ModelCallRecorded(
-            provider="bench",
-            model="fake",
-            message_list=node,
-            message_count=1,
-            params={"step": i},
-            response=ModelResponse(text=fake_model(i), usage=Usage(10, 500)).to_dict(),
-            input_tokens=10,
-            output_tokens=500,
-        )
-        event = make_event(
-            run_id,
-            payload,
-            stream="main",
-            position=i,
-            slot=step_slot("main", 0, i),
-            digest=f"{i:064x}",
-            created_at=time.time(),
-        )
-        writes.append(([event], {key: canonical_json(message).decode(), node: node_body}))
-    return writes
-
-
 async def toren_frames(d: str, n: int) -> collections.Counter[str]:
     path = os.path.join(d, "toren.db")
     store = await toren.connect(f"sqlite:///{path}")
     run = await toren.start_run(store, registry(), "one")
     lease = (await store.claim("bench", 1, now=time.time(), ttl=600))[0]
-    for events, blobs in _step_writes(run.id, 0, n):  # warm-up, as above
+    for events, blobs in step_writes(run.id, 0, n):  # warm-up, as above
         await store.append(lease, events, blobs=blobs, now=time.time())
     conn = store._loop_conn  # type: ignore[attr-defined]  # the store's writing connection
     conn.execute("PRAGMA wal_autocheckpoint=0")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    for events, blobs in _step_writes(run.id, n, n):
+    for events, blobs in step_writes(run.id, n, n):
         await store.append(lease, events, blobs=blobs, now=time.time())
     counts, _ = frames_by_btree(path)
     await store.close()

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import toren
+from tests.store.steps import value_event
 from toren.core.digest import message_hash
-from toren.core.events import Event, ValueRecorded, make_event
-from toren.core.replay import step_slot
+from toren.core.events import ValueRecorded
 from toren.errors import LeaseLost
 from toren.store import Store
 from toren.store.base import Lease, RunDelta
@@ -23,18 +23,6 @@ from toren.store.base import Lease, RunDelta
 
 async def _idle(ctx: toren.Context, input: Any) -> Any:
     return None
-
-
-def _value(run_id: str, position: int, value: Any) -> Event:
-    return make_event(
-        run_id,
-        ValueRecorded(what="random", value=value),
-        stream="main",
-        position=position,
-        slot=step_slot("main", 0, position),
-        digest=f"d{position}",
-        created_at=time.time(),
-    )
 
 
 async def _values(store: Store, run_id: str) -> list[tuple[int, Any]]:
@@ -55,7 +43,7 @@ async def test_a_batch_of_steps_keeps_each_runs_own_outcome(store: Store, with_c
     assert set(leases) == set(runs)
     stale, clash, *good = runs
     if with_clash:  # the clashing run already has its step 0 (another worker's copy)
-        await store.append(leases[clash], [_value(clash, 0, "theirs")], now=now)
+        await store.append(leases[clash], [value_event(clash, 0, "theirs")], now=now)
 
     bodies = {run_id: f'{{"content":"hello {run_id}","role":"user"}}' for run_id in runs}
     keys = {run_id: message_hash({"role": "user", "content": f"hello {run_id}"}) for run_id in runs}
@@ -72,13 +60,13 @@ async def test_a_batch_of_steps_keeps_each_runs_own_outcome(store: Store, with_c
         if run_id == stale:
             lease = leases[run_id]
             old = Lease(run_id, lease.worker_id, lease.epoch - 1)
-            return store.append(old, [_value(run_id, 0, 1)], blobs=shared, now=now)
+            return store.append(old, [value_event(run_id, 0, 1)], blobs=shared, now=now)
         if run_id == clash and with_clash:
-            return store.append(leases[run_id], [_value(run_id, 0, "mine")], now=now)
+            return store.append(leases[run_id], [value_event(run_id, 0, "mine")], now=now)
         delta = RunDelta(steps=2, input_tokens=7) if run_id == good[0] else None
         return store.append(
             leases[run_id],
-            [_value(run_id, 0, "a"), _value(run_id, 1, "b")],
+            [value_event(run_id, 0, "a"), value_event(run_id, 1, "b")],
             blobs={keys[run_id]: bodies[run_id], **shared},
             delta=delta,
             now=now,

@@ -17,8 +17,8 @@ import pytest
 
 import toren
 from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
-from toren.core.events import Event, ValueRecorded, make_event
-from toren.core.replay import step_slot
+from tests.store.steps import value_event
+from toren.core.events import ValueRecorded
 from toren.errors import LeaseLost, StorageError
 from toren.store import postgres
 from toren.store.base import Lease
@@ -27,18 +27,6 @@ from toren.store.postgres import PostgresStore
 
 async def _idle(ctx: toren.Context, input: Any) -> Any:
     return None
-
-
-def _value(run_id: str, position: int) -> Event:
-    return make_event(
-        run_id,
-        ValueRecorded(what="random", value=position),
-        stream="main",
-        position=position,
-        slot=step_slot("main", 0, position),
-        digest=f"d{position}",
-        created_at=time.time(),
-    )
 
 
 async def _values(store: PostgresStore, run_id: str) -> list[Any]:
@@ -91,7 +79,7 @@ async def test_a_lone_runs_steps_commit_inline(pg: tuple[PostgresStore, str]) ->
     lease = await _lone_run(store)
     before = store.inline_statements
     for position in range(40):
-        await store.append(lease, [_value(lease.run_id, position)], now=time.time())
+        await store.append(lease, [value_event(lease.run_id, position, position)], now=time.time())
     # Inline but for one step every few milliseconds (a turn of the loop).
     assert store.inline_statements - before >= 10, store.inline_statements
     assert await _values(store, lease.run_id) == list(range(40))  # each once, in order
@@ -104,7 +92,7 @@ async def test_a_locked_run_row_does_not_block_the_loop(pg: tuple[PostgresStore,
     await _open_lane(store)
     lease = await _lone_run(store)
     store._gate = _Open()  # type: ignore[assignment]
-    await store.append(lease, [_value(lease.run_id, 0)], now=time.time())
+    await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
     assert store.inline_statements > 0
 
     # Another transaction holds the run's row; the step's lease check must wait for it.
@@ -119,7 +107,9 @@ async def test_a_locked_run_row_does_not_block_the_loop(pg: tuple[PostgresStore,
     failsafe = threading.Timer(30.0, end_holder)
     failsafe.start()
     try:
-        step = asyncio.create_task(store.append(lease, [_value(lease.run_id, 1)], now=time.time()))
+        step = asyncio.create_task(
+            store.append(lease, [value_event(lease.run_id, 1, 1)], now=time.time())
+        )
         turns = 0
         while turns < 100 and not step.done():
             await asyncio.sleep(0.001)  # the loop keeps turning while the step waits
@@ -146,23 +136,23 @@ async def test_a_broken_lane_fails_one_statement_then_opens_again(
     await _open_lane(store)
     lease = await _lone_run(store)
     store._gate = _Open()  # type: ignore[assignment]
-    await store.append(lease, [_value(lease.run_id, 0)], now=time.time())
+    await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
     assert store._inline is not None
     pid = store._inline[0].info.backend_pid
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     with pytest.raises(StorageError) as failed:
-        await store.append(lease, [_value(lease.run_id, 1)], now=time.time())
+        await store.append(lease, [value_event(lease.run_id, 1, 1)], now=time.time())
     assert isinstance(failed.value.__cause__, psycopg.OperationalError)
     assert store._inline is None  # dropped
 
     # Nothing of it was written: the step goes again (the loop's way while the lane opens).
-    await store.append(lease, [_value(lease.run_id, 1)], now=time.time())
+    await store.append(lease, [value_event(lease.run_id, 1, 1)], now=time.time())
     assert store._inline_opening is not None
     await store._inline_opening
     before = store.inline_statements
-    await store.append(lease, [_value(lease.run_id, 2)], now=time.time())
+    await store.append(lease, [value_event(lease.run_id, 2, 2)], now=time.time())
     assert store.inline_statements == before + 1
     assert await _values(store, lease.run_id) == [0, 1, 2]
 
@@ -192,7 +182,7 @@ async def test_a_conflict_on_the_flush_path_is_lease_lost(
     store, _ = pg
     await _open_lane(store)
     lease = await _lone_run(store)
-    await store.append(lease, [_value(lease.run_id, 0)], now=time.time())
+    await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
     flushed: list[bool] = []
     original = PostgresStore._append_inline
 
@@ -205,6 +195,6 @@ async def test_a_conflict_on_the_flush_path_is_lease_lost(
     # flush (by then nothing else is ready), where the clash with slot 0 must surface.
     asyncio.get_running_loop().call_soon(lambda: None)
     with pytest.raises(LeaseLost):
-        await store.append(lease, [_value(lease.run_id, 0)], now=time.time())
+        await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
     assert flushed == [True]
     assert await _values(store, lease.run_id) == [0]
