@@ -213,3 +213,16 @@ def test_a_growing_conversation_reuses_its_prefix_only_where_it_may() -> None:
     other = (Message(role="user", content="other"),)
     assert cache.messages(other) == [message_hash(dict(other[0]))]
     assert cache.messages(()) == []
+
+
+def test_prefix_reuse_survives_a_caller_reusing_its_list() -> None:
+    """A caller may pass a list and then replace its messages in place: new objects are
+    hashed for what they are, never taken for the ones they replaced."""
+    from toren.providers.base import Message
+
+    cache = HashCache()
+    history: list[Any] = [Message(role="user", content=f"m{i}") for i in range(5)]
+    assert cache.messages(history) == [message_hash(dict(m)) for m in history]
+    for i in range(1, 5):  # replaced in place; the old objects are gone from the list
+        history[i] = Message(role="user", content=f"new {i}")
+    assert cache.messages(history) == [message_hash(dict(m)) for m in history]

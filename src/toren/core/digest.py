@@ -257,7 +257,10 @@ class HashCache:
                 leading += 1
         if len(self._prefixes) > 64:
             self._prefixes.clear()
-        self._prefixes[ids[0]] = (messages, ids, hashes, leading)
+        # Keep the very objects alive, whatever the caller does with its list: an id is
+        # only a proof of identity while its object lives.
+        kept = messages if type(messages) is tuple else tuple(messages)
+        self._prefixes[ids[0]] = (kept, ids, hashes, leading)
         return hashes
 
     def model(self, request: ModelRequest) -> HashedRequest:
