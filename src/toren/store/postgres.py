@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from toren.core.events import Event
-from toren.core.jsontext import dumps
 from toren.errors import LeaseLost, SchemaError, StorageError
 from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
@@ -33,9 +32,11 @@ from toren.store.sql import (
     _with_seq,
     event_params,
     loop_is_idle,
+    new_run_values,
     release_values,
     run_from_row,
     settle,
+    step_conflict,
 )
 
 T = TypeVar("T")
@@ -290,15 +291,6 @@ def _appended(lease: Lease, events: Sequence[Event], rows: list[Any]) -> list[Ev
     return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
 
 
-def _append_error(exc: Exception, lease: Lease, conflict: bool) -> Exception:
-    if conflict:
-        return LeaseLost(
-            f"another worker already recorded this step of run {lease.run_id!r}; "
-            "this worker's copy is discarded"
-        )
-    return exc
-
-
 def _import_psycopg() -> Any:
     try:
         import psycopg
@@ -486,7 +478,7 @@ class PostgresStore(SqlStore):
             rows = await self._fetch_async(sql, params)
         except Exception as exc:
             if self._is_conflict(exc):
-                raise _append_error(exc, lease, True) from None
+                raise step_conflict(lease) from None
             raise
         return _appended(lease, events, rows)
 
@@ -501,12 +493,14 @@ class PostgresStore(SqlStore):
             if rows is None:
                 return False
             settle(job.future, _appended(job.lease, job.events, rows), None)
-        except Exception as exc:
-            error = exc
-            if self._is_error(exc):
+        except Exception as exc:  # answered as _append_one would raise it
+            error: Exception = exc
+            if self._is_conflict(exc):
+                error = step_conflict(job.lease)
+            elif isinstance(exc, self._psycopg.Error):
                 error = StorageError(f"PostgreSQL error: {exc}")
                 error.__cause__ = exc
-            settle(job.future, None, _append_error(error, job.lease, self._is_conflict(exc)))
+            settle(job.future, None, error)
         except BaseException:  # interrupted: the caller must not wait forever
             settle(job.future, None, StorageError("the append was interrupted"))
             raise
@@ -516,16 +510,7 @@ class PostgresStore(SqlStore):
         """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a run
         that already exists (its idempotency key was used) takes the general path, which
         returns it or names the conflict."""
-        params = (
-            run.id,
-            run.agent,
-            run.process,
-            dumps(run.input),
-            run.idempotency_key,
-            run.created_at,
-            run.created_at,
-            *event_params(run.started_event),
-        )
+        params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
         if rows:
             return run_from_row(rows[0][:-1]), True
@@ -638,9 +623,6 @@ class PostgresStore(SqlStore):
         except errors.QueryCanceled:
             self.inline_deferred["statement_timeout"] += 1
             return None
-
-    def _is_error(self, exc: BaseException) -> bool:
-        return isinstance(exc, self._psycopg.Error) and not self._is_conflict(exc)
 
     def _on_inline(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
         """The inline lane: one statement on a connection of its own, run on the event

@@ -192,15 +192,7 @@ class SqlStore:
                 cur,
                 "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
                 "created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                (
-                    run.id,
-                    run.agent,
-                    run.process,
-                    dumps(run.input),
-                    run.idempotency_key,
-                    run.created_at,
-                    run.created_at,
-                ),
+                new_run_values(run),
             )
             self._x(cur, INSERT_EVENT, event_params(run.started_event))
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run.id,))
@@ -428,10 +420,7 @@ class SqlStore:
             return await self._run(tx)
         except Exception as exc:
             if self._is_conflict(exc):
-                raise LeaseLost(
-                    f"another worker already recorded this step of run {lease.run_id!r}; "
-                    "this worker's copy is discarded"
-                ) from None
+                raise step_conflict(lease) from None
             raise
 
     # -- leases -----------------------------------------------------------------------
@@ -678,6 +667,28 @@ class InlineGate:
 
     def turned(self) -> None:
         self.turn_at = time.monotonic()
+
+
+def new_run_values(run: NewRun) -> tuple[Any, ...]:
+    """A new run row's (id, agent, process, input, idempotency_key, created_at,
+    updated_at)."""
+    return (
+        run.id,
+        run.agent,
+        run.process,
+        dumps(run.input),
+        run.idempotency_key,
+        run.created_at,
+        run.created_at,
+    )
+
+
+def step_conflict(lease: Lease) -> LeaseLost:
+    """The error for a step another worker recorded first (its slot is taken)."""
+    return LeaseLost(
+        f"another worker already recorded this step of run {lease.run_id!r}; "
+        "this worker's copy is discarded"
+    )
 
 
 def _lease_lost(lease: Lease) -> LeaseLost:
