@@ -47,14 +47,14 @@ EVENT_COLUMNS = (
 INSERT_EVENT = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
     "code_version, worker_id, created_at, format_version, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq"
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# The same insert, guarded by the lease: no row (hence no seq) unless it still holds.
+# The same insert, guarded by the lease: it inserts nothing unless the lease still holds.
 INSERT_EVENT_FENCED = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
     "code_version, worker_id, created_at, format_version, payload) "
     "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
-    "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock}) RETURNING seq"
+    "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock})"
 )
 INSERT_BLOBS = "INSERT INTO blobs (hash, body, size) VALUES {rows} ON CONFLICT (hash) DO NOTHING"
 CLAIMABLE = (
@@ -373,15 +373,22 @@ class SqlStore:
         out = []
         for event in events:
             if fence is None:
-                row = self._x(cur, INSERT_EVENT, event_params(event)).fetchone()
+                seq = self._insert_event(cur, INSERT_EVENT, event_params(event))
             else:
                 params = (*event_params(event), fence.run_id, fence.worker_id, fence.epoch)
-                row = self._x(cur, self._insert_event_fenced, params).fetchone()
-                if row is None:
+                seq = self._insert_event(cur, self._insert_event_fenced, params)
+                if seq is None:
                     raise _lease_lost(fence)
                 fence = None
-            out.append(_with_seq(event, row[0]))
+            assert seq is not None
+            out.append(_with_seq(event, seq))
         return out
+
+    def _insert_event(self, cur: Any, sql: str, params: Sequence[Any]) -> int | None:
+        """Run one of the event inserts above: the new event's seq, or None if it inserted
+        nothing (the lease no longer holds)."""
+        row = self._x(cur, sql + " RETURNING seq", params).fetchone()
+        return None if row is None else int(row[0])
 
     @functools.cached_property
     def _insert_event_fenced(self) -> str:
