@@ -25,6 +25,7 @@ from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
 from toren.store.sql import (
     CLAIMABLE,
+    RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
     InlineGate,
     SqlStore,
@@ -72,7 +73,8 @@ _LEASED = "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
 FENCE_CHECK = f"SELECT id FROM runs {_LEASED} FOR SHARE"
 FENCE_TOTALS = f"UPDATE runs SET {_TOTALS}{_LEASED} RETURNING id"
 FENCE_RELEASE = (
-    "UPDATE runs SET status = %s, not_before = %s::double precision, waiting_for = %s, "
+    "UPDATE runs SET status = %s, "
+    f"{RELEASE_NOT_BEFORE.format(p='%s::double precision')}, waiting_for = %s, "
     "output = %s, error = %s, lease_owner = NULL, lease_expires_at = NULL, "
     f"{_TOTALS}{_LEASED} RETURNING id"
 )
@@ -305,6 +307,7 @@ def _import_psycopg() -> Any:
 class PostgresStore(SqlStore):
     dialect = "postgres"
     lease_check_lock = " FOR SHARE"
+    run_row_lock = " FOR UPDATE"
 
     def __init__(self, url: str, *, pool_size: int = 16) -> None:
         self.url = url
@@ -487,8 +490,8 @@ class PostgresStore(SqlStore):
         the gate is open; False if it must go the loop's way. Answering it here, not from
         a task, leaves nothing behind on the loop, so the run's next step finds the loop
         idle and commits inline too."""
-        sql, params = _append_statement(job.lease, job.events, job.blobs, job.delta, job.now)
         try:
+            sql, params = _append_statement(job.lease, job.events, job.blobs, job.delta, job.now)
             rows = self._try_inline(sql, params, turn=True)
             if rows is None:
                 return False
@@ -542,7 +545,7 @@ class PostgresStore(SqlStore):
         if release.status == "waiting" and release.waiting_for:
             return await super().release(lease, release, now=now)
         params: list[Any] = [
-            *release_values(release),
+            *release_values(release, now),
             *_totals_params(release.delta, now),
             lease.run_id,
             lease.worker_id,

@@ -327,6 +327,10 @@ class SqlStore:
     # lock so a concurrent claim waits for this transaction (SQLite's BEGIN IMMEDIATE
     # already serialises writers).
     lease_check_lock = ""
+    # Appended to send_message's look at the run: PostgreSQL locks the row, so a run being
+    # parked at the same moment either sees the new message (its release waits for this
+    # transaction) or is seen 'waiting' and woken. SQLite's writers are already serial.
+    run_row_lock = ""
 
     def _fence(self, cur: Any, lease: Lease, now: float, delta: RunDelta | None) -> None:
         """Check (and with ``delta``, update) the run row under the lease's fencing token:
@@ -487,10 +491,10 @@ class SqlStore:
             stored = self._insert_events(cur, release.events)
             self._x(
                 cur,
-                "UPDATE runs SET status = ?, not_before = ?, waiting_for = ?, output = ?, "
-                "error = ?, lease_owner = NULL, lease_expires_at = NULL, updated_at = ? "
-                "WHERE id = ?",
-                (*release_values(release), now, lease.run_id),
+                f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
+                "waiting_for = ?, output = ?, error = ?, lease_owner = NULL, "
+                "lease_expires_at = NULL, updated_at = ? WHERE id = ?",
+                (*release_values(release, now), now, lease.run_id),
             )
             if release.status == "waiting" and release.waiting_for:
                 # A message that arrived while the run was still leased found it 'running'
@@ -518,7 +522,9 @@ class SqlStore:
 
     async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int:
         def tx(cur: Any) -> int:
-            row = self._x(cur, "SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+            row = self._x(
+                cur, f"SELECT status FROM runs WHERE id = ?{self.run_row_lock}", (run_id,)
+            ).fetchone()
             if row is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
             if row[0] in TERMINAL_STATUSES:
@@ -623,11 +629,18 @@ class SqlStore:
         return await self._run(tx, write=False)
 
 
-def release_values(release: Release) -> tuple[Any, ...]:
-    """The run row's (status, not_before, waiting_for, output, error) after a release."""
+# A cancel requested while the run was leased must not be parked away: a run given back
+# unfinished with ``cancel_requested`` set is claimable at once, so the next tick cancels it.
+RELEASE_NOT_BEFORE = "not_before = CASE WHEN cancel_requested <> 0 THEN {p} ELSE {p} END"
+
+
+def release_values(release: Release, now: float) -> tuple[Any, ...]:
+    """The run row's (status, not_before if a cancel is pending, not_before otherwise,
+    waiting_for, output, error) after a release."""
     terminal = release.status in TERMINAL_STATUSES
     return (
         release.status,
+        None if terminal else now,
         None if terminal else release.not_before,
         None if release.waiting_for is None else dumps(release.waiting_for),
         dumps(release.output) if terminal else None,

@@ -127,15 +127,20 @@ class SQLiteStore(SqlStore):
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
         batch, self._pending = self._pending, []
-        if self._loop_conn is None:
-            self._loop_conn = self._open(0)
-        cur = self._loop_conn.cursor()
         try:
+            if self._loop_conn is None:
+                self._loop_conn = self._open(0)
+            cur = self._loop_conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
-            # Another connection holds the write lock: let the database thread wait for it.
+            # Another connection holds the write lock (or, opening, a lock the WAL switch
+            # needs): let the database thread, which waits on the busy timeout, do it.
             for fn, future in batch:
                 self._submit(_Job(fn, True, future, loop))
+            return
+        except BaseException as exc:  # not a database, say: every caller learns it
+            for _, future in batch:
+                settle(future, None, exc)
             return
         outcomes = self._run_group(cur, [fn for fn, _ in batch])
         for (_, future), (result, error) in zip(batch, outcomes, strict=True):
@@ -170,8 +175,8 @@ class SQLiteStore(SqlStore):
         self._write_group(batch)
 
     def _read(self, job: _Job) -> None:
-        cur = self._connect().cursor()
         try:
+            cur = self._connect().cursor()
             cur.execute("BEGIN")
             try:
                 job.finish(job.fn(cur), None)
@@ -181,8 +186,8 @@ class SQLiteStore(SqlStore):
             job.finish(None, exc)
 
     def _write_group(self, batch: list[_Job]) -> None:
-        cur = self._connect().cursor()
         try:
+            cur = self._connect().cursor()
             cur.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
             for job in batch:
@@ -236,7 +241,7 @@ class SQLiteStore(SqlStore):
             return await future
         except sqlite3.IntegrityError:
             raise
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
             raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
 
     def _insert_event(self, cur: Any, sql: str, params: Sequence[Any]) -> int | None:
