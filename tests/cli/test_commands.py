@@ -277,3 +277,12 @@ def test_chain_agent_fixture_is_intact() -> None:
     # The subprocess tests copy it; keep it runnable as shipped.
     assert (CHAIN / "agent.yaml").is_file() and shutil.which("python") is not None
     assert CliRunner().invoke(cli, ["--help"]).exit_code == 0
+
+
+@pytest.mark.parametrize("command", ["worker", "serve", "dev"])
+def test_an_unknown_log_level_is_a_usage_error(
+    runner: CliRunner, chain: Path, command: str
+) -> None:
+    result = invoke(runner, command, "--log-level", "loud")
+    assert result.exit_code == 2
+    assert "'loud' is not one of" in result.output and "'warning'" in result.output

@@ -41,6 +41,8 @@ log = logging.getLogger("toren.cli")
 # here was not recorded, so it simply runs again (under the new code).
 RELOAD_DRAIN = 0.5
 
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
+
 
 def agents_and_database(fn: F) -> F:
     """The --agents and --database-url options of the long-running commands."""
@@ -155,7 +157,13 @@ class WorkerSwitch:
     "[env: TOREN_CODE_VERSION]",
 )
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
-@click.option("--log-level", default="warning", envvar="TOREN_LOG_LEVEL", show_default=True)
+@click.option(
+    "--log-level",
+    type=LOG_LEVELS,
+    default="warning",
+    envvar="TOREN_LOG_LEVEL",
+    show_default=True,
+)
 def dev(
     directory: Path, port: int, code_version: str | None, no_console: bool, log_level: str
 ) -> None:
@@ -183,7 +191,7 @@ async def _dev(root: Path, host: str, port: int, code_version: str | None, conso
             printer.print(f"[bold]toren dev[/] · agents in {escape(str(root))}")
             for name, version in sorted((versions or {}).items()):
                 printer.print(f"  agent [cyan]{escape(name)}[/] code version {escape(version)}")
-            printer.print(f"  API      {server.url}/v1   (OpenAPI: {server.url}/docs)")
+            printer.print(f"  API      {server.url}/v1   (OpenAPI: {server.url}/v1/openapi.json)")
             if console:
                 printer.print(f"  console  {server.url}/")
             printer.print(f"  database {escape(runtime.settings.database_url)}")
@@ -277,7 +285,13 @@ async def _watch(
 )
 @agents_and_database
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
-@click.option("--log-level", default="info", envvar="TOREN_LOG_LEVEL", show_default=True)
+@click.option(
+    "--log-level",
+    type=LOG_LEVELS,
+    default="info",
+    envvar="TOREN_LOG_LEVEL",
+    show_default=True,
+)
 def serve(
     host: str,
     port: int,
@@ -372,7 +386,13 @@ def _uvicorn_level() -> str:
     "for their leases to expire. Never give two live workers the same id. "
     "[env: TOREN_WORKER_ID]",
 )
-@click.option("--log-level", default="info", envvar="TOREN_LOG_LEVEL", show_default=True)
+@click.option(
+    "--log-level",
+    type=LOG_LEVELS,
+    default="info",
+    envvar="TOREN_LOG_LEVEL",
+    show_default=True,
+)
 def worker(
     agents_root: Path,
     database_url: str | None,
