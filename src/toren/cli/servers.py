@@ -44,6 +44,13 @@ RELOAD_DRAIN = 0.5
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
 
+def log_level_option(default: str) -> Callable[[F], F]:
+    """``--log-level``: one of the five level names (env ``TOREN_LOG_LEVEL``)."""
+    return click.option(
+        "--log-level", type=LOG_LEVELS, default=default, envvar="TOREN_LOG_LEVEL", show_default=True
+    )
+
+
 def agents_and_database(fn: F) -> F:
     """The --agents and --database-url options of the long-running commands."""
     fn = click.option(
@@ -157,13 +164,7 @@ class WorkerSwitch:
     "[env: TOREN_CODE_VERSION]",
 )
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
-@click.option(
-    "--log-level",
-    type=LOG_LEVELS,
-    default="warning",
-    envvar="TOREN_LOG_LEVEL",
-    show_default=True,
-)
+@log_level_option("warning")
 def dev(
     directory: Path, port: int, code_version: str | None, no_console: bool, log_level: str
 ) -> None:
@@ -285,13 +286,7 @@ async def _watch(
 )
 @agents_and_database
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
-@click.option(
-    "--log-level",
-    type=LOG_LEVELS,
-    default="info",
-    envvar="TOREN_LOG_LEVEL",
-    show_default=True,
-)
+@log_level_option("info")
 def serve(
     host: str,
     port: int,
@@ -386,13 +381,7 @@ def _uvicorn_level() -> str:
     "for their leases to expire. Never give two live workers the same id. "
     "[env: TOREN_WORKER_ID]",
 )
-@click.option(
-    "--log-level",
-    type=LOG_LEVELS,
-    default="info",
-    envvar="TOREN_LOG_LEVEL",
-    show_default=True,
-)
+@log_level_option("info")
 def worker(
     agents_root: Path,
     database_url: str | None,
