@@ -95,10 +95,14 @@ class SQLiteStore(SqlStore):
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=busy_ms / 1000
         )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        conn.execute(f"PRAGMA busy_timeout={busy_ms}")
-        conn.execute("PRAGMA foreign_keys=OFF")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(f"PRAGMA busy_timeout={busy_ms}")
+            conn.execute("PRAGMA foreign_keys=OFF")
+        except BaseException:  # locked, or not a database: a later call opens it afresh
+            conn.close()
+            raise
         return conn
 
     def _connect(self) -> sqlite3.Connection:
@@ -141,6 +145,8 @@ class SQLiteStore(SqlStore):
         except BaseException as exc:  # not a database, say: every caller learns it
             for _, future in batch:
                 settle(future, None, exc)
+            if not isinstance(exc, Exception):
+                raise  # an interrupt still interrupts the loop
             return
         outcomes = self._run_group(cur, [fn for fn, _ in batch])
         for (_, future), (result, error) in zip(batch, outcomes, strict=True):
