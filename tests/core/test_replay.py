@@ -105,15 +105,14 @@ def test_reuse_matches_nth_occurrence_and_skips_failures() -> None:
         invalidate("main", 0),
     ]
     log = RunLog.fold("r", events)
-    view = log.streams["main"]
-    first = reusable_tool(log, view, "send")
+    first = reusable_tool(log, "main", "send")
     assert first is not None and first.first.payload.result == 1
     log.reused_seqs.add(first.first.seq)
-    second = reusable_tool(log, view, "send")
+    second = reusable_tool(log, "main", "send")
     assert second is not None and second.first.payload.result == 3  # the failed one is skipped
     log.reused_seqs.add(second.first.seq)
-    assert reusable_tool(log, view, "send") is None
-    assert reusable_tool(log, view, "other") is None
+    assert reusable_tool(log, "main", "send") is None
+    assert reusable_tool(log, "main", "other") is None
 
 
 def test_reuse_is_counted_from_the_log_across_ticks() -> None:
@@ -122,7 +121,7 @@ def test_reuse_is_counted_from_the_log_across_ticks() -> None:
         "main", 0, ToolCallRecorded(name="t", result=1, reused_from_seq=first.seq), "send", gen=1
     )
     log = RunLog.fold("r", [first, invalidate("main", 0), reused])
-    assert reusable_tool(log, log.streams["main"], "send") is None
+    assert reusable_tool(log, "main", "send") is None
 
 
 def test_descendants_follow_children_recursively() -> None:

@@ -147,6 +147,10 @@ class ChildStarted(Payload):
     process: str = ""
     input: Any = None
     child_stream: str = ""
+    # Set when this child replaces an identical spawn superseded by an invalidation (the
+    # spawn moved to another position): the superseded child stream it continues, whose
+    # identical tool calls it reuses rather than performing them again.
+    continues: str | None = None
 
 
 @dataclass(frozen=True)

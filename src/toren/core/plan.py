@@ -195,7 +195,15 @@ class PlanRunner(TickRunner):
     _await_message = _hold
 
     async def _run_child(
-        self, ctx: Context, pos: int, gen: int, digest: str, process: str, input: Any, live: bool
+        self,
+        ctx: Context,
+        pos: int,
+        gen: int,
+        digest: str,
+        process: str,
+        input: Any,
+        live: bool,
+        continues: str | None = None,
     ) -> Any:
         if live:
             return await self._hold()

@@ -17,6 +17,7 @@ from toren.core.events import (
     TERMINAL_TYPES,
     ChildStarted,
     Event,
+    MessageReceived,
     RunStarted,
     StreamInvalidated,
     TimerScheduled,
@@ -125,6 +126,8 @@ class RunLog:
     started: RunStarted | None = None
     terminal: Event | None = None
     reused_seqs: set[int] = field(default_factory=set)
+    # A child stream that replaces a superseded identical spawn -> the stream it continues.
+    continues: dict[str, str] = field(default_factory=dict)
     last_seq: int = 0
 
     def stream(self, name: str) -> StreamView:
@@ -141,8 +144,11 @@ class RunLog:
             elif event.type in TERMINAL_TYPES:
                 self.terminal = event
             return
-        if isinstance(event.payload, ToolCallRecorded) and event.payload.reused_from_seq:
-            self.reused_seqs.add(event.payload.reused_from_seq)
+        payload = event.payload
+        if isinstance(payload, ToolCallRecorded) and payload.reused_from_seq:
+            self.reused_seqs.add(payload.reused_from_seq)
+        elif isinstance(payload, ChildStarted) and payload.continues:
+            self.continues[payload.child_stream] = payload.continues
         self.stream(event.stream).apply(event)
 
     @classmethod
@@ -215,11 +221,32 @@ def descendants(log: RunLog, streams: Iterable[str]) -> list[str]:
     return out
 
 
-def reusable_tool(log: RunLog, view: StreamView, digest: str) -> Step | None:
+def lineage(log: RunLog, stream: str) -> list[str]:
+    """``stream`` and the superseded child streams it continues, nearest first: a spawn
+    that moved to another position runs under a new stream name, yet continues the old."""
+    out = [stream]
+    while (older := log.continues.get(out[-1])) is not None and older not in out:
+        out.append(older)
+    return out
+
+
+def superseded_pool(log: RunLog, stream: str) -> list[Step]:
+    """The superseded steps a new step of ``stream`` may reuse: its own stream's and those
+    of the superseded child streams it continues."""
+    pool: list[Step] = []
+    for name in lineage(log, stream):
+        view = log.streams.get(name)
+        if view is not None:
+            pool.extend(view.superseded)
+    return pool
+
+
+def reusable_tool(log: RunLog, stream: str, digest: str) -> Step | None:
     """After an invalidation, the n-th new call of an identical tool request reuses the
-    n-th superseded one: a prompt edit must never re-send the email. Failed calls are not
-    reused (re-trying them is what the user would expect)."""
-    for step in view.superseded:
+    n-th superseded one: a prompt edit must never re-send the email, nor must a spawn that
+    moved to another position. Failed calls are not reused (re-trying them is what the
+    user would expect)."""
+    for step in superseded_pool(log, stream):
         if step.kind != "tool" or step.digest != digest:
             continue
         payload = step.first.payload
@@ -229,3 +256,47 @@ def reusable_tool(log: RunLog, view: StreamView, digest: str) -> Step | None:
             continue
         return step
     return None
+
+
+def continued_child(log: RunLog, stream: str, digest: str) -> str | None:
+    """The superseded child stream a new identical spawn in ``stream`` continues (n-th new
+    spawn to n-th superseded one), so that its tool calls are not performed twice."""
+    taken = set(log.continues.values())
+    for step in superseded_pool(log, stream):
+        payload = step.first.payload
+        if step.kind != "child" or step.digest != digest or not isinstance(payload, ChildStarted):
+            continue
+        if payload.child_stream not in taken:
+            return payload.child_stream
+    return None
+
+
+def received_message(step: Step) -> MessageReceived | None:
+    """The message a message-wait step received (None: it timed out or is still waiting)."""
+    for event in (step.done, step.first):
+        if event is not None and isinstance(event.payload, MessageReceived):
+            return event.payload
+    return None
+
+
+def redeliverable_message(log: RunLog, name: str) -> MessageReceived | None:
+    """The oldest message named ``name`` that only superseded steps received. A message
+    belongs to the run, not to the step that consumed it: when an invalidation supersedes
+    that step, the message goes back in line, first in its original order, for the next
+    wait on its name in any stream (the inbox row stays consumed; the log says who holds
+    it)."""
+    candidates: dict[int, MessageReceived] = {}
+    for view in log.streams.values():
+        for step in view.superseded:
+            if step.kind != "message":
+                continue
+            message = received_message(step)
+            if message is not None and message.name == name and message.inbox_id is not None:
+                candidates[message.inbox_id] = message
+    if not candidates:
+        return None
+    for view in log.streams.values():
+        for step in view.steps.values():
+            if step.kind == "message" and (message := received_message(step)) is not None:
+                candidates.pop(message.inbox_id or -1, None)
+    return candidates[min(candidates)] if candidates else None

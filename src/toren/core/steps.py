@@ -36,6 +36,8 @@ from toren.core.program import AgentProgram, ToolDef
 from toren.core.replay import (
     Replay,
     Step,
+    continued_child,
+    redeliverable_message,
     reusable_tool,
 )
 from toren.errors import (
@@ -251,7 +253,7 @@ class Steps(TickState):
         tooldef = ctx.program.tools.get(name)
         reuse = None
         if tooldef is None or not tooldef.reexecute:
-            reuse = reusable_tool(self.log, self.log.stream(ctx.stream), digest)
+            reuse = reusable_tool(self.log, ctx.stream, digest)
             if reuse is not None:
                 self.log.reused_seqs.add(reuse.first.seq)  # claimed now, in call order
         return self._live_tool(ctx, pos, gen, digest, name, args, tooldef, reuse)
@@ -434,15 +436,12 @@ class Steps(TickState):
         two_phase = deadline is not None
         async with self._busy():
             while True:
-                message = await self.store.next_message(self.run_id, [name])
-                if message is not None:
-                    received = MessageReceived(
-                        name=name, payload=message.payload, inbox_id=message.id
-                    )
-                    event = self._event(ctx.stream, pos, gen, digest, received, done=two_phase)
-                    await self._write([event], consume=message.id)
+                # One taker at a time: two waits on one name must not both take a message.
+                async with self._inbox:
+                    received = await self._take_message(ctx, pos, gen, digest, name, two_phase)
+                if received is not None:
                     self.executed += 1
-                    return message.payload
+                    return received.payload
                 now = self.clock.now()
                 if deadline is not None and now >= deadline:
                     fired = TimerFired(fired_at=now)
@@ -453,6 +452,23 @@ class Steps(TickState):
                     await self.clock.sleep(min(deadline - now, self.deps.settings.poll_interval))
                 else:
                     await self._park(deadline, (name,))
+
+    async def _take_message(
+        self, ctx: Context, pos: int, gen: int, digest: str, name: str, two_phase: bool
+    ) -> MessageReceived | None:
+        """Record the next message named ``name`` as received by this step: first one that
+        only superseded steps received (it goes back in line), then the inbox's oldest."""
+        received = redeliverable_message(self.log, name)
+        consume = None
+        if received is None:
+            message = await self.store.next_message(self.run_id, [name])
+            if message is None:
+                return None
+            received = MessageReceived(name=name, payload=message.payload, inbox_id=message.id)
+            consume = message.id
+        event = self._event(ctx.stream, pos, gen, digest, received, done=two_phase)
+        await self._write([event], consume=consume)
+        return received
 
     def child_step(
         self, ctx: Context, pos: int, digest: str, process: str, input: Any
@@ -469,7 +485,10 @@ class Steps(TickState):
                     return _fail(recorded_error(StepFailed, done.error))
                 return _done(done.output)
             return self._run_child(ctx, pos, step.first.generation, digest, process, input, False)
-        return self._run_child(ctx, pos, gen, digest, process, input, True)
+        continues = continued_child(self.log, ctx.stream, digest)
+        if continues is not None:  # claimed now, in call order
+            self.log.continues[f"{ctx.stream}/{pos}"] = continues
+        return self._run_child(ctx, pos, gen, digest, process, input, True, continues)
 
     async def _run_child(
         self,
@@ -480,11 +499,14 @@ class Steps(TickState):
         process: str,
         input: Any,
         live: bool,
+        continues: str | None = None,
     ) -> Any:
         child_stream = f"{ctx.stream}/{pos}"
         program = self.deps.agents.resolve(ctx.agent, process)
         if live:
-            started = ChildStarted(process=process, input=input, child_stream=child_stream)
+            started = ChildStarted(
+                process=process, input=input, child_stream=child_stream, continues=continues
+            )
             async with self._busy():
                 await self._write([self._event(ctx.stream, pos, gen, digest, started)])
         child = Context(self, child_stream, program, input)

@@ -266,6 +266,7 @@ class TickState:
         # Per stream: the message hashes of its last model request and their list node.
         self._lists: dict[str, tuple[list[str], str]] = {}
         self._lock = asyncio.Lock()
+        self._inbox = asyncio.Lock()  # taking a message: see Steps._await_message
         self._barrier: asyncio.Task[Any] | None = None
         self._inflight = 0
         self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
