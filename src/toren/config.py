@@ -29,6 +29,9 @@ class Settings:
     poll_interval: float = 0.25  # idle claim polling (SQLite; Postgres also LISTENs)
     worker_ttl: float = 30.0  # a worker silent this long is not live (storm guard)
     inline_wait: float = 2.0  # sleeps/timeouts this short wait in-process, not parked
+    # A run whose other branches all wait durably parks only once a branch busy with work
+    # the log does not cover (an await outside ctx) finishes, or after this many seconds.
+    park_grace: float = 10.0
     code_version: str | None = None  # overrides the agent directory hash
     # During rolling deploys, never invalidate a suffix written by a newer live code
     # version (back off instead). Off only to demonstrate the storm it prevents.

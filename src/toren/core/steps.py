@@ -393,15 +393,18 @@ class Steps(TickState):
     async def _park(self, not_before: float | None, names: tuple[str, ...]) -> None:
         """Wait for the tick to park the run; never returns (the agent task is cancelled)."""
         entry = (not_before, names)
+        parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(entry)
+        self._park_futures.add(parked)
         self._inflight -= 1
         if self._inflight == 0:
             self._wake.set()
         try:
-            await asyncio.Future()
+            await parked
         finally:
             self._inflight += 1
             self._waiters.remove(entry)
+            self._park_futures.discard(parked)
 
     def message_step(
         self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from toren.core.branches import IDLE, READY, UNKNOWN, verdict
 from toren.core.context import Context
 from toren.core.events import (
     Event,
@@ -157,19 +158,58 @@ class TickRunner(Steps):
             if self._draining and self._inflight == 0:
                 self._stop(_Drain("worker draining"))
                 break
-            if self._parkable():
-                # Let steps that just resolved run on before deciding the run is idle.
-                for _ in range(8):
-                    await asyncio.sleep(0)
-                if self._parkable() and not self._task.done():
-                    # Snapshot first: cancelling the agent task unwinds the waiters.
-                    self._parked = list(self._waiters)
-                    self._stop(_Park("waiting"))
+            if self._parkable() and await self._settled():
+                # Snapshot first: cancelling the agent task unwinds the waiters.
+                self._parked = list(self._waiters)
+                self._stop(_Park("waiting"))
         with contextlib.suppress(BaseException):
             await self._task
 
     def _parkable(self) -> bool:
         return bool(self._waiters) and self._inflight == 0
+
+    async def _settled(self) -> bool:
+        """Whether the run is idle, so that parking loses nothing: every branch of the
+        agent code waits on a durable wait. Branches that can run are let run; a branch
+        awaiting other work (outside ``ctx``) is waited for, up to ``park_grace`` seconds,
+        after which the run parks anyway and that work runs again on resume. False when
+        something else came up first (a live step, the end, a cancel, a drain)."""
+        assert self._task is not None
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while self._parkable() and not self._task.done():
+            if self._abort is not None or self._draining:
+                return False
+            found = verdict(self._task, self._park_futures.__contains__)
+            if found.state == IDLE:
+                return True
+            if found.state == UNKNOWN:  # no way to tell: let ready branches run, then park
+                for _ in range(8):
+                    await asyncio.sleep(0)
+                return self._parkable() and not self._task.done()
+            if found.state == READY:
+                await asyncio.sleep(0)
+                continue
+            now = loop.time()
+            if deadline is None:
+                deadline = now + self.deps.settings.park_grace
+            if now >= deadline:
+                log.info(
+                    "run %s parks while a branch still awaits work outside ctx after %.0fs "
+                    "(park_grace); that work is cancelled and runs again when the run resumes",
+                    self.run_id,
+                    self.deps.settings.park_grace,
+                )
+                return True
+            self._wake.clear()
+            woken = asyncio.ensure_future(self._wake.wait())
+            await asyncio.wait(
+                {*found.futures, self._task, woken},
+                timeout=deadline - now,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            woken.cancel()
+        return False
 
     async def _conclude(self) -> TickResult:
         assert self._task is not None
@@ -215,6 +255,7 @@ class TickRunner(Steps):
     # -- releasing the run ----------------------------------------------------------------
 
     async def _release(self, release: Release) -> list[Event]:
+        self.releasing = True
         barrier = self._barrier
         if barrier is not None and not barrier.done():
             with contextlib.suppress(BaseException):
@@ -260,6 +301,7 @@ class TickRunner(Steps):
         the run back for later instead of failing it. Nothing is lost."""
         not_before = self.clock.now() + self.deps.settings.drain_window
         log.error("run %s deferred: %s", self.run_id, exc.message)
+        self.releasing = True
         await self.store.release(
             self.lease,
             Release("queued", not_before=not_before, error=error_dict(exc)),

@@ -271,6 +271,7 @@ class TickState:
         self._inflight = 0
         self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
         self._parked: list[tuple[float | None, tuple[str, ...]]] = []
+        self._park_futures: set[asyncio.Future[None]] = set()  # what parked branches await
         self._wake = asyncio.Event()
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -282,6 +283,7 @@ class TickState:
         self.replayed = self.executed = self.invalidations = 0
         self._draining = False
         self._replaying = False
+        self.releasing = False  # giving the run back: the lease is let go on purpose
 
     # -- public controls ------------------------------------------------------------------
 
@@ -297,6 +299,11 @@ class TickState:
 
     def cancel(self) -> None:
         self._stop(_Cancel("cancelled"))
+
+    def lose_lease(self, why: str) -> None:
+        """Another worker holds the run now (this one's lease ran out): stop at once, so a
+        step in flight here is not paid for twice; nothing more can be written anyway."""
+        self._stop(_LeaseGone(LeaseLost(why)))
 
     def begin_drain(self) -> None:
         """Graceful drain: start no new live step; steps in flight finish and are recorded,
