@@ -246,3 +246,41 @@ async def test_a_restarted_worker_with_a_stable_id_takes_its_runs_back(store: St
     deps2 = toren.TickDeps(store=store, agents=reg, settings=settings(), worker_id="host-a")
     async with toren.LocalWorkerRuntime(deps2):
         pass
+
+
+async def test_a_worker_that_lost_its_lease_stops_the_step_in_flight(store: Store) -> None:
+    """The lease ran out (a long GC pause, a partition) and another worker took the run:
+    the next heartbeat sees it is no longer held and stops the tick here, so the tool in
+    flight is not paid for twice (the other worker runs it again)."""
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def slow(**_: Any) -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
+        return "never"
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        return await ctx.tool("slow")
+
+    reg = toren.Registry()
+    reg.add("s", agent, tools={"slow": toren.ToolDef("slow", slow, ToolSpec("slow"))})
+    # Heartbeats are driven by hand below: the loop's interval is out of the way.
+    deps = toren.TickDeps(
+        store=store, agents=reg, settings=settings(lease=LeaseSettings(ttl=60, heartbeat=3600))
+    )
+    run = await toren.start_run(store, reg, "s")
+    async with toren.LocalWorkerRuntime(deps) as worker:
+        await started.wait()
+        now = deps.clock.now()
+        await store.expire_leases(worker.worker_id, now=now)
+        taken = await store.claim("other-worker", 1, now=now, ttl=60, only=run.id)
+        assert [lease.run_id for lease in taken] == [run.id]
+        await worker.heartbeat()
+        await asyncio.wait_for(stopped.wait(), timeout=30)
+    row = await store.get_run(run.id)
+    assert row is not None and row.lease_owner == "other-worker"
+    assert [e.type for e in await store.load_events(run.id)] == ["RunStarted"]

@@ -187,13 +187,25 @@ class LocalWorkerRuntime:
         now = self.deps.clock.now()
         store = self.deps.store
         await store.heartbeat_worker(self.worker_id, now=now, draining=False)
+        renewing = {run_id: runner for run_id, (runner, _) in self._active.items()}
         held, cancels = await store.renew(
-            self.worker_id, list(self._active), expires_at=now + self.settings.lease.ttl
+            self.worker_id, list(renewing), expires_at=now + self.settings.lease.ttl
         )
         for run_id in cancels:
             entry = self._active.get(run_id)
             if entry is not None:
                 entry[0].cancel()
+        for run_id, runner in renewing.items():
+            entry = self._active.get(run_id)
+            if run_id in held or runner.releasing or entry is None or entry[0] is not runner:
+                continue  # held, or that tick is ending (a new tick of the run is not judged)
+            log.warning(
+                "worker %s lost its lease on run %s (it ran out, and the run is another "
+                "worker's now or released); stopping its tick here",
+                self.worker_id,
+                run_id,
+            )
+            runner.lose_lease(f"worker {self.worker_id} no longer holds run {run_id!r}")
 
     def cancel_local(self, run_id: str) -> bool:
         """Cancel a run this worker is executing right now (the API calls this in-process
