@@ -610,3 +610,26 @@ async def test_a_finished_tick_frees_its_log_without_the_cycle_collector(store: 
         assert alive == [], f"{len(alive)} events of the finished tick are still alive"
     finally:
         gc.enable()
+
+
+async def test_a_message_sent_after_the_timeout_does_not_beat_it(store: Store) -> None:
+    """The worker resumes the run only after both the timeout and a message sent later:
+    the timeout came first, so the wait returns None and the message waits for the next
+    wait on its name."""
+    clock = toren.ManualClock()
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        first = await ctx.wait_for_message("reply", timeout=60)
+        second = await ctx.wait_for_message("reply")
+        return [first, second]
+
+    reg = toren.Registry()
+    reg.add("r", agent)
+    deps = make_deps(store, reg, ScriptedProvider(), clock=clock)
+    run = await toren.start_run(store, reg, "r", clock=clock)
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    await clock.advance(90)  # the worker was away past the deadline...
+    await store.send_message(run.id, "reply", "late", now=clock.now())  # ...and this came
+    result = await toren.tick(run.id, deps)
+    assert result.status == "completed", result
+    assert result.output == [None, "late"]

@@ -436,12 +436,11 @@ class Steps(TickState):
     async def _await_message(
         self, ctx: Context, pos: int, gen: int, digest: str, name: str, deadline: float | None
     ) -> Any:
-        two_phase = deadline is not None
         async with self._busy():
             while True:
                 # One taker at a time: two waits on one name must not both take a message.
                 async with self._inbox:
-                    received = await self._take_message(ctx, pos, gen, digest, name, two_phase)
+                    received = await self._take_message(ctx, pos, gen, digest, name, deadline)
                 if received is not None:
                     self.executed += 1
                     return received.payload
@@ -457,19 +456,21 @@ class Steps(TickState):
                     await self._park(deadline, (name,))
 
     async def _take_message(
-        self, ctx: Context, pos: int, gen: int, digest: str, name: str, two_phase: bool
+        self, ctx: Context, pos: int, gen: int, digest: str, name: str, deadline: float | None
     ) -> MessageReceived | None:
         """Record the next message named ``name`` as received by this step: first one that
-        only superseded steps received (it goes back in line), then the inbox's oldest."""
+        only superseded steps received (it goes back in line), then the inbox's oldest,
+        unless it was sent after the wait's deadline (the timeout came first, even if this
+        worker only sees both now; the message stays for a later wait)."""
         received = redeliverable_message(self.log, name)
         consume = None
         if received is None:
             message = await self.store.next_message(self.run_id, [name])
-            if message is None:
+            if message is None or (deadline is not None and message.created_at > deadline):
                 return None
             received = MessageReceived(name=name, payload=message.payload, inbox_id=message.id)
             consume = message.id
-        event = self._event(ctx.stream, pos, gen, digest, received, done=two_phase)
+        event = self._event(ctx.stream, pos, gen, digest, received, done=deadline is not None)
         await self._write([event], consume=consume)
         return received
 
