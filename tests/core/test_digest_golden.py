@@ -226,3 +226,13 @@ def test_prefix_reuse_survives_a_caller_reusing_its_list() -> None:
     for i in range(1, 5):  # replaced in place; the old objects are gone from the list
         history[i] = Message(role="user", content=f"new {i}")
     assert cache.messages(history) == [message_hash(dict(m)) for m in history]
+
+
+def test_cache_tells_a_dict_mutated_in_place_from_zero_to_negative_zero() -> None:
+    """0.0 == -0.0 in Python, but their canonical forms differ ("0.0", "-0.0"): a dict
+    mutated in place from one to the other must be hashed again, not served from cache."""
+    cache = HashCache()
+    message: dict[str, Any] = {"role": "tool", "content": "t", "score": 0.0}
+    assert cache.message(message) == message_hash(dict(message))
+    message["score"] = -0.0
+    assert cache.message(message) == message_hash(dict(message))

@@ -316,5 +316,8 @@ def _shape(obj: Any) -> Any:
         return (list, *(_shape(v) for v in obj))
     if isinstance(obj, ToolSpec):
         return (obj.name, obj.description, _shape(obj.parameters))
-    # The type keeps 1, 1.0 and True apart: equal in Python, different in JSON.
+    # The type keeps 1, 1.0 and True apart: equal in Python, different in JSON; a float's
+    # exact bits keep 0.0 and -0.0 apart (equal in Python, "0.0" and "-0.0" in JSON).
+    if type(obj) is float:
+        return (float, obj.hex())
     return (type(obj), obj)
