@@ -420,11 +420,16 @@ class SqlStore:
             if consume_inbox is not None:
                 cur = self._x(
                     cur,
-                    "UPDATE inbox SET consumed_seq = ? WHERE id = ? AND consumed_seq IS NULL",
-                    (stored[-1].seq, consume_inbox),
+                    "UPDATE inbox SET consumed_seq = ? "
+                    "WHERE id = ? AND run_id = ? AND consumed_seq IS NULL",
+                    (stored[-1].seq, consume_inbox, lease.run_id),
                 )
                 if cur.rowcount != 1:
-                    raise LeaseLost(f"message {consume_inbox} was consumed by another writer")
+                    raise LeaseLost(
+                        f"message {consume_inbox} is not an unconsumed message of run "
+                        f"{lease.run_id}: another writer consumed it, or it belongs to "
+                        "another run"
+                    )
             return stored
 
         try:
