@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 import toren
+from toren.agents.resolver import DirectoryResolver
 from toren.api import create_app, running_server
 from toren.store import Store
 
-from .support import SECRET, TOKEN, Api, registry
+from .support import SECRET, TOKEN, Api, read_sse, registry
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
@@ -301,3 +303,160 @@ async def test_concurrent_idempotent_starts_make_one_run(api: Api) -> None:
         )
     assert {r.json()["id"] for r in results} == {results[0].json()["id"]}
     assert sorted(r.status_code for r in results).count(201) == 1
+
+
+def nested(depth: int) -> Any:
+    """``depth`` levels of objects and arrays: {"a": [{"a": [...]}]}."""
+    value: Any = "leaf"
+    for level in range(depth):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
+def depth_of(value: Any) -> int:
+    depth = 0
+    while isinstance(value, dict | list):
+        value, depth = (value["a"] if isinstance(value, dict) else value[0]), depth + 1
+    return depth
+
+
+async def test_deeply_nested_json_is_refused_and_nothing_is_stored(api: Api) -> None:
+    waiting = await api.client.start_run("approval", {})
+    await toren.wait_for_run(api.store, waiting.id, until=("waiting",), timeout=20)
+    before = [r.id for r in await api.store.list_runs(limit=200)]
+    async with api.http() as http:
+        ok = await http.post("/v1/runs", json={"agent": "approval", "input": nested(64)})
+        assert ok.status_code == 201, ok.text  # the documented limit itself is accepted
+        assert depth_of(ok.json()["input"]) == 64
+        refused = [
+            await http.post("/v1/runs", json={"agent": "approval", "input": nested(65)}),
+            await http.post("/v1/runs", json={"agent": "approval", "input": nested(300)}),
+            await http.post(
+                f"/v1/runs/{waiting.id}/messages", json={"name": "other", "payload": nested(300)}
+            ),
+            # Deeper than Python's JSON parser goes: refused with the same limit named.
+            await http.post(
+                "/v1/runs",
+                content=b'{"agent": "approval", "input": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                headers={"content-type": "application/json"},
+            ),
+        ]
+        for r in refused:
+            assert r.status_code == 422 and error_of(r)["code"] == "invalid_request", r.text
+            assert "at most 64 levels" in error_of(r)["message"], r.text
+        assert "body.input" in error_of(refused[1])["message"]
+        assert "body.payload" in error_of(refused[2])["message"]
+        listed = await http.get("/v1/runs", params={"limit": 200})
+        assert listed.status_code == 200
+    after = [r.id for r in await api.store.list_runs(limit=200)]
+    assert after == [ok.json()["id"], *before]  # the refused runs were not stored
+    assert await api.store.next_message(waiting.id, ["other"]) is None
+
+
+async def test_a_stored_deep_value_never_breaks_reading_runs(api: Api) -> None:
+    # The host API stores what the HTTP API refuses (and older servers stored it too).
+    deep = await toren.start_run(api.store, registry(), "approval", {"deep": nested(400)})
+    await toren.wait_for_run(api.store, deep.id, until=("waiting",), timeout=20)
+    async with api.http() as http:
+        for path in ("/v1/runs", f"/v1/runs/{deep.id}", f"/v1/runs/{deep.id}/events"):
+            r = await http.get(path)
+            assert r.status_code == 200, (path, r.text[:300])
+        run = (await http.get(f"/v1/runs/{deep.id}")).json()
+        # The run is readable; what lies past the redactor's bound comes back as a marker.
+        cut = run["input"]["deep"]
+        for _ in range(126):
+            cut = cut["a"] if isinstance(cut, dict) else cut[0]
+        assert cut == "[nested deeper than 128 levels]"
+        started = (await http.get(f"/v1/runs/{deep.id}/events")).json()["events"][0]
+        assert started["type"] == "RunStarted" and "[nested deeper than" in json.dumps(started)
+        await api.client.cancel(deep.id)
+        async with http.stream("GET", f"/v1/runs/{deep.id}/stream") as stream:
+            messages = await read_sse(stream, until=lambda m: m.get("event") == "end")
+        assert messages[-1]["event"] == "end"
+        assert messages[-1]["data"]["run"]["status"] == "cancelled"
+
+
+async def test_agent_errors_and_error_bodies_are_redacted(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = "plain-value-0123456789"  # not key-shaped: only the environment names it
+    monkeypatch.setenv("ACME_API_KEY", plain)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "agent.yaml").write_text("name: broken\nmodel: scripted:echo\ninstructions: hi\n")
+    (broken / "tools.py").write_text(
+        f"import os\nraise RuntimeError('refused ' + os.environ['ACME_API_KEY'] + ' {SECRET}')\n"
+    )
+    app = create_app(store, DirectoryResolver(tmp_path), tokens=[TOKEN], console=False)
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, headers={"X-API-Key": TOKEN}) as http,
+    ):
+        agents = await http.get("/v1/agents")
+        assert agents.status_code == 200
+        (info,) = agents.json()["agents"]
+        assert info["name"] == "broken" and "RuntimeError: refused [redacted]" in info["error"]
+        responses = [
+            agents,
+            await http.post("/v1/runs", json={"agent": "broken"}),  # 400 agent_config_invalid
+            await http.post("/v1/runs", json={"agent": SECRET}),  # 404 quoting the name
+            await http.post("/v1/runs", json={"agent": f"{plain} {SECRET}"}),  # 422 details
+        ]
+        assert [r.status_code for r in responses] == [200, 400, 404, 422]
+        for r in responses:
+            assert SECRET not in r.text and plain not in r.text, r.text
+            assert "[redacted]" in r.text, r.text
+
+
+async def test_bodies_that_are_not_json_objects_say_what_is_expected(api: Api) -> None:
+    body = json.dumps({"agent": "echo", "input": {"n": 1}}).encode()
+    before = await api.store.list_runs(limit=200)
+    async with api.http() as http:
+
+        async def post(content: bytes, content_type: str | None) -> dict[str, Any]:
+            headers = {"content-type": content_type} if content_type else {}
+            r = await http.post("/v1/runs", content=content, headers=headers)
+            return {"status": r.status_code, **error_of(r)}
+
+        wrong_type = await post(body, "text/plain")
+        assert wrong_type["status"] == 415 and wrong_type["code"] == "unsupported_media_type"
+        assert wrong_type["message"] == "expected Content-Type application/json; got 'text/plain'"
+        no_type = await post(body, None)
+        assert no_type["status"] == 415
+        assert no_type["message"] == "expected Content-Type application/json; the request has none"
+        truncated = await post(body[:-2], "application/json")
+        assert (truncated["status"], truncated["code"]) == (422, "invalid_request")
+        assert truncated["message"] == (
+            f"body is not valid JSON: Expecting ',' delimiter at position {len(body) - 2}"
+        )
+        empty = await post(b"", "application/json")
+        assert empty["message"] == "the request body is empty; expected a JSON object"
+        array = await post(b"[1, 2]", "application/json")
+        assert array["message"] == "the request body is an array; expected a JSON object"
+        not_utf8 = await post(b'{"agent": "echo", "input": "\xff"}', "application/json")
+        assert not_utf8["status"] == 422 and "not valid UTF-8" in not_utf8["message"]
+        message = await http.post(
+            "/v1/runs/run_0190c2a5e1f3a1b2c3d4e5/messages",
+            content=b'{"name": "approve"}',
+            headers={"content-type": "text/plain"},
+        )
+        assert message.status_code == 415 and "application/json" in error_of(message)["message"]
+        charset = await http.post(
+            "/v1/runs", content=body, headers={"content-type": "application/json; charset=utf-8"}
+        )
+        assert charset.status_code == 201, charset.text
+    assert len(await api.store.list_runs(limit=200)) == len(before) + 1
+
+
+async def test_a_garbage_cursor_is_refused(api: Api) -> None:
+    ids = [(await api.client.start_run("approval", {"i": i})).id for i in range(2)]
+    async with api.http() as http:
+        for cursor in ("zzz", "run_", "run_zzz", ids[0].upper(), ids[0] + "0"):
+            r = await http.get("/v1/runs", params={"cursor": cursor})
+            assert r.status_code == 422, (cursor, r.text)
+            error = error_of(r)
+            assert error["code"] == "invalid_request"
+            assert error["message"].startswith(f"query.cursor: {cursor!r} is not a cursor; use ")
+            assert "next_cursor" in error["message"] and "'run_' and 22" in error["message"]
+        page = await http.get("/v1/runs", params={"cursor": ids[1]})
+        assert page.status_code == 200 and ids[0] in [r["id"] for r in page.json()["runs"]]

@@ -104,7 +104,7 @@ def create_app(
     )
     app.state.toren = state
     app.state.tokens = tuple(tokens)
-    install(app)
+    install(app, state.redact)
     for path, endpoint, options in _ROUTES:
         app.add_api_route(path, endpoint, **options)
     app.add_api_route(
@@ -239,7 +239,7 @@ def _route(method: str, path: str, **options: Any) -> Callable[[F], F]:
     summary="Start a run",
     responses={
         200: {"model": models.Run, "description": "The idempotency key named an existing run"},
-        **_errors(404, 409, 422),
+        **_errors(404, 409, 415, 422),
     },
 )
 async def start_run(
@@ -312,7 +312,8 @@ async def list_runs(
         str | None,
         Query(
             pattern=models.CURSOR_PATTERN,
-            description="The `next_cursor` of the previous page (a run id): older runs.",
+            description="The `next_cursor` of the previous page (a run id, `run_` and 22 "
+            "lowercase hex digits): older runs.",
         ),
     ] = None,
 ) -> dict[str, Any]:
@@ -417,7 +418,7 @@ async def stream_events(
     response_model=models.MessageAccepted,
     tags=["runs"],
     summary="Send a message to a run",
-    responses=_errors(404, 409, 422),
+    responses=_errors(404, 409, 415, 422),
 )
 async def send_message(
     run_id: str, body: models.SendMessageRequest, state: State
@@ -458,7 +459,10 @@ async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
     responses=_errors(),
 )
 async def list_agents(state: State) -> dict[str, Any]:
-    return {"agents": [_agent_info(state.agents, name) for name in state.agents.names()]}
+    # An agent that fails to load says why, and that message may quote a key (an
+    # exception raised while importing its tools.py, say).
+    agents = [_agent_info(state.agents, name) for name in state.agents.names()]
+    return cast(dict[str, Any], state.redact({"agents": agents}))
 
 
 def _agent_info(agents: AgentResolver, name: str) -> dict[str, Any]:

@@ -7,7 +7,8 @@ a 500 with a generic message (logged server-side with its traceback, never sent)
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from toren.api.models import CURSOR_HELP, MAX_JSON_DEPTH, NAME_HELP
 from toren.errors import (
     AgentNotFound,
     IdempotencyConflict,
@@ -25,6 +27,7 @@ from toren.errors import (
 )
 
 log = logging.getLogger("toren.api")
+INTERNAL_ERROR = "the server failed to handle this request; see its logs"
 
 STATUS_CODES: dict[int, str] = {
     400: "bad_request",
@@ -85,42 +88,118 @@ def status_for(exc: TorenError) -> int:
     return 500
 
 
-async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
+@dataclass(frozen=True)
+class Failure:
+    """What an error response says, before redaction."""
+
+    status: int
+    code: str
+    message: str
+    details: Any = None
+    headers: Mapping[str, str] | None = None
+
+
+def _on_api_error(request: Request, exc: Exception) -> Failure:
     assert isinstance(exc, ApiError)
-    return error_response(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
+    return Failure(exc.status_code, exc.code, exc.message, exc.details, exc.headers)
 
 
-async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+def _on_http_error(request: Request, exc: Exception) -> Failure:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
-        # FastAPI's answer to a body that is not UTF-8; malformed JSON is a 422, and so
-        # is this: one status for "the body cannot be read".
-        return error_response(422, "invalid_request", "the request body is not valid UTF-8 JSON")
+        # FastAPI's answer to a body json.loads raised on with something other than a
+        # JSONDecodeError; malformed JSON is a 422, and so is this.
+        return _unparsable_body(exc.__cause__)
     code = STATUS_CODES.get(exc.status_code, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
     if exc.status_code == 404 and exc.detail == "Not Found":
         message = f"no route {request.url.path!r}; the API lives under /v1"
     elif exc.status_code == 405:
         message = f"method {request.method} is not allowed on {request.url.path!r}"
-    return error_response(exc.status_code, code, message, headers=exc.headers)
+    return Failure(exc.status_code, code, message, headers=exc.headers)
 
 
-async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+def _unparsable_body(cause: BaseException | None) -> Failure:
+    if isinstance(cause, RecursionError):
+        message = (
+            "the request body nests objects and arrays too deeply to parse; "
+            f"send at most {MAX_JSON_DEPTH} levels"
+        )
+    elif isinstance(cause, UnicodeDecodeError):
+        message = f"the request body is not valid UTF-8: {cause.reason} at position {cause.start}"
+    else:
+        message = "the request body is not valid UTF-8 JSON"
+    return _invalid_body(message, "json_invalid")
+
+
+def _on_validation_error(request: Request, exc: Exception) -> Failure:
     assert isinstance(exc, RequestValidationError)
-    problems = [_problem(e) for e in exc.errors()]
+    errors = list(exc.errors())
+    body = _body_problem(request, errors)
+    if body is not None:
+        return body
+    problems = [_problem(e) for e in errors]
     message = "; ".join(f"{p['where']}: {p['message']}" for p in problems) or "invalid request"
-    return error_response(422, "invalid_request", message, problems)
+    return Failure(422, "invalid_request", message, problems)
+
+
+def _body_problem(request: Request, errors: list[Any]) -> Failure | None:
+    """A body that is not a JSON object at all gets one message saying what it is and what
+    is expected, not pydantic's "Input should be a valid dictionary"."""
+    whole = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
+    broken = [e for e in errors if e.get("type") == "json_invalid"]
+    if not whole and not broken:
+        return None
+    if whole and whole[0].get("type") == "missing":
+        return _invalid_body("the request body is empty; expected a JSON object", "missing")
+    content_type = request.headers.get("content-type")
+    if not _is_json(content_type):
+        got = f"got {content_type!r}" if content_type else "the request has none"
+        return Failure(
+            415, "unsupported_media_type", f"expected Content-Type application/json; {got}"
+        )
+    if broken:
+        position = broken[0]["loc"][-1]
+        reason = broken[0].get("ctx", {}).get("error", "malformed")
+        return _invalid_body(
+            f"body is not valid JSON: {reason} at position {position}", "json_invalid"
+        )
+    kind = _json_kind(whole[0].get("input"))
+    return _invalid_body(f"the request body is {kind}; expected a JSON object", "model_type")
+
+
+def _invalid_body(message: str, type_: str) -> Failure:
+    return Failure(
+        422, "invalid_request", message, [{"where": "body", "message": message, "type": type_}]
+    )
+
+
+def _is_json(content_type: str | None) -> bool:
+    """FastAPI's rule for a body it parses as JSON: ``application/json`` or
+    ``application/*+json``, parameters (``; charset=utf-8``) aside."""
+    media = (content_type or "").partition(";")[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+def _json_kind(value: Any) -> str:
+    kinds = ((bool, "a boolean"), (str, "a string"), (int | float, "a number"), (list, "an array"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), "null")
 
 
 def _problem(error: Any) -> dict[str, str]:
     loc = [str(part) for part in error.get("loc", ())]
     where = ".".join(loc) or "request"
     message = str(error.get("msg", "invalid"))
-    if error.get("type") == "string_pattern_mismatch" and loc[-1:] in (["agent"], ["process"]):
-        from toren.api.models import NAME_HELP
-
+    kind = error.get("type")
+    if kind == "string_pattern_mismatch" and loc[-1:] in (["agent"], ["process"]):
         message = f"{_quote(error.get('input'))} is not a valid name; use {NAME_HELP}"
-    return {"where": where, "message": message, "type": str(error.get("type", ""))}
+    elif kind == "string_pattern_mismatch" and loc == ["query", "cursor"]:
+        message = f"{_quote(error.get('input'))} is not a cursor; use {CURSOR_HELP}"
+    elif kind == "value_error" and "error" in error.get("ctx", {}):
+        message = str(error["ctx"]["error"])  # our validators' own words, unprefixed
+    return {"where": where, "message": message, "type": str(kind or "")}
 
 
 def _quote(value: Any) -> str:
@@ -128,29 +207,50 @@ def _quote(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-async def _on_toren_error(request: Request, exc: Exception) -> JSONResponse:
+def _on_toren_error(request: Request, exc: Exception) -> Failure:
     assert isinstance(exc, TorenError)
     status = status_for(exc)
     if status == 500:
-        return await _on_unexpected(request, exc)
-    return error_response(status, exc.code, exc.message)
+        return _on_unexpected(request, exc)
+    return Failure(status, exc.code, exc.message)
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+def _on_unexpected(request: Request, exc: Exception) -> Failure:
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return internal_error_response()
+    return Failure(500, "internal_error", INTERNAL_ERROR)
 
 
 def internal_error_response() -> JSONResponse:
-    return error_response(
-        500, "internal_error", "the server failed to handle this request; see its logs"
-    )
+    return error_response(500, "internal_error", INTERNAL_ERROR)
 
 
-def install(app: FastAPI) -> None:
-    app.add_exception_handler(ApiError, _on_api_error)
-    app.add_exception_handler(HTTPException, _on_http_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(TorenError, _on_toren_error)
+def install(app: FastAPI, redact: Callable[[Any], Any]) -> None:
+    """Answer every error as JSON. Each body passes through ``redact`` (the same redaction
+    as runs and events): messages quote what they are about (an agent file's exception, a
+    provider's error, the client's own input), and any of those may carry a key."""
+    handlers: list[tuple[type[Exception], Callable[[Request, Exception], Failure]]] = [
+        (ApiError, _on_api_error),
+        (HTTPException, _on_http_error),
+        (RequestValidationError, _on_validation_error),
+        (TorenError, _on_toren_error),
+    ]
+    for exc_type, describe in handlers:
+        app.add_exception_handler(exc_type, _responder(describe, redact))
     # Anything else is caught by ``middleware.CatchAll``, which answers with
     # ``internal_error_response``: no traceback ever reaches a client.
+
+
+def _responder(
+    describe: Callable[[Request, Exception], Failure], redact: Callable[[Any], Any]
+) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def respond(request: Request, exc: Exception) -> JSONResponse:
+        failure = describe(request, exc)
+        return error_response(
+            failure.status,
+            failure.code,
+            redact(failure.message),
+            redact(failure.details),
+            failure.headers,
+        )
+
+    return respond

@@ -23,34 +23,52 @@ NAME_HELP = (
 # characters, which PostgreSQL text columns reject and headers cannot carry).
 KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 MESSAGE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
-CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+# A cursor is a run id (the last run of the previous page) as toren.core.runs.new_run_id
+# makes them: anything else would be compared as a string and page silently wrong.
+CURSOR_PATTERN = r"^run_[0-9a-f]{22}$"
+CURSOR_HELP = (
+    "the next_cursor of the previous page: a run id, 'run_' and 22 lowercase hex digits "
+    "(e.g. 'run_0190c2a5e1f3a1b2c3d4e5'); omit it for the first page"
+)
 MAX_SEQ = 2**63 - 1
 
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 
 
-def _utf8(value: Any) -> Any:
-    """JSON values must survive being stored as UTF-8 text (no lone surrogates)."""
-    _check_utf8(value)
+# How deep request values (a run's input, a message's payload) may nest objects and
+# arrays: far more than any real input needs, and far below what the response serializer
+# and the redactor's bound (toren.api.redact.MAX_DEPTH) take, so what a client sent can
+# always be read back whole. docs/http-api.md documents it; lowering it would be breaking.
+MAX_JSON_DEPTH = 64
+
+
+def _json_value(value: Any) -> Any:
+    """A request's JSON value must survive being stored as UTF-8 text (no lone
+    surrogates) and being read back (at most MAX_JSON_DEPTH levels of nesting)."""
+    work = [(value, 0)]  # iterative: a deep value must get this error, not RecursionError
+    while work:
+        item, depth = work.pop()
+        if isinstance(item, str):
+            _check_utf8(item)
+        elif isinstance(item, dict | list):
+            if depth >= MAX_JSON_DEPTH:
+                raise ValueError(
+                    f"objects and arrays are nested more than {MAX_JSON_DEPTH} levels deep; "
+                    f"send at most {MAX_JSON_DEPTH} levels"
+                )
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            work.extend((child, depth + 1) for child in children)
     return value
 
 
-def _check_utf8(value: Any) -> None:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _check_utf8(key)
-            _check_utf8(item)
-    elif isinstance(value, list):
-        for item in value:
-            _check_utf8(item)
+def _check_utf8(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
 
 
-JsonValue = Annotated[Any, AfterValidator(_utf8)]
+JsonValue = Annotated[Any, AfterValidator(_json_value)]
 Name = Annotated[
     str,
     Field(

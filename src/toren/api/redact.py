@@ -1,6 +1,8 @@
 """Keep secrets out of responses. Provider SDK errors can quote a key, and an agent may put
-anything in its output; every run and event the API returns passes through a
-:class:`Redactor` first."""
+anything in its output; every run, event and error body the API returns passes through a
+:class:`Redactor` first (and the clients pass every error they raise through one too).
+
+This module imports nothing of the web stack, so :mod:`toren.client` can use it."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ REDACTED = "[redacted]"
 _KEY_SHAPES = re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}|\bAKIA[0-9A-Z]{16}\b")
 _SECRET_NAMES = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_SECRET_KEY|_PASSWORD)$")
 _MIN_SECRET = 8  # shorter values would redact ordinary words
+
+# Objects and arrays nested deeper than this (counted from the value redacted) come back
+# as TOO_DEEP. Responses wrap a value in a few more levels, and pydantic's serializer
+# refuses past ~254, so without the bound one stored deep value (an agent's output, say)
+# would fail every list and get that includes it. Request values are limited to
+# toren.api.models.MAX_JSON_DEPTH (64), well below: what a client sent comes back whole.
+MAX_DEPTH = 128
+TOO_DEEP = f"[nested deeper than {MAX_DEPTH} levels]"
 
 
 def secrets_from_env(env: Mapping[str, str]) -> list[str]:
@@ -32,10 +42,36 @@ class Redactor:
         return _KEY_SHAPES.sub(REDACTED, value)
 
     def __call__(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, dict):
-            return {self(k): self(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self(v) for v in value]
-        return value
+        """A redacted copy of a JSON value. Iterative, not recursive: no depth of nesting
+        can make it raise ``RecursionError``."""
+        root = [value]
+        # Containers still to copy: (the container that holds it, its slot there, depth).
+        work: list[tuple[Any, Any, int]] = [(root, 0, 0)]
+        while work:
+            parent, slot, depth = work.pop()
+            item = parent[slot]
+            if isinstance(item, str):
+                parent[slot] = self.text(item)
+            elif isinstance(item, dict | list):
+                if depth >= MAX_DEPTH:
+                    parent[slot] = TOO_DEEP
+                    continue
+                copy = self._copy(item)
+                parent[slot] = copy
+                work.extend((copy, k, depth + 1) for k in self._nested(copy))
+        return root[0]
+
+    def _copy(self, item: dict[Any, Any] | list[Any]) -> dict[Any, Any] | list[Any]:
+        """A shallow copy with its strings (keys included) redacted."""
+        if isinstance(item, dict):
+            return {self._scalar(k): self._scalar(v) for k, v in item.items()}
+        return [self._scalar(v) for v in item]
+
+    def _scalar(self, value: Any) -> Any:
+        return self.text(value) if isinstance(value, str) else value
+
+    @staticmethod
+    def _nested(copy: dict[Any, Any] | list[Any]) -> list[Any]:
+        """The slots of ``copy`` that hold containers, still to be copied."""
+        slots = copy.items() if isinstance(copy, dict) else enumerate(copy)
+        return [k for k, v in slots if isinstance(v, dict | list)]
