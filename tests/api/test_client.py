@@ -4,11 +4,15 @@ this loop) and the async one; typed results, server error codes, resumed streams
 from __future__ import annotations
 
 import asyncio
+import json
 from decimal import Decimal
 
 import pytest
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 import toren
+from toren.api import running_server
 from toren.client import (
     Agent,
     AsyncTorenClient,
@@ -22,7 +26,7 @@ from toren.client._protocol import SSEParser
 from toren.errors import TorenError
 
 from .proxy import dropping_proxy
-from .support import TOKEN, Api
+from .support import SECRET, TOKEN, Api
 
 
 async def test_sync_client_end_to_end(api: Api) -> None:
@@ -131,3 +135,67 @@ def test_results_ignore_unknown_fields() -> None:
     assert run.terminal and run.usage.steps == 0
     event = Event.from_json({"seq": 3, "run_id": "run_1", "type": "Future", "extra": True})
     assert event.payload == {} and event.type == "Future"
+
+
+def leaking_server() -> FastAPI:
+    """A server that echoes secrets in its errors (an older Toren, or a proxy's error page):
+    the client must not pass them on in the errors it raises."""
+    app = FastAPI()
+
+    @app.get("/v1/runs/{run_id}")
+    async def get_run(run_id: str, request: Request) -> Response:
+        message = f"no run; you sent {request.headers['authorization']} and key {SECRET}"
+        return JSONResponse(
+            {"error": {"code": "run_not_found", "message": message, "details": [{"key": SECRET}]}},
+            status_code=404,
+        )
+
+    @app.get("/v1/agents")
+    async def agents(request: Request) -> Response:
+        return PlainTextResponse(f"bad gateway ({request.headers['authorization']})", 502)
+
+    @app.get("/v1/runs/{run_id}/stream")
+    async def stream(run_id: str) -> Response:
+        error = json.dumps({"error": {"code": "stream_error", "message": f"key {SECRET}"}})
+        return Response(f"event: error\ndata: {error}\n\n", media_type="text/event-stream")
+
+    return app
+
+
+async def test_client_errors_never_carry_a_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = "plain-value-0123456789"  # not key-shaped: only the environment names it
+    monkeypatch.setenv("ACME_API_KEY", plain)
+    async with running_server(leaking_server()) as server:
+        errors: list[TorenAPIError] = []
+        async with AsyncTorenClient(server.url, TOKEN) as client:
+            for call in (client.get_run("run_1"), client.agents()):
+                with pytest.raises(TorenAPIError) as info:
+                    await call
+                errors.append(info.value)
+            with pytest.raises(TorenAPIError) as info:
+                async for _ in client.stream("run_1"):
+                    pass
+            errors.append(info.value)
+
+        def sync_error() -> TorenAPIError:
+            with TorenClient(server.url, TOKEN) as client, pytest.raises(TorenAPIError) as err:
+                client.get_run("run_1")
+            return err.value
+
+        errors.append(await asyncio.to_thread(sync_error))
+    assert [(e.status, e.code) for e in errors] == [
+        (404, "run_not_found"),
+        (502, "http_error"),
+        (200, "stream_error"),
+        (404, "run_not_found"),
+    ]
+    for error in errors:
+        text = f"{error} {error.message} {error.details}"
+        assert TOKEN not in text and SECRET not in text and plain not in text, text
+        assert "[redacted]" in error.message, text
+    assert errors[0].details == [{"key": "[redacted]"}]
+
+    async with AsyncTorenClient(f"http://{plain}@127.0.0.1:9", timeout=2) as nowhere:
+        with pytest.raises(TorenConnectionError) as conn:
+            await nowhere.health()
+    assert plain not in str(conn.value) and "[redacted]" in str(conn.value)

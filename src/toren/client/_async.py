@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import httpx
 
 from toren.client import _protocol as p
-from toren.client._errors import TorenAPIError, TorenConnectionError
+from toren.client._errors import TorenAPIError
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
 
 T = TypeVar("T")
@@ -35,6 +35,7 @@ class AsyncTorenClient:
         self.base_url = base_url.rstrip("/")
         self.stream_timeout = stream_timeout
         self.max_reconnects = max_reconnects
+        self._redact = p.redactor(token)
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=p.auth_headers(token),
@@ -62,8 +63,10 @@ class AsyncTorenClient:
                 headers=call.headers,
             )
         except httpx.TransportError as exc:
-            raise TorenConnectionError(f"cannot reach {self.base_url}: {exc!r}") from exc
-        return p.result(call, response)
+            raise p.connection_error(
+                self._redact, f"cannot reach {self.base_url}: {exc!r}"
+            ) from exc
+        return p.result(call, response, self._redact)
 
     # -- runs -----------------------------------------------------------------------------
 
@@ -131,7 +134,7 @@ class AsyncTorenClient:
         """The run's events from ``after`` on, live, until the run ends. A dropped
         connection is resumed with ``Last-Event-ID``: every event arrives once, in order.
         With ``deltas=True``, token deltas of model calls in flight are yielded too."""
-        state = p.StreamState(run_id, after, deltas)
+        state = p.StreamState(run_id, after, deltas, self._redact)
         failures = 0
         while not state.done:
             path, params, headers = state.request()
@@ -145,7 +148,7 @@ class AsyncTorenClient:
                 ) as response:
                     if response.status_code >= 400:
                         await response.aread()
-                        p.raise_for_status(response)
+                        p.raise_for_status(response, self._redact)
                     parser = p.SSEParser()
                     async for line in response.aiter_lines():
                         msg = parser.feed(line)
@@ -162,9 +165,10 @@ class AsyncTorenClient:
             except httpx.TransportError as exc:
                 failures += 1
                 if failures > self.max_reconnects:
-                    raise TorenConnectionError(
+                    raise p.connection_error(
+                        self._redact,
                         f"the stream of run {run_id!r} broke {failures} times in a row "
-                        f"(last after event {state.last}): {exc!r}"
+                        f"(last after event {state.last}): {exc!r}",
                     ) from exc
             else:
                 failures += 1  # the server closed the stream early (e.g. it is stopping)

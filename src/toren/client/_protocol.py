@@ -5,6 +5,7 @@ The async and sync clients only send what this module builds."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -12,7 +13,8 @@ from urllib.parse import quote
 
 import httpx
 
-from toren.client._errors import TorenAPIError
+from toren.api.redact import Redactor, secrets_from_env
+from toren.client._errors import TorenAPIError, TorenConnectionError
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
 
 T = TypeVar("T")
@@ -107,12 +109,20 @@ def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def result(call: Call[T], response: httpx.Response) -> T:
-    raise_for_status(response)
+def redactor(token: str | None) -> Redactor:
+    """What a client scrubs from the errors it raises: its own token, the values of its
+    process's credential-like environment variables and key-shaped strings, exactly as the
+    server scrubs responses. An error quotes the server (or a proxy, or an older server)
+    verbatim, and error messages end up in logs and tracebacks."""
+    return Redactor([token or "", *secrets_from_env(os.environ)])
+
+
+def result(call: Call[T], response: httpx.Response, redact: Redactor) -> T:
+    raise_for_status(response, redact)
     return call.parse(response.json())
 
 
-def raise_for_status(response: httpx.Response) -> None:
+def raise_for_status(response: httpx.Response, redact: Redactor) -> None:
     if response.status_code < 400:
         return
     try:
@@ -121,7 +131,17 @@ def raise_for_status(response: httpx.Response) -> None:
         details = error.get("details")
     except (ValueError, KeyError, TypeError):
         code, message, details = "http_error", response.text[:500] or response.reason_phrase, None
-    raise TorenAPIError(response.status_code, code, message, details)
+    raise api_error(redact, response.status_code, code, message, details)
+
+
+def api_error(
+    redact: Redactor, status: int, code: str, message: str, details: Any = None
+) -> TorenAPIError:
+    return TorenAPIError(status, code, redact.text(message), redact(details))
+
+
+def connection_error(redact: Redactor, message: str) -> TorenConnectionError:
+    return TorenConnectionError(redact.text(message))
 
 
 # -- Server-Sent Events -------------------------------------------------------------------
@@ -166,8 +186,9 @@ class StreamState:
     """Where a run's stream is: the last seq delivered, and whether it ended. A reconnect
     asks for what follows ``last`` (``Last-Event-ID``), so each event arrives once."""
 
-    def __init__(self, run_id: str, after: int, deltas: bool) -> None:
+    def __init__(self, run_id: str, after: int, deltas: bool, redact: Redactor) -> None:
         self.run_id = run_id
+        self.redact = redact
         self.last = after
         self.deltas = deltas
         self.done = False
@@ -196,8 +217,11 @@ class StreamState:
         if msg.event == "error":
             error = json.loads(msg.data).get("error", {})
             self.done = True
-            raise TorenAPIError(
-                200, str(error.get("code", "stream_error")), str(error.get("message", ""))
+            raise api_error(
+                self.redact,
+                200,
+                str(error.get("code", "stream_error")),
+                str(error.get("message", "")),
             )
         return None
 

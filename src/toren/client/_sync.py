@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import httpx
 
 from toren.client import _protocol as p
-from toren.client._errors import TorenAPIError, TorenConnectionError
+from toren.client._errors import TorenAPIError
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
 
 T = TypeVar("T")
@@ -30,6 +30,7 @@ class TorenClient:
         self.base_url = base_url.rstrip("/")
         self.stream_timeout = stream_timeout
         self.max_reconnects = max_reconnects
+        self._redact = p.redactor(token)
         self._http = httpx.Client(
             base_url=self.base_url,
             headers=p.auth_headers(token),
@@ -57,8 +58,10 @@ class TorenClient:
                 headers=call.headers,
             )
         except httpx.TransportError as exc:
-            raise TorenConnectionError(f"cannot reach {self.base_url}: {exc!r}") from exc
-        return p.result(call, response)
+            raise p.connection_error(
+                self._redact, f"cannot reach {self.base_url}: {exc!r}"
+            ) from exc
+        return p.result(call, response, self._redact)
 
     def start_run(
         self,
@@ -119,7 +122,7 @@ class TorenClient:
         self, run_id: str, *, after: int = 0, deltas: bool = False
     ) -> Iterator[Event | Delta]:
         """See :meth:`AsyncTorenClient.stream`."""
-        state = p.StreamState(run_id, after, deltas)
+        state = p.StreamState(run_id, after, deltas, self._redact)
         failures = 0
         while not state.done:
             path, params, headers = state.request()
@@ -133,7 +136,7 @@ class TorenClient:
                 ) as response:
                     if response.status_code >= 400:
                         response.read()
-                        p.raise_for_status(response)
+                        p.raise_for_status(response, self._redact)
                     parser = p.SSEParser()
                     for line in response.iter_lines():
                         msg = parser.feed(line)
@@ -150,9 +153,10 @@ class TorenClient:
             except httpx.TransportError as exc:
                 failures += 1
                 if failures > self.max_reconnects:
-                    raise TorenConnectionError(
+                    raise p.connection_error(
+                        self._redact,
                         f"the stream of run {run_id!r} broke {failures} times in a row "
-                        f"(last after event {state.last}): {exc!r}"
+                        f"(last after event {state.last}): {exc!r}",
                     ) from exc
             else:
                 failures += 1
