@@ -415,7 +415,32 @@ async def test_bad_input_and_unknown_agent(store: Store) -> None:
         await toren.start_run(store, reg, "chain", {"when": object()})
     with pytest.raises(InvalidInput, match="JSON"):
         await toren.start_run(store, reg, "chain", float("nan"))
+    with pytest.raises(InvalidInput, match="nested too deeply"):
+        await toren.start_run(store, reg, "chain", _nested(5_000))
     assert await store.list_runs() == []  # nothing half-written
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    node = root
+    for _ in range(depth):
+        node["a"] = node = {}
+    return root
+
+
+async def test_an_output_nested_too_deeply_fails_the_run_with_a_clear_error(
+    store: Store,
+) -> None:
+    async def deep(ctx: toren.Context, input: Any) -> Any:
+        return _nested(5_000)
+
+    reg = toren.Registry()
+    reg.add("deep", deep)
+    run = await toren.start_run(store, reg, "deep")
+    result = await toren.tick(run.id, make_deps(store, reg, ScriptedProvider()))
+    assert result.status == "failed" and "nested too deeply" in result.error["message"]
+    stored = await store.get_run(run.id)
+    assert stored is not None and stored.status == "failed"
 
 
 async def test_agent_missing_on_this_worker_defers_the_run(store: Store) -> None:

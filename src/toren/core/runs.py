@@ -28,6 +28,11 @@ def _check_input(input: Any) -> Any:
         text = json.dumps(input, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # lone surrogates cannot be stored
         return json.loads(text)
+    except RecursionError:
+        raise InvalidInput(
+            "run input is nested too deeply to store (objects and arrays inside each other "
+            "about a thousand levels deep); send a flatter value"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidInput(
             f"run input must be JSON data (objects, arrays, strings, numbers, booleans, null); "

@@ -187,6 +187,11 @@ def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str 
 def json_value(value: Any, what: str) -> Any:
     try:
         return json.loads(json.dumps(value))
+    except RecursionError:
+        raise TypeError(
+            f"{what} is nested too deeply to record (objects and arrays inside each other "
+            "about a thousand levels deep); return a flatter value"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise TypeError(
             f"{what} is not JSON-serialisable ({exc}); return dicts, lists, strings, "
