@@ -19,6 +19,7 @@ from toren.config import Settings
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
+    CorruptRow,
     IdempotencyConflict,
     InfrastructureError,
     InvalidInput,
@@ -99,6 +100,8 @@ def hint_for(exc: BaseException) -> str:
         return "see 'toren <command> --help' for the expected shape"
     if isinstance(exc, ProviderUnavailable):
         return "set the provider's API key in the environment (e.g. OPENAI_API_KEY)"
+    if isinstance(exc, CorruptRow):
+        return "repair the row named above (or restore the database); Toren never skips it"
     if isinstance(exc, StorageError):
         return "check --database-url / TOREN_DATABASE_URL and that the database is reachable"
     if isinstance(exc, InfrastructureError):
