@@ -193,6 +193,13 @@ def test_a_corrupt_row_is_one_line_and_a_repair_hint(runner: CliRunner, chain: P
     assert hint.startswith("hint: repair the row named above")
 
 
+@pytest.mark.parametrize("run_id", ["[/x]", "[bold]run_x"])
+def test_an_error_quoting_brackets_prints_them(runner: CliRunner, chain: Path, run_id: str) -> None:
+    shown = invoke(runner, "runs", "show", run_id, "--agents", "chain")
+    assert shown.exit_code == 5, shown.output
+    assert shown.stderr.startswith(f"error: no run with id {run_id!r}")
+
+
 def test_debug_shows_the_traceback(runner: CliRunner, chain: Path) -> None:
     with pytest.raises(RunNotFound):
         invoke(runner, "--debug", "runs", "show", "run_nope", "--agents", "chain")

@@ -139,8 +139,9 @@ def report(exc: BaseException) -> None:
     message = exc.message if isinstance(exc, TorenError) else str(exc) or type(exc).__name__
     if _is_connect_error(exc):
         message = f"cannot connect to the Toren server: {exc}"
-    console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
-    console.print(f"[dim]hint:[/] {hint_for(exc)}", markup=True, highlight=False)
+    # Messages quote user input and drivers' text: brackets in them are not markup.
+    console.print(f"[bold red]error:[/] {_escape(message)}", markup=True, highlight=False)
+    console.print(f"[dim]hint:[/] {_escape(hint_for(exc))}", markup=True, highlight=False)
 
 
 def fail(message: str, hint: str, code: int = EXIT_ERROR) -> NoReturn:
