@@ -12,8 +12,9 @@
     │   └── ToolFailed             the tool raised
     ├── LimitExceeded              a run hit max_steps, max_cost or a step timeout
     └── InfrastructureError        the runtime or its storage failed, not the user
-        ├── StorageError
-        │   ├── CorruptEventLog    an event row that cannot be read
+        ├── StorageError           the database is unreachable or failed a statement
+        │   ├── CorruptRow         a stored row (run, inbox message) that cannot be read
+        │   │   └── CorruptEventLog    an event row, or a message body it references
         │   └── SchemaError        DDL that cannot be applied
         ├── LeaseLost              another worker owns the run now; stop writing
         └── ProviderUnavailable    a provider could not be constructed (missing key, SDK)
@@ -92,7 +93,14 @@ class StorageError(InfrastructureError):
     code = "storage_error"
 
 
-class CorruptEventLog(StorageError):
+class CorruptRow(StorageError):
+    """Stored data that cannot be read. Never skipped and never blamed on the agent: the
+    run is left as it is (its lease runs out) until the row is repaired."""
+
+    code = "corrupt_row"
+
+
+class CorruptEventLog(CorruptRow):
     code = "corrupt_event_log"
 
 

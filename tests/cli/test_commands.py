@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,25 @@ def test_errors_are_one_line_and_a_hint(runner: CliRunner, chain: Path) -> None:
 
     exposed = invoke(runner, "serve", "--host", "0.0.0.0", "--agents", "chain")
     assert exposed.exit_code == 5 and "without an API token" in exposed.stderr
+
+
+def test_a_corrupt_row_is_one_line_and_a_repair_hint(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain").exit_code == 0
+    run_id = last_run_id(runner, chain)
+    with contextlib.closing(sqlite3.connect(chain / ".toren" / "toren.db")) as db, db:
+        db.execute("UPDATE runs SET output = '{broken' WHERE id = ?", (run_id,))
+    shown = invoke(runner, "runs", "show", run_id, "--agents", "chain")
+    assert shown.exit_code == 5 and "Traceback" not in shown.output
+    first, hint = shown.stderr.splitlines()[:2]
+    assert first.startswith(f"error: the output of runs row id={run_id!r} is not valid JSON")
+    assert hint.startswith("hint: repair the row named above")
+
+
+@pytest.mark.parametrize("run_id", ["[/x]", "[bold]run_x"])
+def test_an_error_quoting_brackets_prints_them(runner: CliRunner, chain: Path, run_id: str) -> None:
+    shown = invoke(runner, "runs", "show", run_id, "--agents", "chain")
+    assert shown.exit_code == 5, shown.output
+    assert shown.stderr.startswith(f"error: no run with id {run_id!r}")
 
 
 def test_debug_shows_the_traceback(runner: CliRunner, chain: Path) -> None:

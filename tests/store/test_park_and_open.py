@@ -7,13 +7,17 @@
   transactions commits first (send_message locks the run row).
 * SQLite: a file that is not a database, or a path whose directory cannot be made, gives a
   StorageError naming it; no caller waits forever.
+* PostgreSQL: a database that does not exist, or a server that refuses the connection,
+  gives a StorageError naming the cause and the URL without its password, at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +26,7 @@ import pytest
 
 import toren
 from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
-from toren.errors import StorageError
+from toren.errors import SchemaError, StorageError
 from toren.store import Store
 from toren.store.base import Release
 
@@ -130,3 +134,46 @@ async def test_sqlite_a_path_that_cannot_be_made_is_an_error(tmp_path: Path, cal
             await asyncio.wait_for(store.get_run("run_y"), 30)
     finally:
         await asyncio.wait_for(store.close(), 30)
+
+
+PASSWORD = "hunter2-not-shown"
+
+
+def _unreachable_url(where: str) -> tuple[str, str]:
+    """A URL with a password that cannot be opened, and the cause its error must name."""
+    if where == "closed_port":
+        with socket.socket() as sock:  # a loopback port nothing listens on once closed
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        return f"postgresql://postgres:{PASSWORD}@127.0.0.1:{port}/toren", "Connection refused"
+    require_pg()
+    missing = f"toren_missing_{uuid.uuid4().hex[:10]}"
+    url = pg_url(missing).replace("://postgres@", f"://postgres:{PASSWORD}@", 1)
+    assert PASSWORD in url
+    return url, f'database "{missing}" does not exist'
+
+
+@pytest.mark.parametrize("where", ["missing_database", "closed_port"])
+@pytest.mark.parametrize("first", ["connect", "read"])
+async def test_postgres_an_unreachable_database_fails_at_once_with_its_cause(
+    where: str, first: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Opening the store, or its first read, names the server's answer: not a pool that
+    retried in the background until its timeout ("pool initialization incomplete"), nor a
+    schema error, and never the password."""
+    url, cause = _unreachable_url(where)
+    store = toren.open_store(url)
+    try:
+        with pytest.raises(StorageError) as info:
+            if first == "connect":
+                await toren.connect(url)
+            else:
+                await store.get_run("run_x")
+    finally:
+        await store.close()
+    message = info.value.message
+    assert not isinstance(info.value, SchemaError)
+    assert cause in message and "cannot connect to PostgreSQL at" in message
+    assert url.replace(f":{PASSWORD}@", "@") in message
+    assert PASSWORD not in message and PASSWORD not in caplog.text
+    assert not [r for r in caplog.records if r.name.startswith("psycopg")]  # no retries

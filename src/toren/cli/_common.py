@@ -19,6 +19,7 @@ from toren.config import Settings
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
+    CorruptRow,
     IdempotencyConflict,
     InfrastructureError,
     InvalidInput,
@@ -99,6 +100,8 @@ def hint_for(exc: BaseException) -> str:
         return "see 'toren <command> --help' for the expected shape"
     if isinstance(exc, ProviderUnavailable):
         return "set the provider's API key in the environment (e.g. OPENAI_API_KEY)"
+    if isinstance(exc, CorruptRow):
+        return "repair the row named above (or restore the database); Toren never skips it"
     if isinstance(exc, StorageError):
         return "check --database-url / TOREN_DATABASE_URL and that the database is reachable"
     if isinstance(exc, InfrastructureError):
@@ -136,8 +139,9 @@ def report(exc: BaseException) -> None:
     message = exc.message if isinstance(exc, TorenError) else str(exc) or type(exc).__name__
     if _is_connect_error(exc):
         message = f"cannot connect to the Toren server: {exc}"
-    console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
-    console.print(f"[dim]hint:[/] {hint_for(exc)}", markup=True, highlight=False)
+    # Messages quote user input and drivers' text: brackets in them are not markup.
+    console.print(f"[bold red]error:[/] {_escape(message)}", markup=True, highlight=False)
+    console.print(f"[dim]hint:[/] {_escape(hint_for(exc))}", markup=True, highlight=False)
 
 
 def fail(message: str, hint: str, code: int = EXIT_ERROR) -> NoReturn:

@@ -26,6 +26,7 @@ from toren.core.worker import LocalWorkerRuntime
 from toren.errors import RunNotFound
 from toren.runtime import Runtime
 from toren.store.base import Lease, Store
+from toren.store.urls import shown_url
 
 Item = tuple[str, dict[str, Any]]
 
@@ -209,7 +210,7 @@ def _where(store: Store) -> str:
     url = getattr(store, "url", "")
     if url.startswith("sqlite:///"):
         return str(Path(url[len("sqlite:///") :]))
-    return url.split("@")[-1] or "the database"
+    return shown_url(url) or "the database"
 
 
 # -- remote -----------------------------------------------------------------------------

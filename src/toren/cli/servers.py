@@ -31,6 +31,7 @@ from toren.cli._common import (
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
+from toren.store.urls import shown_url
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -444,7 +445,7 @@ async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> No
             worker.worker_id,
             ", ".join(names),
             worker.code_version,
-            runtime.settings.database_url.split("@")[-1],
+            shown_url(runtime.settings.database_url),
             worker.concurrency,
             runtime.settings.drain_window,
         )

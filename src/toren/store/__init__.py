@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from toren.errors import StorageError
 from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo
+from toren.store.urls import shown_url
 
 DEFAULT_URL = "sqlite:///.toren/toren.db"
 
@@ -19,7 +20,7 @@ def open_store(url: str) -> Store:
 
         return PostgresStore(url)
     raise StorageError(
-        f"unsupported database URL {url.split('@')[-1]!r}; expected sqlite:///path.db "
+        f"unsupported database URL {shown_url(url)!r}; expected sqlite:///path.db "
         "or postgresql://user@host/db"
     )
 

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from toren.core.events import Event
+from toren.errors import CorruptRow
 
 STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -224,5 +225,26 @@ class Store(Protocol):
     async def queue_depth(self, *, now: float) -> int: ...
 
 
-def loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+def read_json(
+    text: str | None,
+    table: str,
+    column: str,
+    error: type[CorruptRow] = CorruptRow,
+    **row: Any,
+) -> Any:
+    """The value of a stored JSON column (None for NULL). Unreadable text is ``error``
+    naming the table, the row (``row``: its key columns) and the column: a bare decode
+    error raised inside a step would be taken for the agent's own and fail the run."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError) as exc:
+        key = ", ".join(f"{name}={value!r}" for name, value in row.items())
+        raise error(
+            f"the {column} of {table} row {key} is not valid JSON ({exc}); Toren does not "
+            "skip unreadable data: repair the row, then retry",
+            table=table,
+            column=column,
+            **row,
+        ) from None

@@ -39,6 +39,7 @@ from toren.store.sql import (
     settle,
     step_conflict,
 )
+from toren.store.urls import shown_url, without_secrets
 
 T = TypeVar("T")
 log = logging.getLogger("toren.store")
@@ -58,6 +59,7 @@ _INLINE_CONNECT = {
     "tcp_user_timeout": 5000,  # ms
 }
 _INLINE_RETRY = 5.0  # s between attempts to (re)open the inline lane
+_PROBE_TIMEOUT = 10  # s: the first connection's connect_timeout, unless the URL sets one
 
 
 _TOTALS = (
@@ -331,6 +333,7 @@ class PostgresStore(SqlStore):
             open=False,
         )
         self._opened = False
+        self._reachable = False  # see _probe
         self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="toren-pg")
         self._sql_cache: dict[str, str] = {}
         self._listener: Any = None
@@ -364,7 +367,32 @@ class PostgresStore(SqlStore):
             with conn.transaction(), conn.cursor() as cur:
                 return fn(cur)
 
+    def _probe(self) -> None:
+        """Connect once, directly, before any pool opens. A pool retries a refused or
+        rejected connection in the background, logging every attempt, until its timeout
+        (30 s), and then reports only that it is incomplete; one direct attempt fails at
+        once with the server's answer ("database ... does not exist", "connection
+        refused")."""
+        psycopg = self._psycopg
+        try:
+            options = psycopg.conninfo.conninfo_to_dict(self.url)
+            timeout = {} if "connect_timeout" in options else {"connect_timeout": _PROBE_TIMEOUT}
+            psycopg.connect(self.url, autocommit=True, **timeout).close()
+        except psycopg.Error as exc:
+            cause = without_secrets(" ".join(str(exc).split()), self.url)
+            raise StorageError(
+                f"cannot connect to PostgreSQL at {shown_url(self.url)!r}: {cause}",
+                url=shown_url(self.url),
+            ) from None
+        self._reachable = True
+
+    async def _reach(self) -> None:
+        """Probe the server the first time the store is used (see :meth:`_probe`)."""
+        if not self._reachable:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._probe)
+
     async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
+        await self._reach()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, self._in_tx, fn, write)
@@ -575,6 +603,7 @@ class PostgresStore(SqlStore):
         open (unless ``inline`` is False: a read of unbounded size), else on an async
         connection."""
         if self._apool is None:
+            await self._reach()
             self._apool = self._psycopg_pool.AsyncConnectionPool(
                 self.url,
                 min_size=1,
@@ -755,6 +784,7 @@ class PostgresStore(SqlStore):
                 cur.execute("RESET lock_timeout")
                 cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
+        await self._reach()  # an unreachable server is its own error, not a schema problem
         try:
             await self._run(apply, write=False)
         except StorageError as exc:

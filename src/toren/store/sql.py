@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gc
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -29,7 +30,7 @@ from toren.store.base import (
     RunDelta,
     RunRecord,
     WorkerInfo,
-    loads,
+    read_json,
 )
 
 T = TypeVar("T")
@@ -65,14 +66,15 @@ CLAIMABLE = (
 
 
 def run_from_row(row: Sequence[Any]) -> RunRecord:
+    run_id = row[0]
     return RunRecord(
-        id=row[0],
+        id=run_id,
         agent=row[1],
         process=row[2],
         status=row[3],
-        input=loads(row[4]),
-        output=loads(row[5]),
-        error=loads(row[6]),
+        input=read_json(row[4], "runs", "input", id=run_id),
+        output=read_json(row[5], "runs", "output", id=run_id),
+        error=read_json(row[6], "runs", "error", id=run_id),
         idempotency_key=row[7],
         created_at=row[8],
         updated_at=row[9],
@@ -81,7 +83,7 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         lease_expires_at=row[12],
         not_before=row[13],
         cancel_requested=bool(row[14]),
-        waiting_for=loads(row[15]),
+        waiting_for=read_json(row[15], "runs", "waiting_for", id=run_id),
         input_tokens=row[16],
         output_tokens=row[17],
         cost_nanousd=row[18],
@@ -179,7 +181,7 @@ class SqlStore:
                     same = (existing.agent, existing.process, existing.input) == (
                         run.agent,
                         run.process,
-                        loads(dumps(run.input)),
+                        json.loads(dumps(run.input)),
                     )
                     if not same:
                         raise IdempotencyConflict(
@@ -319,7 +321,8 @@ class SqlStore:
                 f"SELECT hash, body FROM blobs WHERE hash IN ({marks})",
                 tuple(hashes),
             ).fetchall()
-            return {h: loads(b) for h, b in rows}
+            # A message body belongs to the event log that references it.
+            return {h: read_json(b, "blobs", "body", CorruptEventLog, hash=h) for h, b in rows}
 
         return await self._run(tx, write=False)
 
@@ -563,7 +566,8 @@ class SqlStore:
             row = self._x(cur, sql, (run_id, *names)).fetchone()
             if row is None:
                 return None
-            return InboxMessage(row[0], row[1], row[2], loads(row[3]), row[4])
+            payload = read_json(row[3], "inbox", "payload", id=row[0], run_id=run_id)
+            return InboxMessage(row[0], row[1], row[2], payload, row[4])
 
         return await self._run(tx, write=False)
 
