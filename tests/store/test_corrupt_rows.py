@@ -103,3 +103,72 @@ async def test_a_corrupt_blob_body_is_named(store: Store) -> None:
         await load_messages(store, node)
     assert f"the body of blobs row hash={node!r} is not valid JSON" in info.value.message
     assert info.value.details == {"table": "blobs", "column": "body", "hash": node}
+
+
+async def test_an_agent_cannot_swallow_a_store_failure_under_its_step(store: Store) -> None:
+    """``except Exception`` around a step does not see the store failing under it: the
+    tick ends as an infrastructure error, and the repaired run takes the branch a replay
+    can reproduce, not the one the swallowed error would have sent it down."""
+
+    async def forgiving(ctx: toren.Context, input: Any) -> Any:
+        try:
+            return await ctx.wait_for_message("go")
+        except Exception as exc:  # what an agent author might well write
+            return {"swallowed": type(exc).__name__}
+
+    reg = toren.Registry()
+    reg.add("forgiving", forgiving)
+    run = await toren.start_run(store, reg, "forgiving")
+    assert (await toren.tick(run.id, _deps(store, reg))).status == "waiting"
+    message_id = await store.send_message(run.id, "go", {"ok": True}, now=1.0)
+    await _sql(store, "UPDATE inbox SET payload = ? WHERE id = ?", (BROKEN, message_id))
+
+    result = await toren.tick(run.id, _deps(store, reg))
+    assert result.status == "error" and result.error is not None
+    assert result.error["code"] == "corrupt_row"
+    row = await store.get_run(run.id)
+    assert row is not None and row.status == "running" and row.output is None
+    assert "RunCompleted" not in [e.type for e in await store.load_events(run.id)]
+
+    await _sql(store, "UPDATE inbox SET payload = ? WHERE id = ?", ('{"ok": true}', message_id))
+    later = toren.ManualClock(row.lease_expires_at + 1)  # type: ignore[operator]
+    resumed = await toren.tick(run.id, _deps(store, reg, clock=later))
+    assert resumed.status == "completed" and resumed.output == {"ok": True}
+
+
+async def test_an_agent_cannot_swallow_a_failed_step_write(store: Store) -> None:
+    """The same for the commit of a live step: the database refuses the event insert."""
+
+    async def forgiving(ctx: toren.Context, input: Any) -> Any:
+        try:
+            return (await _chat(ctx, input)) + " (recorded)"
+        except Exception as exc:
+            return {"swallowed": type(exc).__name__}
+
+    reg = toren.Registry()
+    reg.add("forgiving", forgiving)
+    run = await toren.start_run(store, reg, "forgiving")
+    if store.dialect == "sqlite":  # a statement SQLite refuses at run time
+        failing = ["CREATE TRIGGER toren_t_fail BEFORE INSERT ON events BEGIN SELECT nope(); END"]
+    else:
+        failing = [
+            "CREATE FUNCTION toren_t_fail() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'the disk is on fire'; END $$",
+            "CREATE TRIGGER toren_t_fail BEFORE INSERT ON events "
+            "FOR EACH ROW EXECUTE FUNCTION toren_t_fail()",
+        ]
+    for sql in failing:
+        await _sql(store, sql, ())
+
+    result = await toren.tick(run.id, _deps(store, reg))
+    assert result.status == "error" and result.error is not None
+    assert result.error["code"] == "storage_error"
+    row = await store.get_run(run.id)
+    assert row is not None and row.status == "running" and row.output is None
+
+    await _sql(
+        store, "DROP TRIGGER toren_t_fail" + ("" if store.dialect == "sqlite" else " ON events"), ()
+    )
+    later = toren.ManualClock(row.lease_expires_at + 1)  # type: ignore[operator]
+    resumed = await toren.tick(run.id, _deps(store, reg, clock=later))
+    assert resumed.status == "completed" and str(resumed.output).endswith("(recorded)")

@@ -45,6 +45,7 @@ from toren.errors import (
     ModelCallFailed,
     ProviderUnavailable,
     StepFailed,
+    StorageError,
     ToolFailed,
 )
 from toren.providers.base import (
@@ -465,7 +466,10 @@ class Steps(TickState):
         received = redeliverable_message(self.log, name)
         consume = None
         if received is None:
-            message = await self.store.next_message(self.run_id, [name])
+            try:
+                message = await self.store.next_message(self.run_id, [name])
+            except StorageError as exc:  # a corrupt inbox row, say: not the agent's to see
+                raise self._halt(exc) from None
             if message is None or (deadline is not None and message.created_at > deadline):
                 return None
             received = MessageReceived(name=name, payload=message.payload, inbox_id=message.id)

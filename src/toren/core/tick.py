@@ -47,6 +47,7 @@ from toren.core.tickstate import (
     _Drain,
     _LeaseGone,
     _Park,
+    _StoreFailed,
     _tool_refs,
     error_dict,
     json_value,
@@ -216,6 +217,8 @@ class TickRunner(Steps):
         abort = self._abort
         if isinstance(abort, _LeaseGone):
             return self._result("lease_lost", error=error_dict(abort.cause))
+        if isinstance(abort, _StoreFailed):
+            return self._infrastructure_error(abort.cause)
         if isinstance(abort, _Cancel):
             return await self._finish_cancelled()
         if isinstance(abort, _Drain):
@@ -234,13 +237,16 @@ class TickRunner(Steps):
             )
             return self._result("completed", output=output)
         if isinstance(exc, InfrastructureError):
-            log.error("run %s: infrastructure error, lease left to expire: %s", self.run_id, exc)
-            return self._result("error", error=error_dict(exc))
+            return self._infrastructure_error(exc)
         err = error_dict(exc)
         if not isinstance(exc, TorenError):
             log.warning("run %s failed in agent code", self.run_id, exc_info=exc)
         await self._release(Release("failed", error=err, events=[self._run_event(RunFailed(err))]))
         return self._result("failed", error=err)
+
+    def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
+        log.error("run %s: infrastructure error, lease left to expire: %s", self.run_id, exc)
+        return self._result("error", error=error_dict(exc))
 
     def _result(self, status: str, **kw: Any) -> TickResult:
         return TickResult(

@@ -48,6 +48,7 @@ from toren.errors import (
     LeaseLost,
     RunCancelledSignal,
     StepFailed,
+    StorageError,
     TorenError,
 )
 from toren.providers.base import ModelProvider
@@ -168,6 +169,17 @@ class _Cancel(_Abort, RunCancelledSignal):
 
 class _LeaseGone(_Abort):
     def __init__(self, cause: LeaseLost) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class _StoreFailed(_Abort):
+    """The store failed under a step (unreachable, a statement refused, a row that cannot
+    be read). Like a lost lease it ends the tick, and the run is retried once its lease
+    runs out; it is not the agent's error to see, nor to swallow: an ``except Exception``
+    around ``ctx.model`` that carried on would take a branch no replay can reproduce."""
+
+    def __init__(self, cause: StorageError) -> None:
         super().__init__(str(cause))
         self.cause = cause
 
@@ -321,6 +333,13 @@ class TickState:
         no event, so they run again elsewhere (at-least-once for those steps only)."""
         self._stop(_Drain("worker draining"))
 
+    def _halt(self, exc: LeaseLost | StorageError) -> _Abort:
+        """Stop the tick for a store call of a step that failed; the abort to raise into
+        the agent code in place of ``exc``."""
+        abort = _LeaseGone(exc) if isinstance(exc, LeaseLost) else _StoreFailed(exc)
+        self._stop(abort)
+        return abort
+
     def _stop(self, abort: _Abort) -> None:
         if self._abort is None:
             self._abort = abort
@@ -357,9 +376,8 @@ class TickState:
                     consume_inbox=consume,
                     now=self.clock.now(),
                 )
-        except LeaseLost as exc:
-            self._stop(_LeaseGone(exc))
-            raise _LeaseGone(exc) from None
+        except (LeaseLost, StorageError) as exc:
+            raise self._halt(exc) from None
         for event in stored:
             self.log.apply(event)
         self._publish_events(stored)
@@ -512,9 +530,8 @@ class TickState:
                 stored = await self.store.append(
                     self.lease, events, delta=self._due_delta(), now=self.clock.now()
                 )
-        except LeaseLost as exc:
-            self._stop(_LeaseGone(exc))
-            raise _LeaseGone(exc) from None
+        except (LeaseLost, StorageError) as exc:
+            raise self._halt(exc) from None
         self._publish_events(stored)
 
     def _invalidation(self, stream: str, gen: int, payload: StreamInvalidated) -> Event:
