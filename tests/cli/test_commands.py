@@ -286,3 +286,44 @@ def test_an_unknown_log_level_is_a_usage_error(
     result = invoke(runner, command, "--log-level", "loud")
     assert result.exit_code == 2
     assert "'loud' is not one of" in result.output and "'warning'" in result.output
+
+
+@pytest.mark.parametrize("name", ["", "bad\x01name", "n" * 256], ids=["empty", "control", "long"])
+def test_send_refuses_the_message_names_the_api_refuses_in_its_words(
+    runner: CliRunner, server: str, chain: Path, name: str
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from toren.runtime import sqlite_url_for
+    from toren.store import connect
+
+    started = invoke(
+        runner, "run", "chain", "--input", '{"ask": true}', "--url", server, "--token", "s3cret"
+    )
+    assert started.exit_code == 4, started.output
+    run_id = last_run_id(runner, chain)
+    api = httpx.post(
+        f"{server}/v1/runs/{run_id}/messages",
+        json={"name": name, "payload": "x"},
+        headers={"Authorization": "Bearer s3cret"},
+    )
+    assert api.status_code == 422
+    api_message = api.json()["error"]["message"]
+    assert "is not a valid message name" in api_message
+
+    for where in (["--agents", "chain"], ["--url", server, "--token", "s3cret"]):
+        sent = invoke(runner, "runs", "send", run_id, name, "x", *where)
+        assert sent.exit_code == 2, (where, sent.output)
+        said = sent.output.split("Error: ", 1)[1].strip()
+        assert said.startswith("name: ") and "body." + said == api_message, (where, said)
+
+    async def stored() -> object:
+        store = await connect(sqlite_url_for(chain))
+        try:
+            return await store.next_message(run_id, [name])
+        finally:
+            await store.close()
+
+    assert asyncio.run(stored()) is None  # nothing was sent

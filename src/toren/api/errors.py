@@ -7,7 +7,7 @@ a 500 with a generic message (logged server-side with its traceback, never sent)
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -107,9 +107,16 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    problems = [_problem(e) for e in exc.errors()]
-    message = "; ".join(f"{p['where']}: {p['message']}" for p in problems) or "invalid request"
+    message, problems = validation_message(exc.errors())
     return error_response(422, "invalid_request", message, problems)
+
+
+def validation_message(errors: Iterable[Any]) -> tuple[str, list[dict[str, str]]]:
+    """Pydantic errors of a request as the API words them: one message and the problems.
+    The CLI checks its arguments against the same request models and says the same."""
+    problems = [_problem(e) for e in errors]
+    message = "; ".join(f"{p['where']}: {p['message']}" for p in problems) or "invalid request"
+    return message, problems
 
 
 def _problem(error: Any) -> dict[str, str]:
@@ -120,6 +127,12 @@ def _problem(error: Any) -> dict[str, str]:
         from toren.api.models import NAME_HELP
 
         message = f"{_quote(error.get('input'))} is not a valid name; use {NAME_HELP}"
+    elif error.get("type") == "string_pattern_mismatch" and loc[-1:] == ["name"]:
+        from toren.api.models import MESSAGE_NAME_HELP
+
+        message = (
+            f"{_quote(error.get('input'))} is not a valid message name; use {MESSAGE_NAME_HELP}"
+        )
     return {"where": where, "message": message, "type": str(error.get("type", ""))}
 
 

@@ -23,6 +23,7 @@ NAME_HELP = (
 # characters, which PostgreSQL text columns reject and headers cannot carry).
 KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 MESSAGE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+MESSAGE_NAME_HELP = "1 to 255 characters, without control characters (no newline, tab, NUL)"
 CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_SEQ = 2**63 - 1
 

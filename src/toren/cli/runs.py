@@ -576,6 +576,7 @@ def send(
     database_url: str | None,
 ) -> None:
     value = parse_payload(payload)
+    check_message(name, value)
 
     async def send_then_get(backend: Backend) -> dict[str, Any]:
         await backend.send(run_id, name, value)
@@ -589,6 +590,20 @@ def send(
         f"sent {escape(repr(name))} to run {escape(run_id)} ({found.get('status')}); "
         f"continue it with [bold]toren runs resume {escape(run_id)}[/]{escape(where)}"
     )
+
+
+def check_message(name: str, payload: Any) -> None:
+    """The HTTP API's rule for a message (its request model), checked before sending to
+    either backend: a name the server would refuse is refused locally too, in its words."""
+    from pydantic import ValidationError
+
+    from toren.api.errors import validation_message
+    from toren.api.models import SendMessageRequest
+
+    try:
+        SendMessageRequest.model_validate({"name": name, "payload": payload})
+    except ValidationError as exc:
+        raise click.UsageError(validation_message(exc.errors())[0]) from None
 
 
 @runs.command(
