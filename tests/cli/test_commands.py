@@ -327,3 +327,51 @@ def test_send_refuses_the_message_names_the_api_refuses_in_its_words(
             await store.close()
 
     assert asyncio.run(stored()) is None  # nothing was sent
+
+
+def _printed(pattern: str, text: str) -> list[str]:
+    import re
+    import shlex
+
+    found = re.search(pattern, text, re.MULTILINE)
+    assert found is not None, (pattern, text)
+    words = shlex.split(found.group(1))
+    assert words[0] == "toren"
+    return words[1:]
+
+
+@pytest.mark.parametrize("setup", ["agent-dir", "database-url"])
+def test_printed_follow_ups_run_as_printed(
+    runner: CliRunner, chain: Path, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    args = ["run", "./chain"]
+    if setup == "database-url":  # from elsewhere, into a database of its own
+        (chain.parent / "elsewhere").mkdir()
+        monkeypatch.chdir(chain.parent / "elsewhere")
+        db = chain.parent / "other.db"
+        args = ["run", "../chain", "--database-url", f"sqlite:///{db}"]
+
+    waiting = invoke(runner, *args, "--input", '{"ask": true}')
+    assert waiting.exit_code == 4, waiting.output
+    send = _printed(r"^\s*(toren runs send .*)$", waiting.stdout)
+    resume = _printed(r"continue with (toren runs resume .*?) \(a running", waiting.stdout)
+    sent = invoke(runner, *send)
+    assert sent.exit_code == 0, (send, sent.output)
+    assert _printed(r"continue it with (toren runs resume .*?) \(or let", sent.stdout) == resume
+    resumed = invoke(runner, *resume)
+    assert resumed.exit_code == 0, (resume, resumed.output)
+    assert "✔ completed" in resumed.stdout and "your answer" in resumed.stdout
+
+    detached = invoke(runner, *args, "--input", '{"ask": true}', "--detach")
+    assert detached.exit_code == 0, detached.output
+    later = _printed(r"run it here with (toren runs resume .*)$", detached.stderr)
+    assert invoke(runner, *later).exit_code == 4
+
+
+def test_a_follow_up_never_prints_a_password() -> None:
+    from toren.cli._common import _without_password
+
+    assert _without_password("postgresql://toren:hunter2@db:5432/toren") == (
+        "postgresql://toren:***@db:5432/toren"
+    )
+    assert _without_password("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

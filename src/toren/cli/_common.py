@@ -7,12 +7,15 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 
 from toren.config import Settings
@@ -226,6 +229,49 @@ def database_url_for(root: Path, database_url: str | None) -> str:
         return database_url
     project = root if root.is_dir() else root.parent
     return sqlite_url_for(project)
+
+
+def follow_up_options(agents_root: Path | None = None) -> str:
+    """The options a printed follow-up command ("toren runs resume ID ...") needs to reach
+    the runs this command reached, so that it works as copied: ``--agents`` when the agents
+    root is not what the copy would default to (``TOREN_AGENTS``, else the current
+    directory), ``--url`` / ``--database-url`` when given as flags (from the environment
+    they reach the copy too). A password in a URL is shown as ``***``; a token never is."""
+    ctx = click.get_current_context(silent=True)
+    url = _flag_value(ctx, "url")
+    parts: list[str] = []
+    if url:
+        parts += ["--url", _without_password(url)]
+    else:
+        default = Path(os.environ.get("TOREN_AGENTS") or ".").resolve()
+        if agents_root is not None and agents_root.resolve() != default:
+            parts += ["--agents", _shown_path(agents_root.resolve())]
+        database_url = _flag_value(ctx, "database_url")
+        if database_url:
+            parts += ["--database-url", _without_password(database_url)]
+    return "".join(" " + shlex.quote(part) for part in parts)
+
+
+def _flag_value(ctx: click.Context | None, name: str) -> str | None:
+    if ctx is None or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+        return None
+    value = ctx.params.get(name)
+    return str(value) if value else None
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix() or "."
+    except ValueError:
+        return str(path)
 
 
 def read_input(value: str | None, message: str | None) -> Any:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime as _dt
 import json
+import shlex
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -24,6 +25,7 @@ from toren.cli._common import (
     STATUS_EXIT,
     database_url_for,
     examples,
+    follow_up_options,
     out,
     parse_payload,
     read_input,
@@ -162,8 +164,12 @@ def _single_name(root: Path) -> str:
 # -- following --------------------------------------------------------------------------
 
 
-async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> int:
-    """Follow a run in the live view until it ends or parks; returns the exit code."""
+async def follow(
+    backend: Backend, run_id: str, *, resume_hint: bool = True, reach: str = ""
+) -> int:
+    """Follow a run in the live view until it ends or parks; returns the exit code.
+    ``reach`` is what the printed follow-up commands need to find the run
+    (:func:`follow_up_options`)."""
     console = out()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -197,7 +203,7 @@ async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> 
             with contextlib.suppress(Exception):
                 await items.aclose()  # type: ignore[attr-defined]
         if final is None:
-            how = "toren runs resume " + run_id
+            how = f"toren runs resume {run_id}{reach}"
             console.print(
                 f"[yellow]interrupted[/]: run {escape(run_id)} is not finished; continue it "
                 f"with [bold]{escape(how)}[/]"
@@ -209,19 +215,19 @@ async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-    return exit_code(final)
+    return exit_code(final, reach)
 
 
-def exit_code(run: dict[str, Any]) -> int:
+def exit_code(run: dict[str, Any], reach: str = "") -> int:
     if parked(run):
         names = run.get("waiting_for") or ["<name>"]
         run_id = run.get("id")
         out().print(
             f"run {escape(str(run_id))} is waiting for message {escape(repr(names[0]))}. "
-            f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} {escape(names[0])} "
-            f"'\"your answer\"'[/]\nthen continue with [bold]toren runs resume "
-            f"{escape(str(run_id))}[/] (a running 'toren dev' or 'toren worker' continues "
-            "it by itself)"
+            f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} "
+            f"{escape(shlex.quote(names[0]))} '\"your answer\"'{escape(reach)}[/]\nthen continue "
+            f"with [bold]toren runs resume {escape(str(run_id))}{escape(reach)}[/] (a running "
+            "'toren dev' or 'toren worker' continues it by itself)"
         )
         return EXIT_WAITING
     return STATUS_EXIT.get(str(run.get("status")), EXIT_OK)
@@ -283,8 +289,9 @@ def run(
         path = Path(agent)
         if path.is_dir() and (path / "agent.yaml").is_file():
             name = _single_name(path.resolve())
+        reach = follow_up_options()
         code = run_async(
-            lambda: _run_remote(url, token, name, value, process, idempotency_key, detach)
+            lambda: _run_remote(url, token, name, value, process, idempotency_key, detach, reach)
         )
     else:
         root, name_or_none = locate_agent(agent, agents_root)
@@ -298,6 +305,7 @@ def run(
                 detach,
                 database_url,
                 code_version,
+                follow_up_options(root),
             )
         )
     raise SystemExit(code)
@@ -311,13 +319,14 @@ async def _run_remote(
     process: str,
     key: str | None,
     detach: bool,
+    reach: str,
 ) -> int:
     async with open_backend(url, token, Path("."), None) as backend:
         run = await backend.start_run(name, value, process=process, idempotency_key=key)
         if detach:
-            _print_detached(run, f" --url {url}")
+            _print_detached(run, reach, remote=True)
             return EXIT_OK
-        return await follow(backend, str(run["id"]), resume_hint=False)
+        return await follow(backend, str(run["id"]), resume_hint=False, reach=reach)
 
 
 async def _run_embedded(
@@ -329,6 +338,7 @@ async def _run_embedded(
     detach: bool,
     database_url: str | None,
     code_version: str | None,
+    reach: str,
 ) -> int:
     settings = settings_from(database_url=database_url, code_version=code_version)
     runtime = await open_runtime(root, database_url_for(root, database_url), settings)
@@ -338,23 +348,23 @@ async def _run_embedded(
         run = await backend.start_run(agent, value, process=process, idempotency_key=key)
         run_id = str(run["id"])
         if detach:
-            _print_detached(run, "")
+            _print_detached(run, reach, remote=False)
             return EXIT_OK
         await backend.start_worker(run_id)
-        return await follow(backend, run_id)
+        return await follow(backend, run_id, reach=reach)
     finally:
         await backend.stop_worker(INTERACTIVE_DRAIN)
         await close_runtime(runtime)
 
 
-def _print_detached(run: dict[str, Any], suffix: str) -> None:
+def _print_detached(run: dict[str, Any], reach: str, *, remote: bool) -> None:
     run_id = escape(str(run["id"]))
     click.echo(run["id"])
+    resume = f"[bold]toren runs resume {run_id}{escape(reach)}[/]"
     hint = (
-        f"follow it with [bold]toren runs resume {run_id}{escape(suffix)}[/]"
-        if suffix
-        else f"a running 'toren dev' or 'toren worker' executes it; or run it here with "
-        f"[bold]toren runs resume {run_id}[/]"
+        f"follow it with {resume}"
+        if remote
+        else f"a running 'toren dev' or 'toren worker' executes it; or run it here with {resume}"
     )
     from toren.cli._common import err
 
@@ -586,9 +596,11 @@ def send(
     if printed_as_json(found, as_json):
         return
     where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"
+    reach = follow_up_options(agents_root)
     out().print(
         f"sent {escape(repr(name))} to run {escape(run_id)} ({found.get('status')}); "
-        f"continue it with [bold]toren runs resume {escape(run_id)}[/]{escape(where)}"
+        f"continue it with [bold]toren runs resume {escape(run_id)}{escape(reach)}[/]"
+        f"{escape(where)}"
     )
 
 
@@ -662,21 +674,26 @@ def resume(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
+    reach = follow_up_options(agents_root)
     if url:
 
         async def remote() -> int:
             async with open_backend(url, token, agents_root, None) as backend:
                 await backend.get_run(run_id)
-                return await follow(backend, run_id, resume_hint=False)
+                return await follow(backend, run_id, resume_hint=False, reach=reach)
 
         raise SystemExit(run_async(remote))
     raise SystemExit(
-        run_async(lambda: _resume_embedded(run_id, agents_root, database_url, code_version))
+        run_async(lambda: _resume_embedded(run_id, agents_root, database_url, code_version, reach))
     )
 
 
 async def _resume_embedded(
-    run_id: str, agents_root: Path, database_url: str | None, code_version: str | None
+    run_id: str,
+    agents_root: Path,
+    database_url: str | None,
+    code_version: str | None,
+    reach: str,
 ) -> int:
     root = agents_root.resolve()
     settings = settings_from(database_url=database_url, code_version=code_version)
@@ -686,7 +703,7 @@ async def _resume_embedded(
         found = await backend.get_run(run_id)
         if found.get("status") in ("completed", "failed", "cancelled"):
             out().print(f"run {escape(run_id)} already {found.get('status')}")
-            return await follow(backend, run_id)
+            return await follow(backend, run_id, reach=reach)
         owner, expires = found.get("lease_owner"), found.get("lease_expires_at")
         if owner and expires and float(expires) > time.time():
             out().print(
@@ -695,7 +712,7 @@ async def _resume_embedded(
                 "finishes it first"
             )
         await backend.start_worker(run_id)
-        return await follow(backend, run_id)
+        return await follow(backend, run_id, reach=reach)
     finally:
         await backend.stop_worker(INTERACTIVE_DRAIN)
         await close_runtime(runtime)
