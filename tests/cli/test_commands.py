@@ -375,3 +375,26 @@ def test_a_follow_up_never_prints_a_password() -> None:
         "postgresql://toren:***@db:5432/toren"
     )
     assert _without_password("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_runs_list_limit_is_the_apis_page_limit(
+    runner: CliRunner, server: str, chain: Path
+) -> None:
+    import httpx
+
+    from toren.core.runs import MAX_RUNS_PAGE
+
+    auth = {"Authorization": "Bearer s3cret"}
+    api = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE}, headers=auth)
+    assert api.status_code == 200
+    over = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE + 1}, headers=auth)
+    assert over.status_code == 422
+    remote = ["--url", server, "--token", "s3cret"]
+    for where in (["--agents", "chain"], remote):
+        ok = invoke(runner, "runs", "list", "--limit", str(MAX_RUNS_PAGE), "--json", *where)
+        assert ok.exit_code == 0, (where, ok.output)
+        bad = invoke(runner, "runs", "list", "--limit", str(MAX_RUNS_PAGE + 1), *where)
+        assert bad.exit_code == 2, (where, bad.output)
+        assert f"'--limit': {MAX_RUNS_PAGE + 1} is not in the range 1<=x<={MAX_RUNS_PAGE}" in (
+            bad.output
+        )

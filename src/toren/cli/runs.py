@@ -34,6 +34,7 @@ from toren.cli._common import (
 )
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
 from toren.cli.view import RunView, money, short
+from toren.core.runs import MAX_RUNS_PAGE
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
@@ -422,7 +423,13 @@ _STATUS_STYLE = {
     help="Only runs with this status.",
 )
 @click.option("--agent", default=None, help="Only runs of this agent.")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, MAX_RUNS_PAGE),
+    help=f"At most this many runs (1 to {MAX_RUNS_PAGE}, the HTTP API's page size limit).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @backend_options
 def list_runs(
