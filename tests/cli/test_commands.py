@@ -398,3 +398,72 @@ def test_runs_list_limit_is_the_apis_page_limit(
         assert f"'--limit': {MAX_RUNS_PAGE + 1} is not in the range 1<=x<={MAX_RUNS_PAGE}" in (
             bad.output
         )
+
+
+@contextlib.contextmanager
+def _unprivileged(owned: Path) -> Iterator[None]:
+    """Run the body as a user whom file modes bind (root ignores them): as root, as
+    ``nobody`` (effective uid) with ``owned`` given to it; otherwise as oneself."""
+    import os
+
+    if os.geteuid() != 0:
+        yield
+        return
+    nobody = 65534
+    for path in [owned, *owned.rglob("*")]:
+        os.chown(path, nobody, nobody)
+    os.setegid(nobody)
+    os.seteuid(nobody)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def test_init_force_that_fails_midway_changes_nothing(runner: CliRunner, tmp_path: Path) -> None:
+    import os
+    import stat
+    import tempfile
+
+    # Imports and the error path warmed up first: the unprivileged user may not read them.
+    invoke(runner, "init", str(tmp_path / "warm"))
+    assert invoke(runner, "init", str(tmp_path / "warm")).exit_code == 5
+
+    # Outside tmp_path, whose parents only root may enter.
+    project = Path(tempfile.mkdtemp(prefix="toren-init-"))
+    try:
+        assert invoke(runner, "init", str(project)).exit_code == 0
+        for rel in ("agent.yaml", "tools.py", "README.md"):
+            (project / rel).write_text(f"# mine: {rel}\n")
+        before = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+        os.chmod(project, 0o755)
+        with _unprivileged(project):
+            # agent.yaml comes first; prompts/system.md (and its directory) is read-only.
+            os.chmod(project / "prompts" / "system.md", stat.S_IRUSR)
+            os.chmod(project / "prompts", stat.S_IRUSR | stat.S_IXUSR)
+            try:
+                result = invoke(runner, "init", str(project), "--force")
+            finally:
+                os.chmod(project / "prompts", 0o755)
+        after = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+        assert after == before
+        assert result.exit_code == 5, result.output
+        assert f"cannot write {project / 'prompts' / 'system.md'}" in result.stderr
+        assert "nothing was changed" in result.stderr and "hint: check that" in result.stderr
+        assert sorted(p.name for p in project.iterdir() if p.name.startswith(".toren")) == []
+    finally:
+        shutil.rmtree(project)
+
+
+def test_init_force_never_replaces_a_directory(runner: CliRunner, tmp_path: Path) -> None:
+    assert invoke(runner, "init", str(tmp_path)).exit_code == 0
+    (tmp_path / "tools.py").write_text("# mine\n")
+    (tmp_path / "compose.yaml").unlink()
+    (tmp_path / "compose.yaml").mkdir()
+    (tmp_path / "compose.yaml" / "keep.txt").write_text("mine\n")
+    result = invoke(runner, "init", str(tmp_path), "--force")
+    assert (tmp_path / "tools.py").read_text() == "# mine\n"
+    assert result.exit_code == 5
+    assert f"{tmp_path / 'compose.yaml'} is a directory" in result.stderr
+    assert (tmp_path / "compose.yaml" / "keep.txt").read_text() == "mine\n"
