@@ -156,6 +156,7 @@ def test_detach_then_resume(runner: CliRunner, chain: Path) -> None:
 
 
 def test_errors_are_one_line_and_a_hint(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"fail": true}').exit_code == 1
     missing = invoke(runner, "runs", "show", "run_nope", "--agents", "chain")
     assert missing.exit_code == 5
     assert missing.stderr.splitlines()[0].startswith("error: no run with id 'run_nope'")
@@ -467,3 +468,44 @@ def test_init_force_never_replaces_a_directory(runner: CliRunner, tmp_path: Path
     assert result.exit_code == 5
     assert f"{tmp_path / 'compose.yaml'} is a directory" in result.stderr
     assert (tmp_path / "compose.yaml" / "keep.txt").read_text() == "mine\n"
+
+
+READ_ONLY = [
+    ["runs", "show", "run_nope"],
+    ["runs", "events", "run_nope"],
+    ["runs", "send", "run_nope", "approval", "yes"],
+    ["runs", "cancel", "run_nope"],
+    ["runs", "resume", "run_nope"],
+]
+
+
+@pytest.mark.parametrize("where", ["agents", "database-url"])
+def test_reading_where_nothing_ran_says_so_and_creates_no_database(
+    runner: CliRunner, chain: Path, where: str
+) -> None:
+    db = chain / ".toren" / "toren.db"
+    options = ["--agents", "chain"]
+    if where == "database-url":
+        db = chain.parent / "elsewhere" / "runs.db"
+        options += ["--database-url", f"sqlite:///{db}"]
+
+    listed = invoke(runner, "runs", "list", *options)
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.strip() == f"no runs yet: there is no database at {db}"
+    assert invoke(runner, "runs", "list", "--json", *options).stdout.strip() == "[]"
+    planned = invoke(runner, "plan", "--fail-on-invalidation", *options)
+    assert planned.exit_code == 0, planned.output
+    assert f"no runs yet: there is no database at {db}" in planned.stderr
+    assert "no runs in flight" in planned.stdout
+    report = json.loads(invoke(runner, "plan", "--json", *options).stdout)
+    assert (report["runs"], report["plans"]) == (0, [])
+    for command in READ_ONLY:
+        result = invoke(runner, *command, *options)
+        assert result.exit_code == 5, (command, result.output)
+        first, hint = result.stderr.splitlines()
+        assert first == (
+            f"error: there is no database at {db} yet: nothing has run with this agents "
+            "directory (or --database-url); not creating one"
+        )
+        assert hint.startswith("hint: start a run first ('toren run DIR')")
+    assert not (chain / ".toren").exists() and not db.parent.exists()

@@ -31,6 +31,7 @@ from toren.errors import (
     TorenError,
 )
 from toren.runtime import sqlite_url_for
+from toren.store.sqlite import parse_sqlite_url
 
 T = TypeVar("T")
 
@@ -82,6 +83,11 @@ def err() -> Console:
 
 def hint_for(exc: BaseException) -> str:
     code = getattr(exc, "code", "")
+    if isinstance(exc, NoDatabase):
+        return (
+            "start a run first ('toren run DIR'), or point --agents / --database-url "
+            "at the directory or database that holds the runs"
+        )
     if code == "connection_error":
         return "is the server running ('toren serve' or 'toren dev')? check --url / TOREN_API_URL"
     if code in ("unauthorized", "forbidden"):
@@ -223,12 +229,29 @@ def settings_from(
     return settings.with_(**changes) if changes else settings
 
 
-def database_url_for(root: Path, database_url: str | None) -> str:
-    """``--database-url`` when given, else the embedded database under the agents root."""
-    if database_url:
-        return database_url
+class NoDatabase(RunNotFound):
+    """A command that reads or steers runs found no database where it looked."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"there is no database at {path} yet: nothing has run with this agents "
+            "directory (or --database-url); not creating one",
+            path=str(path),
+        )
+        self.path = path
+
+
+def database_url_for(root: Path, database_url: str | None, *, create: bool = True) -> str:
+    """``--database-url`` when given, else the embedded database under the agents root.
+    Without ``create`` (commands that only read or steer existing runs), a SQLite file
+    that does not exist is :class:`NoDatabase` rather than a new, empty database."""
     project = root if root.is_dir() else root.parent
-    return sqlite_url_for(project)
+    url = database_url or sqlite_url_for(project, create=create)
+    if not create and url.startswith("sqlite:"):
+        path = parse_sqlite_url(url)[0]
+        if path != ":memory:" and not Path(path).exists():
+            raise NoDatabase(Path(path).resolve())
+    return url
 
 
 def follow_up_options(agents_root: Path | None = None) -> str:

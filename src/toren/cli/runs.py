@@ -23,6 +23,7 @@ from toren.cli._common import (
     EXIT_OK,
     EXIT_WAITING,
     STATUS_EXIT,
+    NoDatabase,
     database_url_for,
     examples,
     follow_up_options,
@@ -101,7 +102,9 @@ async def open_backend(
         return
     root = agents_root.resolve()
     settings = settings_from(database_url=database_url)
-    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    # These commands read or steer existing runs: a missing database is not created.
+    found = database_url_for(root, database_url, create=False)
+    runtime = await open_runtime(root, found, settings)
     backend = EmbeddedBackend(runtime)
     try:
         yield backend
@@ -442,13 +445,20 @@ def list_runs(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    found = on_backend(
-        url,
-        token,
-        agents_root,
-        database_url,
-        lambda backend: backend.list_runs(status=status, agent=agent, limit=limit),
-    )
+    try:
+        found = on_backend(
+            url,
+            token,
+            agents_root,
+            database_url,
+            lambda backend: backend.list_runs(status=status, agent=agent, limit=limit),
+        )
+    except NoDatabase as exc:
+        if as_json:
+            click.echo("[]")
+        else:
+            out().print(f"no runs yet: there is no database at {escape(str(exc.path))}")
+        return
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return
@@ -704,7 +714,8 @@ async def _resume_embedded(
 ) -> int:
     root = agents_root.resolve()
     settings = settings_from(database_url=database_url, code_version=code_version)
-    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    url = database_url_for(root, database_url, create=False)
+    runtime = await open_runtime(root, url, settings)
     backend = EmbeddedBackend(runtime)
     try:
         found = await backend.get_run(run_id)
