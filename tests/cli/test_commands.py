@@ -509,3 +509,67 @@ def test_reading_where_nothing_ran_says_so_and_creates_no_database(
         )
         assert hint.startswith("hint: start a run first ('toren run DIR')")
     assert not (chain / ".toren").exists() and not db.parent.exists()
+
+
+def _hint(result: Any) -> str:
+    assert result.exit_code == 5, result.output
+    return str(result.stderr.splitlines()[-1])
+
+
+def test_hints_fit_the_error_on_the_embedded_database(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"fail": true}').exit_code == 1
+    finished = last_run_id(runner, chain)
+
+    missing = _hint(invoke(runner, "runs", "show", "run_nope", "--agents", "chain"))
+    assert missing == "hint: list the runs there with 'toren runs list --agents chain'"
+    assert invoke(runner, "runs", "list", "--agents", "chain").exit_code == 0
+    assert _hint(invoke(runner, "run", "nobody", "--agents", "chain")) == (
+        "hint: pass a path to an agent directory, or set --agents to the directory holding it"
+    )
+    assert _hint(invoke(runner, "run", "./chain", "--process", "nope")) == (
+        "hint: pass --process with one of the processes named above"
+    )
+    sent = invoke(runner, "runs", "send", finished, "approval", "x", "--agents", "chain")
+    assert f"error: run {finished!r} is failed; it takes no more messages" in sent.stderr
+    assert _hint(sent) == (
+        "hint: the run has ended and takes no more messages; start a new one with 'toren run'"
+    )
+    assert _hint(invoke(runner, "run", "./chain", "--idempotency-key", "")) == (
+        "hint: see 'toren run --help' for the expected shape"
+    )
+
+
+def test_hints_fit_the_error_from_a_server(runner: CliRunner, server: str, chain: Path) -> None:
+    remote = ["--url", server, "--token", "s3cret"]
+    failed = invoke(runner, "run", "chain", "--input", '{"fail": true}', *remote)
+    assert failed.exit_code == 1, failed.output
+    finished = json.loads(invoke(runner, "runs", "list", "--json", *remote).stdout)[0]["id"]
+
+    assert _hint(invoke(runner, "runs", "show", "run_nope", *remote)) == (
+        f"hint: list the server's runs with 'toren runs list --url {server}'"
+    )
+    assert _hint(invoke(runner, "run", "nobody", *remote)) == (
+        "hint: the server runs the agents under its own --agents directory; check the name"
+    )
+    assert _hint(invoke(runner, "runs", "send", finished, "approval", "x", *remote)) == (
+        "hint: the run has ended and takes no more messages; start a new one with 'toren run'"
+    )
+
+
+def test_a_refused_bind_gets_the_hint_of_its_cause(runner: CliRunner, chain: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = invoke(runner, "serve", "--port", str(port), "--agents", "chain")
+    assert _hint(busy) == (
+        f"hint: another process uses the port; pick another with --port (e.g. --port {port + 1})"
+    )
+    # 192.0.2.0/24 is reserved for documentation: never an address of this machine.
+    elsewhere = invoke(runner, "serve", "--host", "192.0.2.1", "--token", "s3cret-token")
+    assert "cannot listen on 192.0.2.1:8000" in elsewhere.stderr
+    assert _hint(elsewhere) == (
+        "hint: the address is not one of this machine's; use --host 127.0.0.1 (or 0.0.0.0)"
+    )

@@ -152,7 +152,8 @@ class AgentDefinition:
         except KeyError:
             raise AgentNotFound(
                 f"agent {self.name!r} has no process {name!r}; its processes are "
-                f"{sorted(self.processes)} (declared under 'processes:' in {self.file})"
+                f"{sorted(self.processes)} (declared under 'processes:' in {self.file})",
+                process=name,
             ) from None
 
     def _loop_spec(self, proc: ProcessDefinition, tools: Mapping[str, ToolDef]) -> LoopSpec:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import functools
 import json
 import shlex
 import signal
@@ -30,6 +31,7 @@ from toren.cli._common import (
     out,
     parse_payload,
     read_input,
+    remember_command,
     run_async,
     settings_from,
 )
@@ -83,7 +85,13 @@ def backend_options(fn: F) -> F:
         ]
     ):
         fn = option(fn)
-    return fn
+
+    @functools.wraps(fn)
+    def remembered(*args: Any, **kwargs: Any) -> Any:
+        remember_command()
+        return fn(*args, **kwargs)
+
+    return remembered  # type: ignore[return-value]
 
 
 @contextlib.asynccontextmanager
