@@ -40,10 +40,12 @@ __all__ = ["Runtime", "build_deps", "close_runtime", "open_runtime", "sqlite_url
 STATE_DIR = ".toren"
 
 
-def sqlite_url_for(project: str | Path) -> str:
-    """The embedded database of a project: ``<project>/.toren/toren.db`` (created)."""
+def sqlite_url_for(project: str | Path, *, create: bool = True) -> str:
+    """The embedded database of a project: ``<project>/.toren/toren.db`` (its directory
+    created unless ``create`` is false: commands that only read must not leave one)."""
     state = Path(project).resolve() / STATE_DIR
-    state.mkdir(parents=True, exist_ok=True)
+    if create:
+        state.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{state / 'toren.db'}"
 
 

@@ -157,6 +157,7 @@ def test_detach_then_resume(runner: CliRunner, chain: Path) -> None:
 
 
 def test_errors_are_one_line_and_a_hint(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"fail": true}').exit_code == 1
     missing = invoke(runner, "runs", "show", "run_nope", "--agents", "chain")
     assert missing.exit_code == 5
     assert missing.stderr.splitlines()[0].startswith("error: no run with id 'run_nope'")
@@ -306,3 +307,289 @@ def test_an_unknown_log_level_is_a_usage_error(
     result = invoke(runner, command, "--log-level", "loud")
     assert result.exit_code == 2
     assert "'loud' is not one of" in result.output and "'warning'" in result.output
+
+
+@pytest.mark.parametrize("name", ["", "bad\x01name", "n" * 256], ids=["empty", "control", "long"])
+def test_send_refuses_the_message_names_the_api_refuses_in_its_words(
+    runner: CliRunner, server: str, chain: Path, name: str
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from toren.runtime import sqlite_url_for
+    from toren.store import connect
+
+    started = invoke(
+        runner, "run", "chain", "--input", '{"ask": true}', "--url", server, "--token", "s3cret"
+    )
+    assert started.exit_code == 4, started.output
+    run_id = last_run_id(runner, chain)
+    api = httpx.post(
+        f"{server}/v1/runs/{run_id}/messages",
+        json={"name": name, "payload": "x"},
+        headers={"Authorization": "Bearer s3cret"},
+    )
+    assert api.status_code == 422
+    api_message = api.json()["error"]["message"]
+    assert "is not a valid message name" in api_message
+
+    for where in (["--agents", "chain"], ["--url", server, "--token", "s3cret"]):
+        sent = invoke(runner, "runs", "send", run_id, name, "x", *where)
+        assert sent.exit_code == 2, (where, sent.output)
+        said = sent.output.split("Error: ", 1)[1].strip()
+        assert said.startswith("name: ") and "body." + said == api_message, (where, said)
+
+    async def stored() -> object:
+        store = await connect(sqlite_url_for(chain))
+        try:
+            return await store.next_message(run_id, [name])
+        finally:
+            await store.close()
+
+    assert asyncio.run(stored()) is None  # nothing was sent
+
+
+def _printed(pattern: str, text: str) -> list[str]:
+    import re
+    import shlex
+
+    found = re.search(pattern, text, re.MULTILINE)
+    assert found is not None, (pattern, text)
+    words = shlex.split(found.group(1))
+    assert words[0] == "toren"
+    return words[1:]
+
+
+@pytest.mark.parametrize("setup", ["agent-dir", "database-url"])
+def test_printed_follow_ups_run_as_printed(
+    runner: CliRunner, chain: Path, monkeypatch: pytest.MonkeyPatch, setup: str
+) -> None:
+    args = ["run", "./chain"]
+    if setup == "database-url":  # from elsewhere, into a database of its own
+        (chain.parent / "elsewhere").mkdir()
+        monkeypatch.chdir(chain.parent / "elsewhere")
+        db = chain.parent / "other.db"
+        args = ["run", "../chain", "--database-url", f"sqlite:///{db}"]
+
+    waiting = invoke(runner, *args, "--input", '{"ask": true}')
+    assert waiting.exit_code == 4, waiting.output
+    send = _printed(r"^\s*(toren runs send .*)$", waiting.stdout)
+    resume = _printed(r"continue with (toren runs resume .*?) \(a running", waiting.stdout)
+    sent = invoke(runner, *send)
+    assert sent.exit_code == 0, (send, sent.output)
+    assert _printed(r"continue it with (toren runs resume .*?) \(or let", sent.stdout) == resume
+    resumed = invoke(runner, *resume)
+    assert resumed.exit_code == 0, (resume, resumed.output)
+    assert "✔ completed" in resumed.stdout and "your answer" in resumed.stdout
+
+    detached = invoke(runner, *args, "--input", '{"ask": true}', "--detach")
+    assert detached.exit_code == 0, detached.output
+    later = _printed(r"run it here with (toren runs resume .*)$", detached.stderr)
+    assert invoke(runner, *later).exit_code == 4
+
+
+def test_a_follow_up_never_prints_a_password() -> None:
+    from toren.cli._common import _without_password
+
+    assert _without_password("postgresql://toren:hunter2@db:5432/toren") == (
+        "postgresql://toren:***@db:5432/toren"
+    )
+    assert _without_password("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_runs_list_limit_is_the_apis_page_limit(
+    runner: CliRunner, server: str, chain: Path
+) -> None:
+    import httpx
+
+    from toren.core.runs import MAX_RUNS_PAGE
+
+    auth = {"Authorization": "Bearer s3cret"}
+    api = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE}, headers=auth)
+    assert api.status_code == 200
+    over = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE + 1}, headers=auth)
+    assert over.status_code == 422
+    remote = ["--url", server, "--token", "s3cret"]
+    for where in (["--agents", "chain"], remote):
+        ok = invoke(runner, "runs", "list", "--limit", str(MAX_RUNS_PAGE), "--json", *where)
+        assert ok.exit_code == 0, (where, ok.output)
+        bad = invoke(runner, "runs", "list", "--limit", str(MAX_RUNS_PAGE + 1), *where)
+        assert bad.exit_code == 2, (where, bad.output)
+        assert f"'--limit': {MAX_RUNS_PAGE + 1} is not in the range 1<=x<={MAX_RUNS_PAGE}" in (
+            bad.output
+        )
+
+
+@contextlib.contextmanager
+def _unprivileged(owned: Path) -> Iterator[None]:
+    """Run the body as a user whom file modes bind (root ignores them): as root, as
+    ``nobody`` (effective uid) with ``owned`` given to it; otherwise as oneself."""
+    import os
+
+    if os.geteuid() != 0:
+        yield
+        return
+    nobody = 65534
+    for path in [owned, *owned.rglob("*")]:
+        os.chown(path, nobody, nobody)
+    os.setegid(nobody)
+    os.seteuid(nobody)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def test_init_force_that_fails_midway_changes_nothing(runner: CliRunner, tmp_path: Path) -> None:
+    import os
+    import stat
+    import tempfile
+
+    # Imports and the error path warmed up first: the unprivileged user may not read them.
+    invoke(runner, "init", str(tmp_path / "warm"))
+    assert invoke(runner, "init", str(tmp_path / "warm")).exit_code == 5
+
+    # Outside tmp_path, whose parents only root may enter.
+    project = Path(tempfile.mkdtemp(prefix="toren-init-"))
+    try:
+        assert invoke(runner, "init", str(project)).exit_code == 0
+        for rel in ("agent.yaml", "tools.py", "README.md"):
+            (project / rel).write_text(f"# mine: {rel}\n")
+        before = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+        os.chmod(project, 0o755)
+        with _unprivileged(project):
+            # agent.yaml comes first; prompts/system.md (and its directory) is read-only.
+            os.chmod(project / "prompts" / "system.md", stat.S_IRUSR)
+            os.chmod(project / "prompts", stat.S_IRUSR | stat.S_IXUSR)
+            try:
+                result = invoke(runner, "init", str(project), "--force")
+            finally:
+                os.chmod(project / "prompts", 0o755)
+        after = {p: p.read_bytes() for p in project.rglob("*") if p.is_file()}
+        assert after == before
+        assert result.exit_code == 5, result.output
+        assert f"cannot write {project / 'prompts' / 'system.md'}" in result.stderr
+        assert "nothing was changed" in result.stderr and "hint: check that" in result.stderr
+        assert sorted(p.name for p in project.iterdir() if p.name.startswith(".toren")) == []
+    finally:
+        shutil.rmtree(project)
+
+
+def test_init_force_never_replaces_a_directory(runner: CliRunner, tmp_path: Path) -> None:
+    assert invoke(runner, "init", str(tmp_path)).exit_code == 0
+    (tmp_path / "tools.py").write_text("# mine\n")
+    (tmp_path / "compose.yaml").unlink()
+    (tmp_path / "compose.yaml").mkdir()
+    (tmp_path / "compose.yaml" / "keep.txt").write_text("mine\n")
+    result = invoke(runner, "init", str(tmp_path), "--force")
+    assert (tmp_path / "tools.py").read_text() == "# mine\n"
+    assert result.exit_code == 5
+    assert f"{tmp_path / 'compose.yaml'} is a directory" in result.stderr
+    assert (tmp_path / "compose.yaml" / "keep.txt").read_text() == "mine\n"
+
+
+READ_ONLY = [
+    ["runs", "show", "run_nope"],
+    ["runs", "events", "run_nope"],
+    ["runs", "send", "run_nope", "approval", "yes"],
+    ["runs", "cancel", "run_nope"],
+    ["runs", "resume", "run_nope"],
+]
+
+
+@pytest.mark.parametrize("where", ["agents", "database-url"])
+def test_reading_where_nothing_ran_says_so_and_creates_no_database(
+    runner: CliRunner, chain: Path, where: str
+) -> None:
+    db = chain / ".toren" / "toren.db"
+    options = ["--agents", "chain"]
+    if where == "database-url":
+        db = chain.parent / "elsewhere" / "runs.db"
+        options += ["--database-url", f"sqlite:///{db}"]
+
+    listed = invoke(runner, "runs", "list", *options)
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.strip() == f"no runs yet: there is no database at {db}"
+    assert invoke(runner, "runs", "list", "--json", *options).stdout.strip() == "[]"
+    planned = invoke(runner, "plan", "--fail-on-invalidation", *options)
+    assert planned.exit_code == 0, planned.output
+    assert f"no runs yet: there is no database at {db}" in planned.stderr
+    assert "no runs in flight" in planned.stdout
+    report = json.loads(invoke(runner, "plan", "--json", *options).stdout)
+    assert (report["runs"], report["plans"]) == (0, [])
+    for command in READ_ONLY:
+        result = invoke(runner, *command, *options)
+        assert result.exit_code == 5, (command, result.output)
+        first, hint = result.stderr.splitlines()
+        assert first == (
+            f"error: there is no database at {db} yet: nothing has run with this agents "
+            "directory (or --database-url); not creating one"
+        )
+        assert hint.startswith("hint: start a run first ('toren run DIR')")
+    assert not (chain / ".toren").exists() and not db.parent.exists()
+
+
+def _hint(result: Any) -> str:
+    assert result.exit_code == 5, result.output
+    return str(result.stderr.splitlines()[-1])
+
+
+def test_hints_fit_the_error_on_the_embedded_database(runner: CliRunner, chain: Path) -> None:
+    assert invoke(runner, "run", "chain", "--input", '{"fail": true}').exit_code == 1
+    finished = last_run_id(runner, chain)
+
+    missing = _hint(invoke(runner, "runs", "show", "run_nope", "--agents", "chain"))
+    assert missing == "hint: list the runs there with 'toren runs list --agents chain'"
+    assert invoke(runner, "runs", "list", "--agents", "chain").exit_code == 0
+    assert _hint(invoke(runner, "run", "nobody", "--agents", "chain")) == (
+        "hint: pass a path to an agent directory, or set --agents to the directory holding it"
+    )
+    assert _hint(invoke(runner, "run", "./chain", "--process", "nope")) == (
+        "hint: pass --process with one of the processes named above"
+    )
+    sent = invoke(runner, "runs", "send", finished, "approval", "x", "--agents", "chain")
+    assert f"error: run {finished!r} is failed; it takes no more messages" in sent.stderr
+    assert _hint(sent) == (
+        "hint: the run has ended and takes no more messages; start a new one with 'toren run'"
+    )
+    assert _hint(invoke(runner, "run", "./chain", "--idempotency-key", "")) == (
+        "hint: see 'toren run --help' for the expected shape"
+    )
+
+
+def test_hints_fit_the_error_from_a_server(runner: CliRunner, server: str, chain: Path) -> None:
+    remote = ["--url", server, "--token", "s3cret"]
+    failed = invoke(runner, "run", "chain", "--input", '{"fail": true}', *remote)
+    assert failed.exit_code == 1, failed.output
+    finished = json.loads(invoke(runner, "runs", "list", "--json", *remote).stdout)[0]["id"]
+
+    assert _hint(invoke(runner, "runs", "show", "run_nope", *remote)) == (
+        f"hint: list the server's runs with 'toren runs list --url {server}'"
+    )
+    assert _hint(invoke(runner, "run", "nobody", *remote)) == (
+        "hint: the server runs the agents under its own --agents directory; check the name"
+    )
+    assert _hint(invoke(runner, "runs", "send", finished, "approval", "x", *remote)) == (
+        "hint: the run has ended and takes no more messages; start a new one with 'toren run'"
+    )
+
+
+def test_a_refused_bind_gets_the_hint_of_its_cause(runner: CliRunner, chain: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        busy = invoke(runner, "serve", "--port", str(port), "--agents", "chain")
+    assert _hint(busy) == (
+        f"hint: another process uses the port; pick another with --port (e.g. --port {port + 1})"
+    )
+    # 192.0.2.0/24 is reserved for documentation: never an address of this machine.
+    elsewhere = invoke(runner, "serve", "--host", "192.0.2.1", "--token", "s3cret-token")
+    assert "cannot listen on 192.0.2.1:8000" in elsewhere.stderr
+    assert _hint(elsewhere) == (
+        "hint: the address is not one of this machine's; use --host 127.0.0.1 (or 0.0.0.0)"
+    )

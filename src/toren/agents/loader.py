@@ -54,6 +54,7 @@ from toren.agents.tools import tools_from_module
 from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelProvider
+from toren.providers.scripted import load_script
 
 __all__ = [
     "IGNORED_DIRS",
@@ -61,6 +62,7 @@ __all__ = [
     "ProcessDefinition",
     "directory_hash",
     "load_agent",
+    "parse_yaml",
 ]
 
 AGENT_FILE = "agent.yaml"
@@ -150,7 +152,8 @@ class AgentDefinition:
         except KeyError:
             raise AgentNotFound(
                 f"agent {self.name!r} has no process {name!r}; its processes are "
-                f"{sorted(self.processes)} (declared under 'processes:' in {self.file})"
+                f"{sorted(self.processes)} (declared under 'processes:' in {self.file})",
+                process=name,
             ) from None
 
     def _loop_spec(self, proc: ProcessDefinition, tools: Mapping[str, ToolDef]) -> LoopSpec:
@@ -236,7 +239,12 @@ def _line_map(
     return out
 
 
-def _parse_yaml(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
+def parse_yaml(
+    text: str, file: str, example: str = "'name: my-agent'"
+) -> tuple[Any, dict[Loc, int]]:
+    """YAML with duplicate keys refused, and the line of every key path. A syntax error
+    is an :class:`AgentConfigError` naming ``file``, the line, and ``example`` (a mapping
+    of the shape the file should have)."""
     loader = _Loader(text)
     try:
         node = loader.get_single_node()
@@ -263,7 +271,7 @@ def _parse_yaml(text: str, file: str) -> tuple[Any, dict[Loc, int]]:
         raise AgentConfigError(
             f"{where}: found invalid YAML "
             f"({exc.problem or exc.context}); expected a YAML mapping such as "
-            "'name: my-agent' (check indentation, colons and quotes)",
+            f"{example} (check indentation, colons and quotes)",
             file=file,
             key="",
         ) from None
@@ -401,7 +409,7 @@ class _AgentLoader:
                 f"{self.src}: found an unreadable file ({exc}); expected a UTF-8 text file",
                 file=self.src,
             ) from None
-        data, self.lines = _parse_yaml(text, self.src)
+        data, self.lines = parse_yaml(text, self.src)
         if not isinstance(data, dict):
             found = "an empty file" if data is None else describe_found(data)
             raise self.fail(
@@ -526,6 +534,10 @@ class _AgentLoader:
                 f"{model!r}, but there is no file {model_name!r} in {self.root}",
                 "'scripted:<file>' naming a script file relative to the agent directory",
             )
+        elif providers[provider] == "scripted":
+            # Checked here, not at the first model call: a broken script must fail the
+            # load (no run is created) rather than every run that uses it.
+            load_script(self.root / model_name)
 
     def _instructions(self, config: AgentConfig, proc: ProcessConfig, name: str) -> str:
         owner: AgentConfig | ProcessConfig = config

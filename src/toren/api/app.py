@@ -28,6 +28,7 @@ from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
+from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.runs import start_run as core_start_run
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
@@ -307,7 +308,7 @@ async def list_runs(
     status: models.RunStatus | None = None,
     agent: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
     process: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
-    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE)] = 50,
     cursor: Annotated[
         str | None,
         Query(

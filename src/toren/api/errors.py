@@ -7,7 +7,7 @@ a 500 with a generic message (logged server-side with its traceback, never sent)
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from toren.api.models import CURSOR_HELP, MAX_JSON_DEPTH, NAME_HELP
+from toren.api.models import CURSOR_HELP, MAX_JSON_DEPTH, MESSAGE_NAME_HELP, NAME_HELP
 from toren.errors import (
     AgentNotFound,
     IdempotencyConflict,
@@ -138,8 +138,7 @@ def _on_validation_error(request: Request, exc: Exception) -> Failure:
     body = _body_problem(request, errors)
     if body is not None:
         return body
-    problems = [_problem(e) for e in errors]
-    message = "; ".join(f"{p['where']}: {p['message']}" for p in problems) or "invalid request"
+    message, problems = validation_message(errors)
     return Failure(422, "invalid_request", message, problems)
 
 
@@ -188,6 +187,14 @@ def _json_kind(value: Any) -> str:
     return next((name for kind, name in kinds if isinstance(value, kind)), "null")
 
 
+def validation_message(errors: Iterable[Any]) -> tuple[str, list[dict[str, str]]]:
+    """Pydantic errors of a request as the API words them: one message and the problems.
+    The CLI checks its arguments against the same request models and says the same."""
+    problems = [_problem(e) for e in errors]
+    message = "; ".join(f"{p['where']}: {p['message']}" for p in problems) or "invalid request"
+    return message, problems
+
+
 def _problem(error: Any) -> dict[str, str]:
     loc = [str(part) for part in error.get("loc", ())]
     where = ".".join(loc) or "request"
@@ -197,6 +204,10 @@ def _problem(error: Any) -> dict[str, str]:
         message = f"{_quote(error.get('input'))} is not a valid name; use {NAME_HELP}"
     elif kind == "string_pattern_mismatch" and loc == ["query", "cursor"]:
         message = f"{_quote(error.get('input'))} is not a cursor; use {CURSOR_HELP}"
+    elif kind == "string_pattern_mismatch" and loc[-1:] == ["name"]:
+        message = (
+            f"{_quote(error.get('input'))} is not a valid message name; use {MESSAGE_NAME_HELP}"
+        )
     elif kind == "value_error" and "error" in error.get("ctx", {}):
         message = str(error["ctx"]["error"])  # our validators' own words, unprefixed
     return {"where": where, "message": message, "type": str(kind or "")}

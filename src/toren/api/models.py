@@ -23,6 +23,7 @@ NAME_HELP = (
 # characters, which PostgreSQL text columns reject and headers cannot carry).
 KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
 MESSAGE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+MESSAGE_NAME_HELP = "1 to 255 characters, without control characters (no newline, tab, NUL)"
 # A cursor is a run id (the last run of the previous page) as toren.core.runs.new_run_id
 # makes them: anything else would be compared as a string and page silently wrong.
 CURSOR_PATTERN = r"^run_[0-9a-f]{22}$"

@@ -7,12 +7,15 @@ import asyncio
 import json
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 
 from toren.config import Settings
@@ -21,14 +24,15 @@ from toren.errors import (
     AgentNotFound,
     CorruptRow,
     IdempotencyConflict,
-    InfrastructureError,
     InvalidInput,
     ProviderUnavailable,
     RunNotFound,
     StorageError,
     TorenError,
+    UserError,
 )
 from toren.runtime import sqlite_url_for
+from toren.store.sqlite import parse_sqlite_url
 
 T = TypeVar("T")
 
@@ -50,6 +54,7 @@ class State:
     def __init__(self, debug: bool = False, color: bool | None = None) -> None:
         self.debug = debug
         self.color = color
+        self.command: click.Context | None = None  # the subcommand running (for hints)
 
     def console(self, *, stderr: bool = False) -> Console:
         no_color = self.color is False or "NO_COLOR" in os.environ
@@ -78,39 +83,93 @@ def err() -> Console:
     return state().console(stderr=True)
 
 
+_SERVER_DOWN = "is the server running ('toren serve' or 'toren dev')? check --url / TOREN_API_URL"
+_RUN_FINISHED = "the run has ended and takes no more messages; start a new one with 'toren run'"
+
+
 def hint_for(exc: BaseException) -> str:
-    code = getattr(exc, "code", "")
-    if code == "connection_error":
-        return "is the server running ('toren serve' or 'toren dev')? check --url / TOREN_API_URL"
-    if code in ("unauthorized", "forbidden"):
-        return "pass the server's token with --token or TOREN_API_TOKEN"
-    if code == "run_not_found":
-        return "list runs with 'toren runs list --url ...'"
-    if code in ("agent_not_found",):
-        return "the server knows the agents under its --agents directory; check the name"
+    """What to do next, for the error just reported: errors from a server (--url) by the
+    server's code, the others by their class."""
+    command, reach = _failed_command()
+    if isinstance(exc, NoDatabase):
+        return (
+            "start a run first ('toren run DIR'), or point --agents / --database-url "
+            "at the directory or database that holds the runs"
+        )
+    if _is_api_error(exc):
+        return _server_hint(str(getattr(exc, "code", "")), command, reach)
+    if getattr(exc, "code", "") == "run_finished":
+        return _RUN_FINISHED
     if isinstance(exc, AgentConfigError):
         return "fix the file named above, then run the command again"
     if isinstance(exc, AgentNotFound):
+        if exc.details.get("process"):
+            return "pass --process with one of the processes named above"
         return "pass a path to an agent directory, or set --agents to the directory holding it"
     if isinstance(exc, RunNotFound):
-        return "list runs with 'toren runs list' (add --url for a server)"
+        return f"list the runs there with 'toren runs list{reach}'"
     if isinstance(exc, IdempotencyConflict):
         return "use a new idempotency key, or the same arguments as the first request"
     if isinstance(exc, InvalidInput):
-        return "see 'toren <command> --help' for the expected shape"
+        return f"see '{command} --help' for the expected shape"
     if isinstance(exc, ProviderUnavailable):
-        return "set the provider's API key in the environment (e.g. OPENAI_API_KEY)"
+        return (
+            "set up the provider named above: its API key in the environment (e.g. "
+            "OPENAI_API_KEY), its package installed, or its entry under 'providers:'"
+        )
     if isinstance(exc, CorruptRow):
         return "repair the row named above (or restore the database); Toren never skips it"
     if isinstance(exc, StorageError):
         return "check --database-url / TOREN_DATABASE_URL and that the database is reachable"
-    if isinstance(exc, InfrastructureError):
-        return "run again with --debug for the traceback"
+    if isinstance(exc, OSError) and exc.filename:
+        return f"check {str(exc.filename)!r}: that it exists and that you may read (or write) it"
     if _is_connect_error(exc):
-        return "is the server running ('toren serve' or 'toren dev')? check --url / TOREN_API_URL"
+        return _SERVER_DOWN
     if _is_http_error(exc):
         return "check --url / TOREN_API_URL and --token / TOREN_API_TOKEN"
     return "run again with --debug for the traceback"
+
+
+def _server_hint(code: str, command: str, reach: str) -> str:
+    if code == "connection_error":
+        return _SERVER_DOWN
+    if code in ("unauthorized", "forbidden"):
+        return "pass the server's token with --token or TOREN_API_TOKEN"
+    if code == "run_not_found":
+        return f"list the server's runs with 'toren runs list{reach}'"
+    if code == "agent_not_found":
+        return "the server runs the agents under its own --agents directory; check the name"
+    if code == "run_finished":
+        return _RUN_FINISHED
+    if code == "idempotency_conflict":
+        return "use a new idempotency key, or the same arguments as the first request"
+    if code in ("invalid_request", "invalid_input"):
+        return f"see '{command} --help' for the expected shape"
+    if code == "agent_config_invalid":
+        return "fix the server's agent directory (the file named above), then try again"
+    if code == "internal_error":
+        return "the server failed: its log has the cause"
+    return "check --url / TOREN_API_URL and --token / TOREN_API_TOKEN"
+
+
+def remember_command() -> None:
+    """Note the running command's context: the error boundary (in the group, after the
+    command's context has closed) names it and its options in the hint."""
+    state().command = click.get_current_context()
+
+
+def _failed_command() -> tuple[str, str]:
+    ctx = state().command
+    if ctx is None:
+        return "toren <command>", ""
+    root = ctx.params.get("agents_root")
+    return ctx.command_path, follow_up_options(Path(root) if root else None, ctx=ctx)
+
+
+def _is_api_error(exc: BaseException) -> bool:
+    from toren.client import TorenAPIError
+
+    return isinstance(exc, TorenAPIError)
 
 
 def _is_connect_error(exc: BaseException) -> bool:
@@ -224,12 +283,78 @@ def settings_from(
     return settings.with_(**changes) if changes else settings
 
 
-def database_url_for(root: Path, database_url: str | None) -> str:
-    """``--database-url`` when given, else the embedded database under the agents root."""
-    if database_url:
-        return database_url
+class RunFinished(UserError):
+    """A message for a run that has ended (the HTTP API's 409 ``run_finished``)."""
+
+    code = "run_finished"
+
+
+class NoDatabase(RunNotFound):
+    """A command that reads or steers runs found no database where it looked."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"there is no database at {path} yet: nothing has run with this agents "
+            "directory (or --database-url); not creating one",
+            path=str(path),
+        )
+        self.path = path
+
+
+def database_url_for(root: Path, database_url: str | None, *, create: bool = True) -> str:
+    """``--database-url`` when given, else the embedded database under the agents root.
+    Without ``create`` (commands that only read or steer existing runs), a SQLite file
+    that does not exist is :class:`NoDatabase` rather than a new, empty database."""
     project = root if root.is_dir() else root.parent
-    return sqlite_url_for(project)
+    url = database_url or sqlite_url_for(project, create=create)
+    if not create and url.startswith("sqlite:"):
+        path = parse_sqlite_url(url)[0]
+        if path != ":memory:" and not Path(path).exists():
+            raise NoDatabase(Path(path).resolve())
+    return url
+
+
+def follow_up_options(agents_root: Path | None = None, *, ctx: click.Context | None = None) -> str:
+    """The options a printed follow-up command ("toren runs resume ID ...") needs to reach
+    the runs this command reached, so that it works as copied: ``--agents`` when the agents
+    root is not what the copy would default to (``TOREN_AGENTS``, else the current
+    directory), ``--url`` / ``--database-url`` when given as flags (from the environment
+    they reach the copy too). A password in a URL is shown as ``***``; a token never is."""
+    ctx = ctx or click.get_current_context(silent=True)
+    url = _flag_value(ctx, "url")
+    parts: list[str] = []
+    if url:
+        parts += ["--url", _without_password(url)]
+    else:
+        default = Path(os.environ.get("TOREN_AGENTS") or ".").resolve()
+        if agents_root is not None and agents_root.resolve() != default:
+            parts += ["--agents", _shown_path(agents_root.resolve())]
+        database_url = _flag_value(ctx, "database_url")
+        if database_url:
+            parts += ["--database-url", _without_password(database_url)]
+    return "".join(" " + shlex.quote(part) for part in parts)
+
+
+def _flag_value(ctx: click.Context | None, name: str) -> str | None:
+    if ctx is None or ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+        return None
+    value = ctx.params.get(name)
+    return str(value) if value else None
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return path.relative_to(Path.cwd().resolve()).as_posix() or "."
+    except ValueError:
+        return str(path)
 
 
 def read_input(value: str | None, message: str | None) -> Any:

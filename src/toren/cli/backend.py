@@ -20,6 +20,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
 
+from toren.cli._common import RunFinished
 from toren.core.runs import start_run
 from toren.core.tick import tick
 from toren.core.worker import LocalWorkerRuntime
@@ -146,6 +147,9 @@ class EmbeddedBackend:
         return [e.to_dict() for e in await self.store.load_events(run_id, after_seq=after)]
 
     async def send(self, run_id: str, name: str, payload: Any) -> None:
+        run = await self._run(run_id)
+        if run.terminal:  # as the HTTP API answers (409 run_finished)
+            raise RunFinished(f"run {run_id!r} is {run.status}; it takes no more messages")
         await self.store.send_message(run_id, name, payload, now=time.time())
 
     async def cancel(self, run_id: str) -> dict[str, Any]:

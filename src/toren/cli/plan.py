@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from toren.cli._common import (
     EXIT_OK,
+    NoDatabase,
     database_url_for,
+    err,
     examples,
     out,
     run_async,
@@ -25,6 +28,7 @@ from toren.core.plan import plan_report
 from toren.runtime import close_runtime, open_runtime
 
 EXIT_WOULD_INVALIDATE = 6  # --fail-on-invalidation and something would be re-run
+EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
 
 
 @click.command(
@@ -63,7 +67,12 @@ def plan(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    report = run_async(lambda: _report(url, token, agents_root, database_url, code_version))
+    try:
+        report = run_async(lambda: _report(url, token, agents_root, database_url, code_version))
+    except NoDatabase as exc:
+        # Nothing has run: an empty plan, reported in its usual shape, and no new database.
+        report = run_async(lambda: _report(None, None, agents_root, EMPTY, code_version))
+        err().print(f"no runs yet: there is no database at {escape(str(exc.path))}")
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
     else:
@@ -87,7 +96,8 @@ async def _report(
             return await client.plan()
     root = agents_root.resolve()
     settings = settings_from(database_url=database_url, code_version=code_version)
-    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    found = database_url_for(root, database_url, create=False)
+    runtime = await open_runtime(root, found, settings)
     try:
         return await plan_report(
             runtime.store, runtime.resolver, code_version=runtime.deps.code_version

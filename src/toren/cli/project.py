@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
@@ -138,7 +140,12 @@ def project_files(name: str) -> dict[str, str | Callable[[], str]]:
 
 
 def scaffold(directory: Path, *, force: bool = False, name: str | None = None) -> list[Path]:
-    """Write a new project into ``directory``; refuses to overwrite unless ``force``."""
+    """Write a new project into ``directory``; refuses to overwrite unless ``force``.
+
+    All or nothing: every file is rendered and written to a staging directory first, then
+    moved into place; if a move fails, the files already moved are taken back out and the
+    originals put back, so a failure never leaves a half-written (or half-overwritten)
+    project."""
     files = project_files(name or agent_name(directory.resolve()))
     existing = [rel for rel in files if (directory / rel).exists()]
     if existing and not force:
@@ -146,13 +153,71 @@ def scaffold(directory: Path, *, force: bool = False, name: str | None = None) -
             f"{directory} already has {', '.join(existing)}; not overwriting",
             "pass --force to overwrite them, or choose another directory",
         )
-    written = []
-    for rel, content in files.items():
-        path = directory / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content if isinstance(content, str) else content(), encoding="utf-8")
-        written.append(path)
-    return written
+    _refuse_what_is_not_a_file(directory, files)
+    rendered = {rel: c if isinstance(c, str) else c() for rel, c in files.items()}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".toren-init-", dir=directory) as tmp:
+            staged, backup = Path(tmp, "new"), Path(tmp, "old")
+            for rel, text in rendered.items():
+                (staged / rel).parent.mkdir(parents=True, exist_ok=True)
+                (staged / rel).write_text(text, encoding="utf-8")
+            _move_in(directory, staged, backup, list(rendered))
+    except OSError as exc:
+        fail(
+            f"cannot write {exc.filename or directory}: {exc.strerror or exc}; nothing was "
+            "changed (files already moved into place were taken back)",
+            f"check that {directory} and its subdirectories are writable, then run "
+            "'toren init' again",
+        )
+    return [directory / rel for rel in rendered]
+
+
+def _refuse_what_is_not_a_file(directory: Path, files: Mapping[str, object]) -> None:
+    """--force overwrites files, never a directory (or anything else) in their place."""
+    for rel in files:
+        for path in [*reversed(Path(rel).parents[:-1]), Path(rel)]:
+            target = directory / path
+            want_dir = path != Path(rel)
+            if target.exists() and (target.is_dir() != want_dir or target.is_symlink()):
+                fail(
+                    f"{target} is {_kind(target)}; the scaffold needs "
+                    f"{'a directory' if want_dir else 'a file'} there (nothing was written)",
+                    "move it out of the way, or choose another directory",
+                )
+
+
+def _kind(path: Path) -> str:
+    if path.is_symlink():
+        return "a symbolic link"
+    return "a directory" if path.is_dir() else "not a regular file"
+
+
+def _move_in(directory: Path, staged: Path, backup: Path, rels: list[str]) -> None:
+    """Move the staged files into place; on a failure, undo the moves and re-raise."""
+    done: list[tuple[str, bool]] = []  # (file, whether its original went to backup)
+    made: list[Path] = []  # directories created on the way
+    try:
+        for rel in rels:
+            target = directory / rel
+            for parent in reversed(target.parents):
+                if parent.is_relative_to(directory) and not parent.exists():
+                    parent.mkdir()
+                    made.append(parent)
+            had = target.exists()
+            if had:
+                (backup / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(target, backup / rel)
+            done.append((rel, had))
+            os.replace(staged / rel, target)
+    except OSError:
+        for rel, had in reversed(done):
+            (directory / rel).unlink(missing_ok=True)
+            if had:
+                os.replace(backup / rel, directory / rel)
+        for path in reversed(made):
+            path.rmdir()
+        raise
 
 
 @click.command(

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as _dt
+import functools
 import json
+import shlex
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,16 +24,20 @@ from toren.cli._common import (
     EXIT_OK,
     EXIT_WAITING,
     STATUS_EXIT,
+    NoDatabase,
     database_url_for,
     examples,
+    follow_up_options,
     out,
     parse_payload,
     read_input,
+    remember_command,
     run_async,
     settings_from,
 )
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
 from toren.cli.view import RunView, money, short
+from toren.core.runs import MAX_RUNS_PAGE
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
@@ -79,7 +85,13 @@ def backend_options(fn: F) -> F:
         ]
     ):
         fn = option(fn)
-    return fn
+
+    @functools.wraps(fn)
+    def remembered(*args: Any, **kwargs: Any) -> Any:
+        remember_command()
+        return fn(*args, **kwargs)
+
+    return remembered  # type: ignore[return-value]
 
 
 @contextlib.asynccontextmanager
@@ -98,7 +110,9 @@ async def open_backend(
         return
     root = agents_root.resolve()
     settings = settings_from(database_url=database_url)
-    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    # These commands read or steer existing runs: a missing database is not created.
+    found = database_url_for(root, database_url, create=False)
+    runtime = await open_runtime(root, found, settings)
     backend = EmbeddedBackend(runtime)
     try:
         yield backend
@@ -162,8 +176,12 @@ def _single_name(root: Path) -> str:
 # -- following --------------------------------------------------------------------------
 
 
-async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> int:
-    """Follow a run in the live view until it ends or parks; returns the exit code."""
+async def follow(
+    backend: Backend, run_id: str, *, resume_hint: bool = True, reach: str = ""
+) -> int:
+    """Follow a run in the live view until it ends or parks; returns the exit code.
+    ``reach`` is what the printed follow-up commands need to find the run
+    (:func:`follow_up_options`)."""
     console = out()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -197,7 +215,7 @@ async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> 
             with contextlib.suppress(Exception):
                 await items.aclose()  # type: ignore[attr-defined]
         if final is None:
-            how = "toren runs resume " + run_id
+            how = f"toren runs resume {run_id}{reach}"
             console.print(
                 f"[yellow]interrupted[/]: run {escape(run_id)} is not finished; continue it "
                 f"with [bold]{escape(how)}[/]"
@@ -209,19 +227,19 @@ async def follow(backend: Backend, run_id: str, *, resume_hint: bool = True) -> 
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
-    return exit_code(final)
+    return exit_code(final, reach)
 
 
-def exit_code(run: dict[str, Any]) -> int:
+def exit_code(run: dict[str, Any], reach: str = "") -> int:
     if parked(run):
         names = run.get("waiting_for") or ["<name>"]
         run_id = run.get("id")
         out().print(
             f"run {escape(str(run_id))} is waiting for message {escape(repr(names[0]))}. "
-            f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} {escape(names[0])} "
-            f"'\"your answer\"'[/]\nthen continue with [bold]toren runs resume "
-            f"{escape(str(run_id))}[/] (a running 'toren dev' or 'toren worker' continues "
-            "it by itself)"
+            f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} "
+            f"{escape(shlex.quote(names[0]))} '\"your answer\"'{escape(reach)}[/]\nthen continue "
+            f"with [bold]toren runs resume {escape(str(run_id))}{escape(reach)}[/] (a running "
+            "'toren dev' or 'toren worker' continues it by itself)"
         )
         return EXIT_WAITING
     return STATUS_EXIT.get(str(run.get("status")), EXIT_OK)
@@ -283,8 +301,9 @@ def run(
         path = Path(agent)
         if path.is_dir() and (path / "agent.yaml").is_file():
             name = _single_name(path.resolve())
+        reach = follow_up_options()
         code = run_async(
-            lambda: _run_remote(url, token, name, value, process, idempotency_key, detach)
+            lambda: _run_remote(url, token, name, value, process, idempotency_key, detach, reach)
         )
     else:
         root, name_or_none = locate_agent(agent, agents_root)
@@ -298,6 +317,7 @@ def run(
                 detach,
                 database_url,
                 code_version,
+                follow_up_options(root),
             )
         )
     raise SystemExit(code)
@@ -311,13 +331,14 @@ async def _run_remote(
     process: str,
     key: str | None,
     detach: bool,
+    reach: str,
 ) -> int:
     async with open_backend(url, token, Path("."), None) as backend:
         run = await backend.start_run(name, value, process=process, idempotency_key=key)
         if detach:
-            _print_detached(run, f" --url {url}")
+            _print_detached(run, reach, remote=True)
             return EXIT_OK
-        return await follow(backend, str(run["id"]), resume_hint=False)
+        return await follow(backend, str(run["id"]), resume_hint=False, reach=reach)
 
 
 async def _run_embedded(
@@ -329,6 +350,7 @@ async def _run_embedded(
     detach: bool,
     database_url: str | None,
     code_version: str | None,
+    reach: str,
 ) -> int:
     settings = settings_from(database_url=database_url, code_version=code_version)
     runtime = await open_runtime(root, database_url_for(root, database_url), settings)
@@ -338,23 +360,23 @@ async def _run_embedded(
         run = await backend.start_run(agent, value, process=process, idempotency_key=key)
         run_id = str(run["id"])
         if detach:
-            _print_detached(run, "")
+            _print_detached(run, reach, remote=False)
             return EXIT_OK
         await backend.start_worker(run_id)
-        return await follow(backend, run_id)
+        return await follow(backend, run_id, reach=reach)
     finally:
         await backend.stop_worker(INTERACTIVE_DRAIN)
         await close_runtime(runtime)
 
 
-def _print_detached(run: dict[str, Any], suffix: str) -> None:
+def _print_detached(run: dict[str, Any], reach: str, *, remote: bool) -> None:
     run_id = escape(str(run["id"]))
     click.echo(run["id"])
+    resume = f"[bold]toren runs resume {run_id}{escape(reach)}[/]"
     hint = (
-        f"follow it with [bold]toren runs resume {run_id}{escape(suffix)}[/]"
-        if suffix
-        else f"a running 'toren dev' or 'toren worker' executes it; or run it here with "
-        f"[bold]toren runs resume {run_id}[/]"
+        f"follow it with {resume}"
+        if remote
+        else f"a running 'toren dev' or 'toren worker' executes it; or run it here with {resume}"
     )
     from toren.cli._common import err
 
@@ -412,7 +434,13 @@ _STATUS_STYLE = {
     help="Only runs with this status.",
 )
 @click.option("--agent", default=None, help="Only runs of this agent.")
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, MAX_RUNS_PAGE),
+    help=f"At most this many runs (1 to {MAX_RUNS_PAGE}, the HTTP API's page size limit).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @backend_options
 def list_runs(
@@ -425,13 +453,20 @@ def list_runs(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    found = on_backend(
-        url,
-        token,
-        agents_root,
-        database_url,
-        lambda backend: backend.list_runs(status=status, agent=agent, limit=limit),
-    )
+    try:
+        found = on_backend(
+            url,
+            token,
+            agents_root,
+            database_url,
+            lambda backend: backend.list_runs(status=status, agent=agent, limit=limit),
+        )
+    except NoDatabase as exc:
+        if as_json:
+            click.echo("[]")
+        else:
+            out().print(f"no runs yet: there is no database at {escape(str(exc.path))}")
+        return
     if as_json:
         click.echo(json.dumps(found, indent=2, ensure_ascii=False))
         return
@@ -576,6 +611,7 @@ def send(
     database_url: str | None,
 ) -> None:
     value = parse_payload(payload)
+    check_message(name, value)
 
     async def send_then_get(backend: Backend) -> dict[str, Any]:
         await backend.send(run_id, name, value)
@@ -585,10 +621,26 @@ def send(
     if printed_as_json(found, as_json):
         return
     where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"
+    reach = follow_up_options(agents_root)
     out().print(
         f"sent {escape(repr(name))} to run {escape(run_id)} ({found.get('status')}); "
-        f"continue it with [bold]toren runs resume {escape(run_id)}[/]{escape(where)}"
+        f"continue it with [bold]toren runs resume {escape(run_id)}{escape(reach)}[/]"
+        f"{escape(where)}"
     )
+
+
+def check_message(name: str, payload: Any) -> None:
+    """The HTTP API's rule for a message (its request model), checked before sending to
+    either backend: a name the server would refuse is refused locally too, in its words."""
+    from pydantic import ValidationError
+
+    from toren.api.errors import validation_message
+    from toren.api.models import SendMessageRequest
+
+    try:
+        SendMessageRequest.model_validate({"name": name, "payload": payload})
+    except ValidationError as exc:
+        raise click.UsageError(validation_message(exc.errors())[0]) from None
 
 
 @runs.command(
@@ -647,31 +699,37 @@ def resume(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
+    reach = follow_up_options(agents_root)
     if url:
 
         async def remote() -> int:
             async with open_backend(url, token, agents_root, None) as backend:
                 await backend.get_run(run_id)
-                return await follow(backend, run_id, resume_hint=False)
+                return await follow(backend, run_id, resume_hint=False, reach=reach)
 
         raise SystemExit(run_async(remote))
     raise SystemExit(
-        run_async(lambda: _resume_embedded(run_id, agents_root, database_url, code_version))
+        run_async(lambda: _resume_embedded(run_id, agents_root, database_url, code_version, reach))
     )
 
 
 async def _resume_embedded(
-    run_id: str, agents_root: Path, database_url: str | None, code_version: str | None
+    run_id: str,
+    agents_root: Path,
+    database_url: str | None,
+    code_version: str | None,
+    reach: str,
 ) -> int:
     root = agents_root.resolve()
     settings = settings_from(database_url=database_url, code_version=code_version)
-    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
+    url = database_url_for(root, database_url, create=False)
+    runtime = await open_runtime(root, url, settings)
     backend = EmbeddedBackend(runtime)
     try:
         found = await backend.get_run(run_id)
         if found.get("status") in ("completed", "failed", "cancelled"):
             out().print(f"run {escape(run_id)} already {found.get('status')}")
-            return await follow(backend, run_id)
+            return await follow(backend, run_id, reach=reach)
         owner, expires = found.get("lease_owner"), found.get("lease_expires_at")
         if owner and expires and float(expires) > time.time():
             out().print(
@@ -680,7 +738,7 @@ async def _resume_embedded(
                 "finishes it first"
             )
         await backend.start_worker(run_id)
-        return await follow(backend, run_id)
+        return await follow(backend, run_id, reach=reach)
     finally:
         await backend.stop_worker(INTERACTIVE_DRAIN)
         await close_runtime(runtime)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -98,10 +99,17 @@ def _check_port(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            fail(
-                f"cannot listen on {host}:{port}: {exc.strerror}",
-                f"another process uses the port; pick another with --port (e.g. --port {port + 1})",
-            )
+            fail(f"cannot listen on {host}:{port}: {exc.strerror}", _bind_hint(exc, port))
+
+
+def _bind_hint(exc: OSError, port: int) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"another process uses the port; pick another with --port (e.g. --port {port + 1})"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "the address is not one of this machine's; use --host 127.0.0.1 (or 0.0.0.0)"
+    if exc.errno == errno.EACCES:
+        return "ports below 1024 need privileges; pick another with --port (e.g. --port 8000)"
+    return "check --host and --port"
 
 
 def _create_app(runtime: Runtime, tokens: Sequence[str], worker: Any, console: bool) -> Any:

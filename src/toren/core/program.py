@@ -103,7 +103,8 @@ class Registry:
             if any(a == agent for a, _ in self.programs):
                 procs = sorted(p for a, p in self.programs if a == agent)
                 raise AgentNotFound(
-                    f"agent {agent!r} has no process {process!r}; its processes are {procs}"
+                    f"agent {agent!r} has no process {process!r}; its processes are {procs}",
+                    process=process,
                 ) from None
             raise AgentNotFound(
                 f"unknown agent {agent!r}; known agents: {known or 'none'}"

@@ -15,6 +15,9 @@ from toren.errors import InvalidInput, RunNotFound
 from toren.store.base import NewRun, RunRecord, Store
 
 MAX_IDEMPOTENCY_KEY = 255
+# The most runs one listing returns: a page of ``GET /v1/runs`` and ``toren runs list
+# --limit`` alike, so a limit that works on the embedded database works against a server.
+MAX_RUNS_PAGE = 200
 
 
 def new_run_id(now: float) -> str:

@@ -24,14 +24,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from toren.errors import AgentConfigError, ModelCallFailed
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolCall, Usage
+
+if TYPE_CHECKING:
+    from toren.agents.diagnostics import Loc, Problem
+
+# Agent loading (toren.agents) imports this module; its diagnostics are imported where used.
 
 
 class ScriptedProvider:
@@ -152,32 +155,152 @@ def _choose(script: Mapping[str, Any], request: ModelRequest) -> Mapping[str, An
     return dict(script.get("default") or {"text": "done"})
 
 
-def _load(script: str | Path | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(script, Mapping):
-        return dict(script)
-    path = Path(script)
+# The shape of a script, said in every error about one.
+SCRIPT_SHAPE = (
+    "a mapping with 'responses: [reply, ...]', 'rules: [{when: {last_user_contains: text}, "
+    "reply: reply}, ...]', 'default: reply', 'latency: seconds', 'stream_chunk: characters', "
+    'where a reply is a mapping such as {text: "hi", tool_calls: [{name: tool, arguments: {}}]}'
+)
+_SCRIPT_KEYS = ("responses", "rules", "default", "latency", "stream_chunk")
+_REPLY_KEYS = ("text", "tool_calls", "error", "status", "latency", "pad_to")
+_CALL_KEYS = ("id", "name", "arguments")
+_SCALAR = (str, int, float)
+
+
+def load_script(path: str | Path) -> dict[str, Any]:
+    """Read and check a script file. Agent loading calls it, so a broken script is an
+    :class:`AgentConfigError` (file, line, key, what was found, the shape expected) before
+    any run exists, not a failed run."""
+    from toren.agents.loader import parse_yaml
+
+    path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text("utf-8"))
+        text = path.read_text("utf-8")
     except FileNotFoundError:
         raise AgentConfigError(
             f"scripted model script {str(path)!r} does not exist; create it or fix the "
-            "model reference (model: scripted:<file relative to the agent directory>)"
+            "model reference (model: scripted:<file relative to the agent directory>)",
+            file=str(path),
         ) from None
-    except yaml.YAMLError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise AgentConfigError(
-            f"scripted model script {str(path)!r} is not valid YAML: {exc}"
+            f"{path}: found an unreadable file ({exc}); expected a UTF-8 YAML script, "
+            + SCRIPT_SHAPE,
+            file=str(path),
         ) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise AgentConfigError(
-            f"scripted model script {str(path)!r} must be a mapping with responses/rules/"
-            f"default, got {type(data).__name__}"
-        )
-    for key in data:
-        if key not in ("responses", "rules", "default", "latency", "stream_chunk"):
-            raise AgentConfigError(
-                f"scripted model script {str(path)!r}: unknown key {key!r}; expected one of "
-                "responses, rules, default, latency, stream_chunk"
-            )
-    return data
+    data, lines = parse_yaml(text, str(path), example="'default: {text: \"done\"}'")
+    return check_script(data, str(path), lines)
+
+
+def check_script(data: Any, where: str, lines: Mapping[Loc, int] | None = None) -> dict[str, Any]:
+    """``data`` as a script, or an :class:`AgentConfigError` listing what is wrong."""
+    from toren.agents.diagnostics import config_error
+
+    data = {} if data is None else data
+    problems = list(_script_problems(data))
+    if problems:
+        raise config_error(where, problems, lines or {})
+    return dict(data)
+
+
+def _problem(path: Loc, value: Any, expected: str) -> Problem:
+    from toren.agents.diagnostics import Problem, describe_found
+
+    return Problem(path, describe_found(value), expected)
+
+
+def _script_problems(data: Any) -> Iterator[Problem]:
+    if not isinstance(data, Mapping):
+        yield _problem((), data, SCRIPT_SHAPE)
+        return
+    for key, value in data.items():
+        if key not in _SCRIPT_KEYS:
+            yield _problem((str(key),), value, f"one of the keys {', '.join(_SCRIPT_KEYS)}")
+        elif key in ("responses", "rules") and value is not None:
+            yield from _list_problems(key, value)
+        elif key == "default" and value is not None:
+            yield from _reply_problems(("default",), value)
+        elif key == "latency":
+            yield from _number_problems(("latency",), value, "a number of seconds >= 0")
+        elif key == "stream_chunk" and not _is_int(value, minimum=1):
+            yield _problem((key,), value, "an integer >= 1 (characters per streamed delta)")
+
+
+def _list_problems(key: str, value: Any) -> Iterator[Problem]:
+    if not isinstance(value, list):
+        example = "[{text: hi}, ...]" if key == "responses" else "[{when: ..., reply: ...}]"
+        yield _problem((key,), value, f"a list such as {example}; the script is {SCRIPT_SHAPE}")
+        return
+    for index, item in enumerate(value):
+        if key == "responses":
+            if item is not None:
+                yield from _reply_problems((key, index), item)
+        else:
+            yield from _rule_problems((key, index), item)
+
+
+def _rule_problems(path: Loc, rule: Any) -> Iterator[Problem]:
+    expected = "a rule such as {when: {last_user_contains: refund}, reply: {text: ...}}"
+    if not isinstance(rule, Mapping) or set(rule) - {"when", "reply"}:
+        yield _problem(path, rule, expected)
+        return
+    when = rule.get("when")
+    if when is not None and (
+        not isinstance(when, Mapping)
+        or set(when) - {"last_user_contains"}
+        or not isinstance(when.get("last_user_contains", ""), _SCALAR)
+    ):
+        yield _problem((*path, "when"), when, "a mapping such as {last_user_contains: refund}")
+    if rule.get("reply") is not None:
+        yield from _reply_problems((*path, "reply"), rule["reply"])
+
+
+def _reply_problems(path: Loc, reply: Any) -> Iterator[Problem]:
+    if not isinstance(reply, Mapping):
+        yield _problem(path, reply, "a reply: a mapping with text and/or tool_calls")
+        return
+    for key, value in reply.items():
+        here = (*path, str(key))
+        if key not in _REPLY_KEYS:
+            yield _problem(here, value, f"one of the reply keys {', '.join(_REPLY_KEYS)}")
+        elif key in ("text", "error") and not isinstance(value, _SCALAR):
+            yield _problem(here, value, "a string")
+        elif key == "tool_calls" and value is not None:
+            yield from _calls_problems(here, value)
+        elif key == "latency":
+            yield from _number_problems(here, value, "a number of seconds >= 0")
+        elif key == "status" and not _is_int(value, minimum=100):
+            yield _problem(here, value, "an HTTP status code such as 500")
+        elif key == "pad_to" and not _is_int(value, minimum=0):
+            yield _problem(here, value, "an integer >= 0 (characters)")
+
+
+def _calls_problems(path: Loc, calls: Any) -> Iterator[Problem]:
+    expected = "a tool call such as {name: get_weather, arguments: {city: Paris}}"
+    if not isinstance(calls, list):
+        yield _problem(path, calls, f"a list of tool calls, each {expected}")
+        return
+    for index, call in enumerate(calls):
+        if (
+            not isinstance(call, Mapping)
+            or set(call) - set(_CALL_KEYS)
+            or not isinstance(call.get("name"), str)
+            or not call["name"]
+            or not isinstance(call.get("arguments") or {}, Mapping)
+        ):
+            yield _problem((*path, index), call, expected)
+
+
+def _number_problems(path: Loc, value: Any, expected: str) -> Iterator[Problem]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        yield _problem(path, value, expected)
+
+
+def _is_int(value: Any, *, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _load(script: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(script, Mapping):
+        return check_script(script, "scripted model script (a mapping)")
+    return load_script(script)
