@@ -196,6 +196,7 @@ def test_a_corrupt_row_is_one_line_and_a_repair_hint(runner: CliRunner, chain: P
 
 @pytest.mark.parametrize("run_id", ["[/x]", "[bold]run_x"])
 def test_an_error_quoting_brackets_prints_them(runner: CliRunner, chain: Path, run_id: str) -> None:
+    assert invoke(runner, "run", "chain").exit_code == 0  # a database, so the run is missing
     shown = invoke(runner, "runs", "show", run_id, "--agents", "chain")
     assert shown.exit_code == 5, shown.output
     assert shown.stderr.startswith(f"error: no run with id {run_id!r}")
