@@ -11,7 +11,7 @@ from toren.errors import ModelCallFailed
 from toren.providers.base import ModelRequest, RetryPolicy
 
 from .conftest import SleepRecorder, Vendor, make_provider
-from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
+from .fakes import FAKE_KEY, Break, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
 
 
 def ask(vendor: Vendor) -> ModelRequest:
@@ -228,3 +228,45 @@ async def test_streaming_retries_like_plain_calls(vendor: Vendor) -> None:
     assert "".join(deltas) == "abcdef"
     assert vendor.sleeps.delays == [1.0]
     assert vendor.endpoint.served == 2
+
+
+async def test_a_stream_longer_than_the_timeout_runs_to_its_end(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    # Every event comes well within the timeout, the whole answer well after it: the
+    # timeout bounds waiting for the answer to begin and each silence, not its length.
+    provider = make_provider(vendor.name, fake_models, sleeps, timeout=1.0)
+    vendor.endpoint.script(Completion(text="a long answer, slowly", chunk_size=1, pace=0.08))
+    deltas: list[str] = []
+    try:
+        response = await provider.complete(ask(vendor), on_delta=deltas.append)
+    finally:
+        await provider.aclose()
+
+    assert response.text == "a long answer, slowly"
+    assert "".join(deltas) == response.text
+    assert vendor.endpoint.served == 1
+    assert sleeps.delays == []
+
+
+@pytest.mark.parametrize("how", ["reset", "error"])
+async def test_a_stream_that_breaks_after_it_began_is_not_retried(vendor: Vendor, how: str) -> None:
+    # The provider has begun to generate (and bill): a retry would pay for it twice.
+    broken = Break(after=4, how=how, message="Overloaded", error_type="overloaded_error")
+    vendor.endpoint.script(Completion(text="abcdefghijkl", broken=broken), Completion(text="x"))
+    deltas: list[str] = []
+
+    with pytest.raises(ModelCallFailed, match="broke off after it had begun") as caught:
+        await vendor.provider.complete(ask(vendor), on_delta=deltas.append)
+
+    error = caught.value
+    assert vendor.endpoint.served == 1
+    assert vendor.sleeps.delays == []
+    assert error.details["attempts"] == 1
+    assert error.details["retryable"] is False
+    assert error.details["provider"] == vendor.name
+    assert "'model-x'" in str(error)
+    if how == "error":
+        assert error.details["error_type"] == "overloaded_error"
+        assert "Overloaded" in str(error)
+    assert_secret_free(error)

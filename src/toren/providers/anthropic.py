@@ -26,12 +26,14 @@ from anthropic.types import Message as WireMessage
 
 from toren.errors import ProviderUnavailable
 from toren.providers._retry import (
+    Attempt,
     MalformedResponse,
     Retrying,
     SdkErrors,
     Sleep,
     decoded,
     parsed,
+    read,
 )
 from toren.providers._wire import content_text, require, sampling_params
 from toren.providers.base import (
@@ -220,8 +222,10 @@ class AnthropicProvider:
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda: self._create(kwargs))
-        return await self._retrying.call(request.model, lambda: self._stream(kwargs, on_delta))
+            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+        return await self._retrying.call(
+            request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
+        )
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -234,13 +238,14 @@ class AnthropicProvider:
         except ValueError as exc:
             raise MalformedResponse(str(exc), status=raw.status_code) from exc
 
-    async def _stream(self, kwargs: Mapping[str, Any], on_delta: DeltaCallback) -> ModelResponse:
-        # A retried attempt streams again from the start, so on_delta may see a prefix
-        # twice; only the returned response is recorded.
+    async def _stream(
+        self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
+    ) -> ModelResponse:
         async with self._client.messages.stream(**kwargs) as stream:
+            attempt.began()
             status = stream.response.status_code
             async with aclosing(decoded(stream.text_stream, status=status)) as deltas:
                 async for delta in deltas:
                     on_delta(delta)
-            final = await stream.get_final_message()
+            final = await read(stream.get_final_message(), status=status)
         return parsed(lambda: parse_message(final), status=status)
