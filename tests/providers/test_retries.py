@@ -270,3 +270,23 @@ async def test_a_stream_that_breaks_after_it_began_is_not_retried(vendor: Vendor
         assert error.details["error_type"] == "overloaded_error"
         assert "Overloaded" in str(error)
     assert_secret_free(error)
+
+
+@pytest.mark.parametrize("after", [0, 3, 5])
+async def test_a_stream_cut_short_is_not_taken_for_a_whole_answer(
+    vendor: Vendor, after: int
+) -> None:
+    # The body ends cleanly, but before the model's finish (a proxy cutting it short).
+    reply = Completion(
+        text="abcdefgh",
+        tool_calls=(FakeToolCall("call_1", "lookup_order", {"order_id": "A-17"}),),
+        broken=Break(after=after, how="eof"),
+    )
+    vendor.endpoint.script(reply, Completion(text="x"))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await vendor.provider.complete(ask(vendor), on_delta=lambda _: None)
+
+    assert caught.value.details["retryable"] is False
+    assert vendor.endpoint.served == 1
+    assert_secret_free(caught.value)

@@ -173,6 +173,15 @@ def parse_message(message: WireMessage) -> ModelResponse:
     )
 
 
+def parse_streamed(message: WireMessage) -> ModelResponse:
+    """:func:`parse_message` for the message a stream accumulated. Raises ``ValueError``
+    when the stream ended before ``message_delta`` gave the stop reason (a proxy that cut
+    it short): a truncated answer must not pass for a whole one."""
+    if message.stop_reason is None:
+        raise ValueError("the stream ended before the model finished (no stop_reason)")
+    return parse_message(message)
+
+
 def _as_message(value: object) -> WireMessage:
     # A server that answers 200 with a non-JSON content type makes the SDK return a str.
     if not isinstance(value, WireMessage):
@@ -248,4 +257,4 @@ class AnthropicProvider:
                 async for delta in deltas:
                     on_delta(delta)
             final = await read(stream.get_final_message(), status=status)
-        return parsed(lambda: parse_message(final), status=status)
+        return parsed(lambda: parse_streamed(final), status=status)

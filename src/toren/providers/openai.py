@@ -154,6 +154,10 @@ class StreamAssembler:
         return text
 
     def response(self) -> ModelResponse:
+        """Raises ``ValueError`` for a stream that ended before the model finished (a
+        proxy that cut it short): a truncated answer must not pass for a whole one."""
+        if self.finish_reason is None:
+            raise ValueError("the stream ended before the model finished (no finish_reason)")
         calls = tuple(
             ToolCall(p.id, p.name, arguments_object("".join(p.arguments), p.name))
             for _, p in sorted(self.calls.items())
@@ -162,7 +166,7 @@ class StreamAssembler:
             text="".join(self.text),
             tool_calls=calls,
             usage=_usage(self.usage),
-            finish_reason=self.finish_reason or "stop",
+            finish_reason=self.finish_reason,
             model=self.model,
         )
 
