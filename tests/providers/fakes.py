@@ -80,6 +80,7 @@ class Failure:
     status: int
     message: str = "fake failure"
     retry_after: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)  # e.g. x-should-retry
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class FakeEndpoint:
 
     def _error(self, failure: Failure) -> Response:
         headers = {"retry-after": failure.retry_after} if failure.retry_after else {}
+        headers.update(failure.headers)
         return JSONResponse(self.render_error(failure), failure.status, headers=headers)
 
 

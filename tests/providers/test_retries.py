@@ -290,3 +290,40 @@ async def test_a_stream_cut_short_is_not_taken_for_a_whole_answer(
     assert caught.value.details["retryable"] is False
     assert vendor.endpoint.served == 1
     assert_secret_free(caught.value)
+
+
+@pytest.mark.parametrize("status", [408, 409])
+async def test_request_and_lock_timeouts_are_retried_as_the_sdks_do(
+    vendor: Vendor, status: int
+) -> None:
+    vendor.endpoint.script(Failure(status, "try again"), Completion(text="ok"))
+
+    response = await vendor.provider.complete(ask(vendor))
+
+    assert response.text == "ok"
+    assert vendor.endpoint.served == 2
+
+
+async def test_the_servers_x_should_retry_wins_over_the_status(vendor: Vendor) -> None:
+    vendor.endpoint.script(
+        Failure(400, "retry me", headers={"x-should-retry": "true"}),
+        Failure(503, "do not bother", headers={"x-should-retry": "false"}),
+        Completion(text="never reached"),
+    )
+
+    with pytest.raises(ModelCallFailed, match="do not bother") as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    assert vendor.endpoint.served == 2
+    assert caught.value.details["status"] == 503
+    assert caught.value.details["retryable"] is False
+
+
+async def test_retry_after_ms_is_read_before_retry_after(vendor: Vendor) -> None:
+    vendor.endpoint.script(
+        Failure(429, retry_after="2", headers={"retry-after-ms": "1250"}), Completion(text="ok")
+    )
+
+    await vendor.provider.complete(ask(vendor))
+
+    assert vendor.sleeps.delays == [1.25]

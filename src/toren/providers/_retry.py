@@ -138,7 +138,16 @@ class AttemptFailure:
 
 
 def is_retryable_status(status: int) -> bool:
-    return status == 429 or status >= 500
+    """The vendor SDKs' rule: request timeouts, lock timeouts, rate limits, server errors."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def should_retry(status: int, headers: _Headers) -> bool:
+    """As the vendor SDKs decide: the server's own ``x-should-retry`` wins over the status."""
+    verdict = headers.get("x-should-retry")
+    if verdict in ("true", "false"):
+        return verdict == "true"
+    return is_retryable_status(status)
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -150,6 +159,15 @@ def parse_retry_after(value: str | None) -> float | None:
     except ValueError:
         return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def retry_after(headers: _Headers) -> float | None:
+    """Seconds the server asked to wait: ``retry-after-ms`` (sent by OpenAI-style APIs and
+    read first by their SDKs, being the more precise), else ``Retry-After``."""
+    millis = parse_retry_after(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    return parse_retry_after(headers.get("retry-after"))
 
 
 def _body_message(body: object) -> str | None:
@@ -189,12 +207,13 @@ def classify(exc: Exception, errors: SdkErrors, timeout: float) -> AttemptFailur
         return _broken(exc)
     if isinstance(exc, errors.status):
         err = cast(_StatusError, exc)
+        headers = err.response.headers
         return AttemptFailure(
             message=_body_message(err.body) or err.message,
             status=err.status_code,
-            retryable=is_retryable_status(err.status_code),
+            retryable=should_retry(err.status_code, headers),
             error_type=kind,
-            retry_after=parse_retry_after(err.response.headers.get("retry-after")),
+            retry_after=retry_after(headers),
         )
     if isinstance(exc, TimeoutError):
         return AttemptFailure(f"no answer within {timeout:g}s", None, True, kind)
