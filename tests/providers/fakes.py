@@ -71,6 +71,9 @@ class Completion:
     stop_reason: str | None = None
     pace: float = 0.0
     broken: Break | None = None
+    # Parts of the prompt's input_tokens read from and written to the prompt cache.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,16 @@ def _anthropic_message(reply: Completion, request: dict[str, Any]) -> dict[str, 
         "content": _anthropic_blocks(reply),
         "stop_reason": _anthropic_stop(reply),
         "stop_sequence": None,
-        "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        "usage": {**_anthropic_input_usage(reply), "output_tokens": reply.output_tokens},
+    }
+
+
+def _anthropic_input_usage(reply: Completion) -> dict[str, int]:
+    # The messages API counts cached prompt tokens apart from input_tokens.
+    return {
+        "input_tokens": reply.input_tokens - reply.cache_read_tokens - reply.cache_write_tokens,
+        "cache_read_input_tokens": reply.cache_read_tokens,
+        "cache_creation_input_tokens": reply.cache_write_tokens,
     }
 
 
@@ -347,7 +359,7 @@ def _anthropic_block_events(index: int, block: dict[str, Any], size: int) -> Ite
 def _anthropic_events(reply: Completion, request: dict[str, Any]) -> Iterator[str]:
     message = _anthropic_message(reply, request)
     opening = {**message, "content": [], "stop_reason": None}
-    opening["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+    opening["usage"] = {**_anthropic_input_usage(reply), "output_tokens": 1}
     yield _event("message_start", {"message": opening})
     yield _event("ping", {})
     for index, block in enumerate(message["content"]):

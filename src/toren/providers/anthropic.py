@@ -7,7 +7,8 @@ Quirks of this API that the conversion absorbs:
   results of one assistant turn all travel in the next user turn, as ``tool_result``
   blocks);
 - ``max_tokens`` is required: 4096 unless ``request.params`` says otherwise;
-- OpenAI's ``stop`` is spelt ``stop_sequences`` here; other params pass through verbatim.
+- OpenAI's ``stop`` is spelt ``stop_sequences`` here; other params pass through verbatim;
+- ``usage.input_tokens`` leaves out the prompt-cache reads and writes, which Toren adds in.
 
 Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
 ``length``) so agent code need not know which vendor answered; others pass through.
@@ -23,6 +24,7 @@ from typing import Any
 
 import anthropic
 from anthropic.types import Message as WireMessage
+from anthropic.types import Usage as WireUsage
 
 from toren.errors import ProviderUnavailable
 from toren.providers._retry import (
@@ -167,10 +169,18 @@ def parse_message(message: WireMessage) -> ModelResponse:
     return ModelResponse(
         text="".join(texts),
         tool_calls=tuple(calls),
-        usage=Usage(message.usage.input_tokens, message.usage.output_tokens),
+        usage=Usage(_input_tokens(message.usage), message.usage.output_tokens),
         finish_reason=_FINISH_REASONS.get(reason, reason),
         model=message.model,
     )
+
+
+def _input_tokens(usage: WireUsage) -> int:
+    """The whole prompt, as OpenAI's ``prompt_tokens`` counts it: Anthropic reports the
+    tokens read from and written to the prompt cache apart from ``input_tokens``. The
+    price table then prices them all as input (an estimate: reads cost less, writes more)."""
+    cached = (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    return usage.input_tokens + cached
 
 
 def parse_streamed(message: WireMessage) -> ModelResponse:
