@@ -44,9 +44,23 @@ class FakeToolCall:
 
 
 @dataclass(frozen=True)
+class Break:
+    """How a streamed reply goes wrong after ``after`` SSE events were sent (status 200
+    and the headers are already out): ``"eof"`` ends the body cleanly, as a proxy that
+    cuts a stream short does; ``"reset"`` drops the connection mid-body; ``"error"``
+    sends the vendor's in-stream error event (``error_type`` as its type)."""
+
+    after: int
+    how: str = "eof"
+    message: str = "the stream broke"
+    error_type: str = "overloaded_error"
+
+
+@dataclass(frozen=True)
 class Completion:
     """A successful reply. ``chunk_size`` is how many characters of text (and of tool
-    arguments JSON) go into each streamed delta; ``delay`` stalls before answering."""
+    arguments JSON) go into each streamed delta; ``delay`` stalls before answering;
+    ``pace`` stalls before each streamed event; ``broken`` spoils the stream."""
 
     text: str = ""
     tool_calls: tuple[FakeToolCall, ...] = ()
@@ -55,6 +69,11 @@ class Completion:
     chunk_size: int = 4
     delay: float = 0.0
     stop_reason: str | None = None
+    pace: float = 0.0
+    broken: Break | None = None
+    # Parts of the prompt's input_tokens read from and written to the prompt cache.
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,7 @@ class Failure:
     status: int
     message: str = "fake failure"
     retry_after: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)  # e.g. x-should-retry
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,7 @@ class RecordedRequest:
 
 
 Renderer = Callable[[Completion, dict[str, Any]], Response]
+ErrorEvent = Callable[[Break], str]
 
 
 @dataclass
@@ -94,6 +115,7 @@ class FakeEndpoint:
     name: str
     render: Renderer
     render_error: Callable[[Failure], dict[str, Any]]
+    error_event: ErrorEvent
     requests: list[RecordedRequest] = field(default_factory=list)
     _script: deque[Reply] = field(default_factory=deque)
 
@@ -124,10 +146,14 @@ class FakeEndpoint:
         if isinstance(reply, RawBody):
             return Response(reply.body, reply.status, media_type=reply.content_type)
         await asyncio.sleep(reply.delay)
-        return self.render(reply, body)
+        response = self.render(reply, body)
+        if isinstance(response, _SseResponse):
+            response.spoil(reply, self.error_event)
+        return response
 
     def _error(self, failure: Failure) -> Response:
         headers = {"retry-after": failure.retry_after} if failure.retry_after else {}
+        headers.update(failure.headers)
         return JSONResponse(self.render_error(failure), failure.status, headers=headers)
 
 
@@ -135,12 +161,46 @@ def _pieces(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def _sse(events: Iterator[str]) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        for event in events:
+class _ConnectionDropped(Exception):
+    """Ends a fake stream without finishing the HTTP response (see ``_SseResponse``)."""
+
+
+class _SseResponse(StreamingResponse):
+    """An SSE stream that can be paced and spoilt (see :class:`Break`)."""
+
+    def __init__(self, events: Iterator[str]) -> None:
+        self._events = events
+        self._pace = 0.0
+        self._break: Break | None = None
+        self._error_event: ErrorEvent | None = None
+        super().__init__(self._body(), media_type="text/event-stream")
+
+    def spoil(self, reply: Completion, error_event: ErrorEvent) -> None:
+        self._pace, self._break, self._error_event = reply.pace, reply.broken, error_event
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        for sent, event in enumerate(self._events):
+            if self._break is not None and sent == self._break.after:
+                if self._break.how == "error":
+                    assert self._error_event is not None
+                    yield self._error_event(self._break).encode()
+                elif self._break.how == "reset":
+                    raise _ConnectionDropped
+                return
+            await asyncio.sleep(self._pace)
             yield event.encode()
 
-    return StreamingResponse(body(), media_type="text/event-stream")
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except _ConnectionDropped:
+            # Returning without the final body message makes uvicorn close the
+            # connection mid-body: the client sees an incomplete chunked response.
+            return
+
+
+def _sse(events: Iterator[str]) -> _SseResponse:
+    return _SseResponse(events)
 
 
 # --- OpenAI chat completions ---------------------------------------------------------
@@ -236,6 +296,12 @@ def openai_error(failure: Failure) -> dict[str, Any]:
     return {"error": {"message": failure.message, "type": "fake_error", "code": None}}
 
 
+def openai_error_event(broken: Break) -> str:
+    """What OpenAI sends when a stream fails after it began: an ``error`` object as data."""
+    error = {"message": broken.message, "type": broken.error_type, "code": None}
+    return f"data: {json.dumps({'error': error})}\n\n"
+
+
 # --- Anthropic messages --------------------------------------------------------------
 
 
@@ -260,7 +326,16 @@ def _anthropic_message(reply: Completion, request: dict[str, Any]) -> dict[str, 
         "content": _anthropic_blocks(reply),
         "stop_reason": _anthropic_stop(reply),
         "stop_sequence": None,
-        "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+        "usage": {**_anthropic_input_usage(reply), "output_tokens": reply.output_tokens},
+    }
+
+
+def _anthropic_input_usage(reply: Completion) -> dict[str, int]:
+    # The messages API counts cached prompt tokens apart from input_tokens.
+    return {
+        "input_tokens": reply.input_tokens - reply.cache_read_tokens - reply.cache_write_tokens,
+        "cache_read_input_tokens": reply.cache_read_tokens,
+        "cache_creation_input_tokens": reply.cache_write_tokens,
     }
 
 
@@ -284,7 +359,7 @@ def _anthropic_block_events(index: int, block: dict[str, Any], size: int) -> Ite
 def _anthropic_events(reply: Completion, request: dict[str, Any]) -> Iterator[str]:
     message = _anthropic_message(reply, request)
     opening = {**message, "content": [], "stop_reason": None}
-    opening["usage"] = {"input_tokens": reply.input_tokens, "output_tokens": 1}
+    opening["usage"] = {**_anthropic_input_usage(reply), "output_tokens": 1}
     yield _event("message_start", {"message": opening})
     yield _event("ping", {})
     for index, block in enumerate(message["content"]):
@@ -305,6 +380,11 @@ def anthropic_error(failure: Failure) -> dict[str, Any]:
     return {"type": "error", "error": {"type": "fake_error", "message": failure.message}}
 
 
+def anthropic_error_event(broken: Break) -> str:
+    """Anthropic's in-stream ``error`` event (e.g. ``overloaded_error`` mid-answer)."""
+    return _event("error", {"error": {"type": broken.error_type, "message": broken.message}})
+
+
 # --- the server ----------------------------------------------------------------------
 
 
@@ -312,8 +392,10 @@ class FakeModelServer:
     """Both vendor APIs on one loopback port."""
 
     def __init__(self) -> None:
-        self.openai = FakeEndpoint("openai", render_openai, openai_error)
-        self.anthropic = FakeEndpoint("anthropic", render_anthropic, anthropic_error)
+        self.openai = FakeEndpoint("openai", render_openai, openai_error, openai_error_event)
+        self.anthropic = FakeEndpoint(
+            "anthropic", render_anthropic, anthropic_error, anthropic_error_event
+        )
         self.port = 0
         self.app = Starlette(
             routes=[

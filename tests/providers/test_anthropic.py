@@ -198,3 +198,21 @@ async def test_injected_client_has_its_retries_switched_off(
         await client.close()
 
     assert fake_models.anthropic.served == 4
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+async def test_cached_prompt_tokens_count_as_input_tokens(
+    provider: AnthropicProvider, fake_models: FakeModelServer, streamed: bool
+) -> None:
+    # Anthropic reports cache reads and writes apart from input_tokens; left out, a
+    # cached 50,000-token prompt would be recorded (and budgeted) as 100 tokens.
+    fake_models.anthropic.script(
+        Completion(
+            text="ok", input_tokens=50_100, cache_read_tokens=40_000, cache_write_tokens=10_000
+        )
+    )
+    on_delta = (lambda _: None) if streamed else None
+
+    response = await provider.complete(request(), on_delta=on_delta)
+
+    assert response.usage.input_tokens == 50_100

@@ -11,7 +11,7 @@ from toren.errors import ModelCallFailed
 from toren.providers.base import ModelRequest, RetryPolicy
 
 from .conftest import SleepRecorder, Vendor, make_provider
-from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
+from .fakes import FAKE_KEY, Break, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
 
 
 def ask(vendor: Vendor) -> ModelRequest:
@@ -228,3 +228,102 @@ async def test_streaming_retries_like_plain_calls(vendor: Vendor) -> None:
     assert "".join(deltas) == "abcdef"
     assert vendor.sleeps.delays == [1.0]
     assert vendor.endpoint.served == 2
+
+
+async def test_a_stream_longer_than_the_timeout_runs_to_its_end(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    # Every event comes well within the timeout, the whole answer well after it: the
+    # timeout bounds waiting for the answer to begin and each silence, not its length.
+    provider = make_provider(vendor.name, fake_models, sleeps, timeout=1.0)
+    vendor.endpoint.script(Completion(text="a long answer, slowly", chunk_size=1, pace=0.08))
+    deltas: list[str] = []
+    try:
+        response = await provider.complete(ask(vendor), on_delta=deltas.append)
+    finally:
+        await provider.aclose()
+
+    assert response.text == "a long answer, slowly"
+    assert "".join(deltas) == response.text
+    assert vendor.endpoint.served == 1
+    assert sleeps.delays == []
+
+
+@pytest.mark.parametrize("how", ["reset", "error"])
+async def test_a_stream_that_breaks_after_it_began_is_not_retried(vendor: Vendor, how: str) -> None:
+    # The provider has begun to generate (and bill): a retry would pay for it twice.
+    broken = Break(after=4, how=how, message="Overloaded", error_type="overloaded_error")
+    vendor.endpoint.script(Completion(text="abcdefghijkl", broken=broken), Completion(text="x"))
+    deltas: list[str] = []
+
+    with pytest.raises(ModelCallFailed, match="broke off after it had begun") as caught:
+        await vendor.provider.complete(ask(vendor), on_delta=deltas.append)
+
+    error = caught.value
+    assert vendor.endpoint.served == 1
+    assert vendor.sleeps.delays == []
+    assert error.details["attempts"] == 1
+    assert error.details["retryable"] is False
+    assert error.details["provider"] == vendor.name
+    assert "'model-x'" in str(error)
+    if how == "error":
+        assert error.details["error_type"] == "overloaded_error"
+        assert "Overloaded" in str(error)
+    assert_secret_free(error)
+
+
+@pytest.mark.parametrize("after", [0, 3, 5])
+async def test_a_stream_cut_short_is_not_taken_for_a_whole_answer(
+    vendor: Vendor, after: int
+) -> None:
+    # The body ends cleanly, but before the model's finish (a proxy cutting it short).
+    reply = Completion(
+        text="abcdefgh",
+        tool_calls=(FakeToolCall("call_1", "lookup_order", {"order_id": "A-17"}),),
+        broken=Break(after=after, how="eof"),
+    )
+    vendor.endpoint.script(reply, Completion(text="x"))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await vendor.provider.complete(ask(vendor), on_delta=lambda _: None)
+
+    assert caught.value.details["retryable"] is False
+    assert vendor.endpoint.served == 1
+    assert_secret_free(caught.value)
+
+
+@pytest.mark.parametrize("status", [408, 409])
+async def test_request_and_lock_timeouts_are_retried_as_the_sdks_do(
+    vendor: Vendor, status: int
+) -> None:
+    vendor.endpoint.script(Failure(status, "try again"), Completion(text="ok"))
+
+    response = await vendor.provider.complete(ask(vendor))
+
+    assert response.text == "ok"
+    assert vendor.endpoint.served == 2
+
+
+async def test_the_servers_x_should_retry_wins_over_the_status(vendor: Vendor) -> None:
+    vendor.endpoint.script(
+        Failure(400, "retry me", headers={"x-should-retry": "true"}),
+        Failure(503, "do not bother", headers={"x-should-retry": "false"}),
+        Completion(text="never reached"),
+    )
+
+    with pytest.raises(ModelCallFailed, match="do not bother") as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    assert vendor.endpoint.served == 2
+    assert caught.value.details["status"] == 503
+    assert caught.value.details["retryable"] is False
+
+
+async def test_retry_after_ms_is_read_before_retry_after(vendor: Vendor) -> None:
+    vendor.endpoint.script(
+        Failure(429, retry_after="2", headers={"retry-after-ms": "1250"}), Completion(text="ok")
+    )
+
+    await vendor.provider.complete(ask(vendor))
+
+    assert vendor.sleeps.delays == [1.25]

@@ -36,7 +36,9 @@ def test_retry_after_http_date_falls_back_to_backoff() -> None:
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
 
 
-@pytest.mark.parametrize(("status", "retryable"), [(429, True), (500, True), (529, True)])
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(408, True), (409, True), (429, True), (500, True), (529, True)]
+)
 def test_retryable_statuses(status: int, retryable: bool) -> None:
     assert is_retryable_status(status) is retryable
 

@@ -6,6 +6,12 @@ layer: one policy (:class:`~toren.providers.base.RetryPolicy`), one place that h
 a timeout per attempt, and one translation of failures into
 :class:`~toren.errors.ModelCallFailed` that never carries credentials or headers.
 
+An attempt is retried only until the provider starts to answer (a success status and
+the first bytes of a stream): from then on the provider is generating, and billing, so
+a failure mid-answer is final, as it is in the vendor SDKs, whose retries also end at
+the response headers. Retrying it would pay for the call again (and again: a stream
+longer than the timeout would fail on every attempt).
+
 Invariant: a :class:`ModelCallFailed` raised here is what the engine records and replay
 re-raises, so its message and details must be plain, serialisable and secret-free.
 """
@@ -45,15 +51,53 @@ def parsed(build: Callable[[], T], *, status: int) -> T:
         raise MalformedResponse(str(exc), status=status) from exc
 
 
+class StreamBroken(Exception):
+    """A stream failed after the provider had begun to answer. Never retried (see the
+    module docstring). ``cause`` is the SDK's or transport's exception."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Attempt:
+    """One attempt's progress. A provider calls :meth:`began` once the provider has
+    accepted the request and started to answer; the attempt's deadline then no longer
+    applies (the SDK's read timeout still bounds every silence of the stream)."""
+
+    def __init__(self, deadline: asyncio.Timeout) -> None:
+        self._deadline = deadline
+
+    def began(self) -> None:
+        self._deadline.reschedule(None)
+
+
+async def read(aw: Awaitable[T], *, status: int) -> T:
+    """Await one read of a begun stream, reporting its failures like :func:`decoded`."""
+    try:
+        return await aw
+    except Exception as exc:
+        raise _stream_failure(exc, status) from exc
+
+
 async def decoded(items: AsyncIterator[T], *, status: int) -> AsyncGenerator[T, None]:
-    """Pass a stream's items through, reporting decode errors as :class:`MalformedResponse`.
-    Only errors of the stream itself: an exception raised by the consumer (``on_delta``)
-    is not thrown in here, so it stays what it is."""
+    """Pass a begun stream's items through: decode errors become :class:`MalformedResponse`,
+    any other failure of the stream a :class:`StreamBroken`. Only errors of the stream
+    itself: an exception raised by the consumer (``on_delta``) is not thrown in here, so
+    it stays what it is."""
     try:
         async for item in items:
             yield item
-    except ValueError as exc:
-        raise MalformedResponse(str(exc), status=status) from exc
+    except Exception as exc:
+        raise _stream_failure(exc, status) from exc
+
+
+def _stream_failure(exc: Exception, status: int) -> Exception:
+    if isinstance(exc, (MalformedResponse, StreamBroken)):
+        return exc
+    if isinstance(exc, ValueError):
+        return MalformedResponse(str(exc), status=status)
+    return StreamBroken(exc)
 
 
 class _Headers(Protocol):
@@ -90,10 +134,20 @@ class AttemptFailure:
     retryable: bool
     error_type: str
     retry_after: float | None = None
+    began: bool = False  # the provider had started to answer
 
 
 def is_retryable_status(status: int) -> bool:
-    return status == 429 or status >= 500
+    """The vendor SDKs' rule: request timeouts, lock timeouts, rate limits, server errors."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def should_retry(status: int, headers: _Headers) -> bool:
+    """As the vendor SDKs decide: the server's own ``x-should-retry`` wins over the status."""
+    verdict = headers.get("x-should-retry")
+    if verdict in ("true", "false"):
+        return verdict == "true"
+    return is_retryable_status(status)
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -107,6 +161,15 @@ def parse_retry_after(value: str | None) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
+def retry_after(headers: _Headers) -> float | None:
+    """Seconds the server asked to wait: ``retry-after-ms`` (sent by OpenAI-style APIs and
+    read first by their SDKs, being the more precise), else ``Retry-After``."""
+    millis = parse_retry_after(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    return parse_retry_after(headers.get("retry-after"))
+
+
 def _body_message(body: object) -> str | None:
     """``error.message`` from either vendor's error envelope."""
     error = body.get("error") if isinstance(body, Mapping) else None
@@ -114,18 +177,43 @@ def _body_message(body: object) -> str | None:
     return message if isinstance(message, str) and message else None
 
 
+def _broken(exc: StreamBroken) -> AttemptFailure:
+    cause = exc.cause
+    body = getattr(cause, "body", None)
+    detail = _body_message(body) or getattr(cause, "message", None) or str(cause) or "no detail"
+    kind = _body_type(body) or type(cause).__name__
+    return AttemptFailure(
+        f"the answer broke off after it had begun ({kind}: {detail}); not retried, "
+        "because the provider has already started to bill for it",
+        None,
+        False,
+        kind,
+        began=True,
+    )
+
+
+def _body_type(body: object) -> str | None:
+    """``error.type`` of an in-stream error event (e.g. ``overloaded_error``)."""
+    error = body.get("error", body) if isinstance(body, Mapping) else None
+    kind = error.get("type") if isinstance(error, Mapping) else None
+    return kind if isinstance(kind, str) and kind else None
+
+
 def classify(exc: Exception, errors: SdkErrors, timeout: float) -> AttemptFailure | None:
     """Map an attempt's exception to a failure; ``None`` means "not a call failure"
     (a bug, or an exception from ``on_delta``), which must propagate untouched."""
     kind = type(exc).__name__
+    if isinstance(exc, StreamBroken):
+        return _broken(exc)
     if isinstance(exc, errors.status):
         err = cast(_StatusError, exc)
+        headers = err.response.headers
         return AttemptFailure(
             message=_body_message(err.body) or err.message,
             status=err.status_code,
-            retryable=is_retryable_status(err.status_code),
+            retryable=should_retry(err.status_code, headers),
             error_type=kind,
-            retry_after=parse_retry_after(err.response.headers.get("retry-after")),
+            retry_after=retry_after(headers),
         )
     if isinstance(exc, TimeoutError):
         return AttemptFailure(f"no answer within {timeout:g}s", None, True, kind)
@@ -146,6 +234,8 @@ def redact(text: str, secrets: tuple[str, ...]) -> str:
 def _hint(failure: AttemptFailure) -> str:
     if failure.status in (401, 403):
         return "Check the API key and base URL the provider was built with."
+    if failure.began:
+        return "Retry the run if the failure was transient."
     if failure.retryable:
         return "The provider kept failing; retry the run later or raise RetryPolicy.max_attempts."
     if failure.status is not None and 400 <= failure.status < 500:
@@ -164,14 +254,15 @@ class Retrying:
     sleep: Sleep
     secrets: tuple[str, ...] = ()
 
-    async def call(self, model: str, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def call(self, model: str, attempt: Callable[[Attempt], Awaitable[T]]) -> T:
         attempts = max(1, self.policy.max_attempts)
         for number in range(1, attempts + 1):
             try:
-                # The SDK's own timeout bounds each read; this bounds the whole attempt,
-                # so a stream that trickles forever still ends.
-                async with asyncio.timeout(self.timeout):
-                    return await attempt()
+                # The SDK's own timeout bounds each read; this bounds the attempt until
+                # the provider begins to answer (see Attempt), so a server that accepts
+                # the connection and never answers still ends.
+                async with asyncio.timeout(self.timeout) as deadline:
+                    return await attempt(Attempt(deadline))
             except Exception as exc:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:

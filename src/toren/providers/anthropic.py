@@ -7,7 +7,8 @@ Quirks of this API that the conversion absorbs:
   results of one assistant turn all travel in the next user turn, as ``tool_result``
   blocks);
 - ``max_tokens`` is required: 4096 unless ``request.params`` says otherwise;
-- OpenAI's ``stop`` is spelt ``stop_sequences`` here; other params pass through verbatim.
+- OpenAI's ``stop`` is spelt ``stop_sequences`` here; other params pass through verbatim;
+- ``usage.input_tokens`` leaves out the prompt-cache reads and writes, which Toren adds in.
 
 Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
 ``length``) so agent code need not know which vendor answered; others pass through.
@@ -23,15 +24,18 @@ from typing import Any
 
 import anthropic
 from anthropic.types import Message as WireMessage
+from anthropic.types import Usage as WireUsage
 
 from toren.errors import ProviderUnavailable
 from toren.providers._retry import (
+    Attempt,
     MalformedResponse,
     Retrying,
     SdkErrors,
     Sleep,
     decoded,
     parsed,
+    read,
 )
 from toren.providers._wire import content_text, require, sampling_params
 from toren.providers.base import (
@@ -165,10 +169,27 @@ def parse_message(message: WireMessage) -> ModelResponse:
     return ModelResponse(
         text="".join(texts),
         tool_calls=tuple(calls),
-        usage=Usage(message.usage.input_tokens, message.usage.output_tokens),
+        usage=Usage(_input_tokens(message.usage), message.usage.output_tokens),
         finish_reason=_FINISH_REASONS.get(reason, reason),
         model=message.model,
     )
+
+
+def _input_tokens(usage: WireUsage) -> int:
+    """The whole prompt, as OpenAI's ``prompt_tokens`` counts it: Anthropic reports the
+    tokens read from and written to the prompt cache apart from ``input_tokens``. The
+    price table then prices them all as input (an estimate: reads cost less, writes more)."""
+    cached = (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    return usage.input_tokens + cached
+
+
+def parse_streamed(message: WireMessage) -> ModelResponse:
+    """:func:`parse_message` for the message a stream accumulated. Raises ``ValueError``
+    when the stream ended before ``message_delta`` gave the stop reason (a proxy that cut
+    it short): a truncated answer must not pass for a whole one."""
+    if message.stop_reason is None:
+        raise ValueError("the stream ended before the model finished (no stop_reason)")
+    return parse_message(message)
 
 
 def _as_message(value: object) -> WireMessage:
@@ -220,8 +241,10 @@ class AnthropicProvider:
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda: self._create(kwargs))
-        return await self._retrying.call(request.model, lambda: self._stream(kwargs, on_delta))
+            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+        return await self._retrying.call(
+            request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
+        )
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -234,13 +257,14 @@ class AnthropicProvider:
         except ValueError as exc:
             raise MalformedResponse(str(exc), status=raw.status_code) from exc
 
-    async def _stream(self, kwargs: Mapping[str, Any], on_delta: DeltaCallback) -> ModelResponse:
-        # A retried attempt streams again from the start, so on_delta may see a prefix
-        # twice; only the returned response is recorded.
+    async def _stream(
+        self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
+    ) -> ModelResponse:
         async with self._client.messages.stream(**kwargs) as stream:
+            attempt.began()
             status = stream.response.status_code
             async with aclosing(decoded(stream.text_stream, status=status)) as deltas:
                 async for delta in deltas:
                     on_delta(delta)
-            final = await stream.get_final_message()
-        return parsed(lambda: parse_message(final), status=status)
+            final = await read(stream.get_final_message(), status=status)
+        return parsed(lambda: parse_streamed(final), status=status)

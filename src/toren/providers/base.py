@@ -216,7 +216,9 @@ class ModelResponse:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retries on 429 and 5xx. ``Retry-After`` from the server wins over the backoff."""
+    """Retries on 408, 409, 429 and 5xx unless the server's ``x-should-retry`` says
+    otherwise, as the vendor SDKs do. ``retry-after-ms`` or ``Retry-After`` from the server
+    wins over the backoff (up to ``max_backoff``)."""
 
     max_attempts: int = 4
     initial_backoff: float = 0.5

@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 
 from toren.errors import ProviderUnavailable
-from toren.providers._retry import Retrying, SdkErrors, Sleep, decoded, parsed
+from toren.providers._retry import Attempt, Retrying, SdkErrors, Sleep, decoded, parsed
 from toren.providers._wire import arguments_object, content_text, require, sampling_params
 from toren.providers.base import (
     DeltaCallback,
@@ -154,6 +154,10 @@ class StreamAssembler:
         return text
 
     def response(self) -> ModelResponse:
+        """Raises ``ValueError`` for a stream that ended before the model finished (a
+        proxy that cut it short): a truncated answer must not pass for a whole one."""
+        if self.finish_reason is None:
+            raise ValueError("the stream ended before the model finished (no finish_reason)")
         calls = tuple(
             ToolCall(p.id, p.name, arguments_object("".join(p.arguments), p.name))
             for _, p in sorted(self.calls.items())
@@ -162,7 +166,7 @@ class StreamAssembler:
             text="".join(self.text),
             tool_calls=calls,
             usage=_usage(self.usage),
-            finish_reason=self.finish_reason or "stop",
+            finish_reason=self.finish_reason,
             model=self.model,
         )
 
@@ -214,8 +218,10 @@ class OpenAIProvider:
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda: self._create(kwargs))
-        return await self._retrying.call(request.model, lambda: self._stream(kwargs, on_delta))
+            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+        return await self._retrying.call(
+            request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
+        )
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -225,12 +231,13 @@ class OpenAIProvider:
         raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
         return parsed(lambda: parse_completion(_as_completion(raw.parse())), status=raw.status_code)
 
-    async def _stream(self, kwargs: Mapping[str, Any], on_delta: DeltaCallback) -> ModelResponse:
-        # A retried attempt streams again from the start, so on_delta may see a prefix
-        # twice; only the returned response is recorded.
+    async def _stream(
+        self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
+    ) -> ModelResponse:
         stream = await self._client.chat.completions.create(
             **kwargs, stream=True, stream_options={"include_usage": True}
         )
+        attempt.began()
         status = stream.response.status_code
         assembler = StreamAssembler()
         async with stream, aclosing(decoded(stream.__aiter__(), status=status)) as chunks:
