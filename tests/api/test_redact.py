@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toren.api.redact import MAX_DEPTH, TOO_DEEP, Redactor
+from toren.redact import MAX_DEPTH, TOO_DEEP, Redactor
 
 from .support import SECRET
 

@@ -10,9 +10,9 @@ from toren.providers._retry import (
     SdkErrors,
     is_retryable_status,
     parse_retry_after,
-    redact,
 )
 from toren.providers.base import RetryPolicy
+from toren.redact import Redactor
 
 
 async def _no_sleep(seconds: float) -> None:
@@ -66,5 +66,5 @@ def test_retry_after_wins_over_backoff_but_not_over_the_cap() -> None:
 
 
 def test_redact_leaves_placeholder_keys_alone() -> None:
-    assert redact("key sk-abcdefgh12 is bad", ("sk-abcdefgh12",)) == "key [redacted] is bad"
-    assert redact("none of it", ("none",)) == "none of it"
+    assert Redactor(("sk-abcdefgh12",)).text("key sk-abcdefgh12 is bad") == "key [redacted] is bad"
+    assert Redactor(("none",)).text("none of it") == "none of it"

@@ -23,7 +23,6 @@ import toren
 from toren.api import metrics, models
 from toren.api.errors import STATUS_CODES, ApiError, install
 from toren.api.middleware import Auth, BodyLimit, CatchAll
-from toren.api.redact import Redactor, secrets_from_env
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
@@ -32,6 +31,7 @@ from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.runs import start_run as core_start_run
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
+from toren.redact import Redactor, secrets_from_env
 from toren.store.base import NewRun, RunRecord, Store
 
 log = logging.getLogger("toren.api")

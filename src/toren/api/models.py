@@ -38,7 +38,7 @@ RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "canc
 
 # How deep request values (a run's input, a message's payload) may nest objects and
 # arrays: far more than any real input needs, and far below what the response serializer
-# and the redactor's bound (toren.api.redact.MAX_DEPTH) take, so what a client sent can
+# and the redactor's bound (toren.redact.MAX_DEPTH) take, so what a client sent can
 # always be read back whole. docs/http-api.md documents it; lowering it would be breaking.
 MAX_JSON_DEPTH = 64
 

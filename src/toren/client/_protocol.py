@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import httpx
 
-from toren.api.redact import Redactor, secrets_from_env
 from toren.client._errors import TorenAPIError, TorenConnectionError
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
+from toren.redact import Redactor, secrets_from_env
 
 T = TypeVar("T")
 

@@ -26,12 +26,10 @@ from typing import Protocol, TypeVar, cast
 
 from toren.errors import ModelCallFailed
 from toren.providers.base import RetryPolicy
+from toren.redact import Redactor
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
-
-# Keys shorter than this are placeholders ("none", "x"); redacting them would mangle text.
-_MIN_SECRET_LEN = 8
 
 
 class MalformedResponse(Exception):
@@ -224,13 +222,6 @@ def classify(exc: Exception, errors: SdkErrors, timeout: float) -> AttemptFailur
     return None
 
 
-def redact(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        if len(secret) >= _MIN_SECRET_LEN:
-            text = text.replace(secret, "[redacted]")
-    return text
-
-
 def _hint(failure: AttemptFailure) -> str:
     if failure.status in (401, 403):
         return "Check the API key and base URL the provider was built with."
@@ -285,7 +276,7 @@ class Retrying:
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         message = (
             f"{self.provider} call to model {model!r} failed ({status}) after {tries}: "
-            f"{redact(failure.message, self.secrets)}. {_hint(failure)}"
+            f"{Redactor(self.secrets).text(failure.message)}. {_hint(failure)}"
         )
         return ModelCallFailed(
             message,

@@ -2,6 +2,7 @@
 anything in its output; every run, event and error body the API returns passes through a
 :class:`Redactor` first (and the clients pass every error they raise through one too).
 
+The providers scrub their own key out of an SDK's error with the same :class:`Redactor`.
 This module imports nothing of the web stack, so :mod:`toren.client` can use it."""
 
 from __future__ import annotations
