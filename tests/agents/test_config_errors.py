@@ -251,6 +251,23 @@ CASES = [
         ("at 'pricing.openai:gpt-4o.input_usd_per_mtok'", "found -1", "a number >= 0"),
     ),
     Case(
+        "budget-for-an-unpriced-model",
+        "name: a\nmodel: openai:gpt-9-turbo\nlimits: {max_cost_usd: 1}\n"
+        "processes:\n  other: {description: x}\n",
+        (
+            ":3:",
+            "at 'limits.max_cost_usd'",
+            "a budget for 'openai:gpt-9-turbo', a model the price table does not know",
+            "expected a price for it under 'pricing:'",
+        ),
+    ),
+    Case(
+        "process-budget-for-an-unpriced-model",
+        "name: a\nmodel: openai:gpt-4o\nprocesses:\n"
+        "  cheap:\n    model: anthropic:claude-9\n    limits: {max_cost_usd: 1}\n",
+        ("at 'processes.cheap.limits.max_cost_usd'", "'anthropic:claude-9'"),
+    ),
+    Case(
         "human-timeout-negative",
         "name: a\nmodel: openai:gpt-4o\nhuman: {timeout: -1}\n",
         ("at 'human.timeout'", "found -1 (integer)", "expected a number > 0"),
@@ -299,6 +316,21 @@ def test_several_problems_are_listed_together(tmp_path: Path) -> None:
     assert "2 problems" in message
     assert "at 'modle'" in message and "at 'limits.max_steps'" in message
     assert info.value.details["key"] == "limits.max_steps" or info.value.details["key"] == "modle"
+
+
+def test_a_budget_is_checked_against_the_agents_own_prices(tmp_path: Path) -> None:
+    """A priced model (from the table or the agent's ``pricing:``) keeps its budget; the
+    offline model is free, hence priced."""
+    for name, yaml in {
+        "table": "name: a\nmodel: openai:gpt-4o-mini\nlimits: {max_cost_usd: 1}\n",
+        "own": "name: b\nmodel: openai:gpt-9\nlimits: {max_cost_usd: 1}\npricing:\n"
+        "  'openai:gpt-9': {input_usd_per_mtok: 1, output_usd_per_mtok: 2}\n",
+        "free": "name: c\nmodel: scripted:script.yaml\nlimits: {max_cost_usd: 1}\n",
+    }.items():
+        root = _write(
+            tmp_path, Case(name, yaml, (), files={"script.yaml": "default: {text: hi}\n"})
+        )
+        assert load_agent(root).processes["main"].limits.max_cost_usd == 1.0
 
 
 def test_missing_directory_and_missing_agent_yaml(tmp_path: Path) -> None:

@@ -383,6 +383,9 @@ class _AgentLoader:
             name: self._process(config, name, proc, tools, providers, content_hash)
             for name, proc in {"main": ProcessConfig(), **config.processes}.items()
         }
+        prices = default_table().with_overrides(config.pricing)
+        for name, process in processes.items():
+            self._check_budget(config, name, process, prices)
         if self.problems:
             raise self.fail(self.problems)
         return AgentDefinition(
@@ -395,7 +398,7 @@ class _AgentLoader:
             content_hash=content_hash,
             processes=processes,
             tools=tools,
-            prices=default_table().with_overrides(config.pricing),
+            prices=prices,
             provider_types=providers,
         )
 
@@ -505,6 +508,36 @@ class _AgentLoader:
             entry=entry,
             entry_fn=entry_fn,
         )
+
+    def _check_budget(
+        self, config: AgentConfig, name: str, process: ProcessDefinition, prices: PriceTable
+    ) -> None:
+        """A budget is enforced from the price table's estimates: for a model the table
+        does not price, every call would count as $0 and the budget would never stop the
+        run. Refused here, where the fix (a ``pricing:`` entry) is one line away."""
+        model = process.model
+        if process.limits.max_cost_usd is None or model is None or prices.lookup(model):
+            return
+        proc = config.processes.get(name)
+        overridden = (
+            proc is not None
+            and proc.limits is not None
+            and ("max_cost_usd" in proc.limits.model_fields_set)
+        )
+        loc: Loc = (
+            ("processes", name, "limits", "max_cost_usd")
+            if overridden
+            else ("limits", "max_cost_usd")
+        )
+        problem = Problem(
+            loc,
+            f"a budget for {model!r}, a model the price table does not know (its calls "
+            "would be counted as $0 and never reach the budget)",
+            f"a price for it under 'pricing:' ({model}: {{input_usd_per_mtok: ..., "
+            "output_usd_per_mtok: ...}), or no max_cost_usd",
+        )
+        if problem not in self.problems:  # processes inheriting one budget: said once
+            self.problems.append(problem)
 
     def _mcp_names(self, config: AgentConfig, proc: ProcessConfig, name: str) -> tuple[str, ...]:
         if proc.mcp_servers is None:
