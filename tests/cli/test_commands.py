@@ -594,3 +594,23 @@ def test_a_refused_bind_gets_the_hint_of_its_cause(runner: CliRunner, chain: Pat
     assert _hint(elsewhere) == (
         "hint: the address is not one of this machine's; use --host 127.0.0.1 (or 0.0.0.0)"
     )
+
+
+def test_run_stops_with_the_cause_when_the_model_cannot_be_reached(
+    runner: CliRunner, chain: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No key for the agent's model: the foreground run does not wait in silence for its
+    lease to run out again and again; it says why, keeps the run and says how to go on."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    agent = chain.parent / "keyless"
+    agent.mkdir()
+    (agent / "agent.yaml").write_text("name: keyless\nmodel: openai:gpt-4o-mini\n")
+    result = invoke(runner, "run", "keyless", "hello")
+    assert result.exit_code == 5, result.output
+    first, hint = result.stderr.splitlines()[-2:]
+    assert first.startswith("error: no OpenAI API key")
+    run_id = last_run_id(runner, agent)
+    assert "is kept as it is" in hint and f"toren runs resume {run_id}" in hint
+    shown = invoke(runner, "runs", "show", run_id, "--agents", "keyless", "--json")
+    assert json.loads(shown.stdout)["status"] == "running"  # not failed: resumable

@@ -197,8 +197,8 @@ class EmbeddedBackend:
                     yield "idle", run
                     continue
                 while True:  # take every delta that is already there, then read the log
-                    if item.get("type") == "delta":
-                        yield "delta", item
+                    if item.get("type") in ("delta", "stalled"):
+                        yield item["type"], item
                     try:
                         item = queue.get_nowait()
                     except asyncio.QueueEmpty:

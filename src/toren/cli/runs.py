@@ -20,12 +20,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from toren.cli._common import (
+    EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_WAITING,
     STATUS_EXIT,
     NoDatabase,
     database_url_for,
+    err,
     examples,
     follow_up_options,
     out,
@@ -191,6 +193,7 @@ async def follow(
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
     final: dict[str, Any] | None = None
+    stalled: dict[str, Any] | None = None
     try:
         with RunView(console) as view:
             items = backend.follow(run_id).__aiter__()
@@ -212,8 +215,13 @@ async def follow(
                 if kind == "end":
                     final = data
                     break
+                if kind == "stalled":
+                    stalled = data
+                    break
             with contextlib.suppress(Exception):
                 await items.aclose()  # type: ignore[attr-defined]
+        if stalled is not None:
+            return _stalled(run_id, stalled["error"], reach)
         if final is None:
             how = f"toren runs resume {run_id}{reach}"
             console.print(
@@ -228,6 +236,21 @@ async def follow(
         for sig in installed:
             loop.remove_signal_handler(sig)
     return exit_code(final, reach)
+
+
+def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
+    """The run's tick failed for a reason outside the agent (no API key for its model,
+    the database): a worker would retry it after its lease runs out, but in the
+    foreground that is a silent wait. Say why, and how to go on once it is fixed."""
+    how = f"toren runs resume {run_id}{reach}"
+    console = err()
+    console.print(f"[bold red]error:[/] {escape(str(error.get('message')))}", highlight=False)
+    console.print(
+        f"[dim]hint:[/] run {escape(run_id)} is kept as it is; fix the problem named above, "
+        f"then continue it with [bold]{escape(how)}[/]",
+        highlight=False,
+    )
+    return EXIT_ERROR
 
 
 def exit_code(run: dict[str, Any], reach: str = "") -> int:

@@ -246,7 +246,11 @@ class TickRunner(Steps):
 
     def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
         log.error("run %s: infrastructure error, lease left to expire: %s", self.run_id, exc)
-        return self._result("error", error=error_dict(exc))
+        error = error_dict(exc)
+        # No event records it (the run is not over: a later tick retries), so whoever
+        # watches the run live (``toren run``) learns it here or not at all.
+        self._publish({"type": "stalled", "error": error})
+        return self._result("error", error=error)
 
     def _result(self, status: str, **kw: Any) -> TickResult:
         return TickResult(
