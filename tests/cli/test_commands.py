@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -614,3 +615,30 @@ def test_run_stops_with_the_cause_when_the_model_cannot_be_reached(
     assert "is kept as it is" in hint and f"toren runs resume {run_id}" in hint
     shown = invoke(runner, "runs", "show", run_id, "--agents", "keyless", "--json")
     assert json.loads(shown.stdout)["status"] == "running"  # not failed: resumable
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["line", "traceback"])
+def test_log_lines_never_carry_a_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], debug: bool
+) -> None:
+    """An SDK's error can quote the key it was given; the log line (and, with --debug,
+    the traceback) must not."""
+    import logging
+
+    from toren.cli import _common
+
+    key = "sk-test-" + "k" * 32
+    monkeypatch.setenv("ACME_API_KEY", key)
+    toren_log = logging.getLogger("toren")  # setup_logging configures it: put it back after
+    for attr in ("handlers", "propagate", "level"):
+        monkeypatch.setattr(toren_log, attr, getattr(toren_log, attr))
+    with click.Context(click.Command("toren"), obj=_common.State(debug=debug)):
+        _common.setup_logging("info")
+    try:
+        raise RuntimeError(f"401 Unauthorized: bad key {key}")
+    except RuntimeError:
+        logging.getLogger("toren.test").exception("provider call failed for %s", key)
+    logged = capsys.readouterr().err
+    assert "provider call failed for [redacted]" in logged and "401 Unauthorized" in logged
+    assert key not in logged
+    assert ("Traceback" in logged) is debug

@@ -31,6 +31,7 @@ from toren.errors import (
     TorenError,
     UserError,
 )
+from toren.redact import Redactor, secrets_from_env
 from toren.runtime import sqlite_url_for
 from toren.store.sqlite import parse_sqlite_url
 
@@ -229,11 +230,14 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class _Formatter(logging.Formatter):
-    """One line per record; tracebacks only with --debug."""
+    """One line per record; tracebacks only with --debug; no secrets, ever: a provider
+    SDK's error (or an agent's exception) can quote a key, and log lines end up in files
+    and log services that API responses never reach."""
 
-    def __init__(self, debug: bool) -> None:
+    def __init__(self, debug: bool, redactor: Redactor) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.debug = debug
+        self.redactor = redactor
 
     def format(self, record: logging.LogRecord) -> str:
         if not self.debug and record.exc_info:
@@ -242,7 +246,7 @@ class _Formatter(logging.Formatter):
             record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
             record.args = None
             record.exc_info = record.exc_text = None
-        return super().format(record)
+        return self.redactor.text(super().format(record))
 
 
 def setup_logging(level: str = "error") -> None:
@@ -250,7 +254,7 @@ def setup_logging(level: str = "error") -> None:
     debug = state().debug
     logger = logging.getLogger("toren")
     handler = _Stderr()
-    handler.setFormatter(_Formatter(debug))
+    handler.setFormatter(_Formatter(debug, Redactor(secrets_from_env(os.environ))))
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO))
