@@ -229,7 +229,7 @@ def test_a_retry_may_find_its_own_tfvars_pin_uncommitted(repo: Path, aws: Any) -
 @pytest.mark.parametrize("tag", ["latest", "LATEST", " latest"])
 def test_refuses_latest_before_running_anything(repo: Path, aws: Any, tag: str) -> None:
     result, runner = invoke(recording(), "--dry-run", "--tag", tag)
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert "refusing --tag 'latest'" in result.output
     assert "mutable" in result.output and "Omit --tag" in result.output
     assert runner.commands == []
@@ -238,7 +238,7 @@ def test_refuses_latest_before_running_anything(repo: Path, aws: Any, tag: str) 
 @pytest.mark.parametrize("tag", ["v1.2.3", "abc1234", "A" * 40])
 def test_refuses_a_tag_that_is_not_a_full_sha(repo: Path, aws: Any, tag: str) -> None:
     result, runner = invoke(recording(), "--tag", tag)
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert f"refusing --tag {tag!r}: it is not a full 40-character git commit SHA" in result.output
     assert runner.commands == []
 
@@ -246,7 +246,7 @@ def test_refuses_a_tag_that_is_not_a_full_sha(repo: Path, aws: Any, tag: str) ->
 def test_refuses_a_tag_that_is_not_head(repo: Path, aws: Any) -> None:
     sha = git(repo, "rev-parse", "HEAD")
     result, runner = invoke(recording(), "--tag", OLD_TAG, "--yes")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert f"refusing --tag '{OLD_TAG}': it is not the current commit, HEAD is '{sha}'" in (
         result.output
     )
@@ -266,7 +266,7 @@ def test_refuses_a_tag_that_is_not_head(repo: Path, aws: Any) -> None:
 def test_refuses_a_dirty_working_tree(repo: Path, aws: Any, change: Any, path: str) -> None:
     change(repo)
     result, runner = invoke(recording(), "--dry-run")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert "the working tree of" in result.output and "is not clean" in result.output
     assert repr(path) in result.output
     assert "commit or remove the changes" in result.output
@@ -280,7 +280,7 @@ def test_refuses_outside_a_git_repository(tmp_path: Path, aws: Any, monkeypatch:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
     result, runner = invoke(recording(), "--dry-run")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert "'git rev-parse --show-toplevel' failed" in result.output
     assert "from the git repository of the agent project" in result.output
 
@@ -290,16 +290,16 @@ def test_refuses_a_tfvars_file_without_one_image_tag_line(repo: Path, aws: Any) 
     tfvars.write_text('region = "eu-west-1"\n')
     git(repo, "commit", "-qam", "no tag")
     result, _ = invoke(recording(), "--dry-run")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert "has no 'image_tag = \"...\"' line(s); it needs exactly one" in result.output
     result, _ = invoke(recording(), "--dry-run", "--tfvars", "deploy/aws/missing.tfvars")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert f"no tfvars file at {str(repo / 'deploy/aws/missing.tfvars')!r}" in result.output
 
 
 def test_refuses_an_unknown_repository(repo: Path, aws: Any) -> None:
     result, runner = invoke(recording(), "--dry-run", "--repository", "nope")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert "ECR repository 'nope' does not exist" in result.output
 
 
@@ -307,7 +307,7 @@ def test_a_failed_build_stops_before_push_pin_and_apply(repo: Path, aws: Any) ->
     runner = recording()
     runner.responses[("docker", "build")] = CommandResult(1, "", "no space left on device")
     result, _ = invoke(runner, "--yes")
-    assert result.exit_code == 1
+    assert result.exit_code == 5
     assert "exited with status 1: no space left on device" in result.output
     assert runner.argvs[-1][:2] == ("docker", "build")
     assert (repo / "deploy/aws/terraform.tfvars").read_text() == TFVARS

@@ -204,6 +204,14 @@ def report(exc: BaseException) -> None:
     console.print(f"[dim]hint:[/] {_escape(hint_for(exc))}", markup=True, highlight=False)
 
 
+class Refused(click.ClickException):
+    """A command that could not do what was asked, with click's one-line "Error: ..."
+    and the CLI's exit code for that (5), not click's default 1, which the CLI keeps for
+    "the run failed"."""
+
+    exit_code = EXIT_ERROR
+
+
 def fail(message: str, hint: str, code: int = EXIT_ERROR) -> NoReturn:
     console = err()
     console.print(f"[bold red]error:[/] {_escape(message)}")

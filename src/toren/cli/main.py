@@ -13,6 +13,7 @@ from toren import __version__
 from toren.cli._common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
+    Refused,
     State,
     err,
     examples,
@@ -40,7 +41,7 @@ class TorenGroup(click.Group):
             try:
                 command: click.Command = getattr(__import__(module, fromlist=[attr]), attr)
             except ImportError as exc:
-                raise click.ClickException(
+                raise Refused(
                     f"'toren {name}' is unavailable: {exc}; install toren-run[aws]"
                 ) from None
             return command

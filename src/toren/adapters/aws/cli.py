@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from toren.adapters.aws.deploy import DeployEnvironment, DeployRequest, deploy
+from toren.cli._common import Refused
 from toren.errors import TorenError
 
 __all__ = ["deploy_aws"]
@@ -71,4 +72,4 @@ def deploy_aws(
     try:
         deploy(request, env)
     except TorenError as exc:
-        raise click.ClickException(exc.message) from exc
+        raise Refused(exc.message) from exc
