@@ -614,7 +614,13 @@ def test_run_stops_with_the_cause_when_the_model_cannot_be_reached(
     run_id = last_run_id(runner, agent)
     assert "is kept as it is" in hint and f"toren runs resume {run_id}" in hint
     shown = invoke(runner, "runs", "show", run_id, "--agents", "keyless", "--json")
-    assert json.loads(shown.stdout)["status"] == "running"  # not failed: resumable
+    row = json.loads(shown.stdout)
+    assert row["status"] == "running"  # not failed: resumable
+    # Given back as the command ended: a resume need not wait for the lease to run out.
+    assert row["lease_owner"] is None
+    again = invoke(runner, "runs", "resume", run_id, "--agents", "keyless")
+    assert again.exit_code == 5 and "waiting for its lease" not in again.output
+    assert again.stderr.splitlines()[-2].startswith("error: no OpenAI API key")
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["line", "traceback"])

@@ -24,9 +24,9 @@ from toren.cli._common import RunFinished
 from toren.core.runs import start_run
 from toren.core.tick import tick
 from toren.core.worker import LocalWorkerRuntime
-from toren.errors import RunNotFound
+from toren.errors import LeaseLost, RunNotFound
 from toren.runtime import Runtime
-from toren.store.base import Lease, Store
+from toren.store.base import Lease, Release, Store
 from toren.store.urls import shown_url
 
 Item = tuple[str, dict[str, Any]]
@@ -104,6 +104,7 @@ class EmbeddedBackend:
         self.runtime = runtime
         self.store = runtime.store
         self.worker: LocalWorkerRuntime | None = None
+        self._run_id: str | None = None
 
     async def start_run(
         self, agent: str, input: Any, *, process: str, idempotency_key: str | None
@@ -164,6 +165,7 @@ class EmbeddedBackend:
     async def start_worker(self, run_id: str) -> LocalWorkerRuntime:
         """A worker in this process that runs only ``run_id``."""
         deps = self.runtime.deps
+        self._run_id = run_id
         scoped = dataclasses.replace(deps, store=_OneRunStore(self.store, run_id))
         self.worker = LocalWorkerRuntime(scoped, concurrency=1)
         await self.worker.start()
@@ -172,7 +174,18 @@ class EmbeddedBackend:
     async def stop_worker(self, drain_window: float) -> None:
         if self.worker is not None:
             await self.worker.stop(drain_window=drain_window)
+            await self._give_back(self.worker.worker_id)
             self.worker = None
+
+    async def _give_back(self, worker_id: str) -> None:
+        """A tick that failed outside the agent (no API key, say) leaves its lease to run
+        out, so that a worker does not retry it in a tight loop. This process's worker is
+        gone now: give the run back, so 'toren runs resume' takes it at once."""
+        run = await self.store.get_run(self._run_id) if self._run_id else None
+        if run is not None and not run.terminal and run.lease_owner == worker_id:
+            lease = Lease(run.id, worker_id, run.lease_epoch)
+            with contextlib.suppress(LeaseLost):  # another worker took it meanwhile
+                await self.store.release(lease, Release("running"), now=time.time())
 
     async def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]:
         hub = self.runtime.live
