@@ -392,12 +392,14 @@ def test_printed_follow_ups_run_as_printed(
 
 
 def test_a_follow_up_never_prints_a_password() -> None:
-    from toren.cli._common import _without_password
+    from toren.cli._common import shown_url
 
-    assert _without_password("postgresql://toren:hunter2@db:5432/toren") == (
-        "postgresql://toren:***@db:5432/toren"
+    assert (
+        shown_url("postgresql://toren:hunter2@db:5432/toren") == "postgresql://toren@db:5432/toren"
     )
-    assert _without_password("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    assert "hunter22" not in shown_url("postgresql://toren@db/toren?password=hunter22&x=1")
+    assert "pa[ss" not in shown_url("postgresql://toren:pa[ss@db/toren")  # unparsable: no crash
+    assert shown_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
 
 
 def test_runs_list_limit_is_the_apis_page_limit(

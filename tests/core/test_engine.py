@@ -4,6 +4,7 @@ cancellation and bad input."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -471,6 +472,32 @@ async def test_corrupt_event_payload_is_named(store: Store, db_url: str) -> None
         await store.load_events(run.id)
     assert run.id in str(info.value) and "ModelCallRecorded" in str(info.value)
     assert "not valid JSON" in str(info.value)
+
+
+async def test_a_tick_that_cannot_read_its_log_tells_live_watchers(
+    store: Store, db_url: str
+) -> None:
+    """No event can record it, so ``toren run`` (a live watcher) learns it from the tick."""
+
+    async def parked(ctx: toren.Context, input: Any) -> Any:
+        await chain_agent(1)(ctx, input)
+        return await ctx.wait_for_message("go")
+
+    reg = toren.Registry()
+    reg.add("parked", parked)
+    run = await toren.start_run(store, reg, "parked")
+    assert (await toren.tick(run.id, make_deps(store, reg, ScriptedProvider()))).status == (
+        "waiting"
+    )
+    await _corrupt(store, db_url, run.id)
+    await store.send_message(run.id, "go", True, now=0.0)  # runnable, with a log to read
+    seen: list[dict[str, Any]] = []
+    deps = make_deps(store, reg, ScriptedProvider())
+    deps = dataclasses.replace(deps, live=lambda run_id, item: seen.append(item))
+    with pytest.raises(CorruptEventLog):
+        await toren.tick(run.id, deps)
+    stalled = [item for item in seen if item["type"] == "stalled"]
+    assert len(stalled) == 1 and stalled[0]["error"]["code"] == "corrupt_event_log"
 
 
 async def _corrupt(store: Store, url: str, run_id: str) -> None:

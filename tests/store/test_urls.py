@@ -37,3 +37,12 @@ def test_an_unsupported_url_is_named_without_its_password() -> None:
         open_store("mysql://toren:pw-secret@db/toren")
     assert "'mysql://toren@db/toren'" in info.value.message
     assert "pw-secret" not in info.value.message
+
+
+def test_a_url_that_does_not_parse_still_loses_its_password() -> None:
+    """libpq takes an unencoded '[' in a password, urlsplit does not; the driver's error
+    quotes the whole URL."""
+    url = "postgresql://u:pa[ss@db/toren?password=other-secret"
+    message = without_secrets(f'invalid URI: "{url}"', url)
+    assert "pa[ss" not in message and "other-secret" not in message
+    assert "pa[ss" not in shown_url(url)

@@ -12,7 +12,6 @@ import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 from click.core import ParameterSource
@@ -34,6 +33,7 @@ from toren.errors import (
 from toren.redact import Redactor, secrets_from_env
 from toren.runtime import sqlite_url_for
 from toren.store.sqlite import parse_sqlite_url
+from toren.store.urls import shown_url
 
 T = TypeVar("T")
 
@@ -336,14 +336,14 @@ def follow_up_options(agents_root: Path | None = None, *, ctx: click.Context | N
     url = _flag_value(ctx, "url")
     parts: list[str] = []
     if url:
-        parts += ["--url", _without_password(url)]
+        parts += ["--url", shown_url(url)]
     else:
         default = Path(os.environ.get("TOREN_AGENTS") or ".").resolve()
         if agents_root is not None and agents_root.resolve() != default:
             parts += ["--agents", _shown_path(agents_root.resolve())]
         database_url = _flag_value(ctx, "database_url")
         if database_url:
-            parts += ["--database-url", _without_password(database_url)]
+            parts += ["--database-url", shown_url(database_url)]
     return "".join(" " + shlex.quote(part) for part in parts)
 
 
@@ -352,14 +352,6 @@ def _flag_value(ctx: click.Context | None, name: str) -> str | None:
         return None
     value = ctx.params.get(name)
     return str(value) if value else None
-
-
-def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def _shown_path(path: Path) -> str:

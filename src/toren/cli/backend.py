@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, is_dataclass
@@ -24,7 +25,7 @@ from toren.cli._common import RunFinished
 from toren.core.runs import start_run
 from toren.core.tick import tick
 from toren.core.worker import LocalWorkerRuntime
-from toren.errors import LeaseLost, RunNotFound
+from toren.errors import RunNotFound
 from toren.runtime import Runtime
 from toren.store.base import Lease, Release, Store
 from toren.store.urls import shown_url
@@ -62,6 +63,9 @@ def as_dict(value: Any) -> dict[str, Any]:
     if is_dataclass(value) and not isinstance(value, type):
         return asdict(value)
     raise TypeError(f"cannot read {type(value).__name__} as a run or event")
+
+
+log = logging.getLogger("toren.cli")
 
 
 class Backend(Protocol):
@@ -172,20 +176,23 @@ class EmbeddedBackend:
         return self.worker
 
     async def stop_worker(self, drain_window: float) -> None:
-        if self.worker is not None:
-            await self.worker.stop(drain_window=drain_window)
-            await self._give_back(self.worker.worker_id)
-            self.worker = None
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            await worker.stop(drain_window=drain_window)
+            await self._give_back(worker.worker_id)
 
     async def _give_back(self, worker_id: str) -> None:
         """A tick that failed outside the agent (no API key, say) leaves its lease to run
         out, so that a worker does not retry it in a tight loop. This process's worker is
-        gone now: give the run back, so 'toren runs resume' takes it at once."""
-        run = await self.store.get_run(self._run_id) if self._run_id else None
-        if run is not None and not run.terminal and run.lease_owner == worker_id:
-            lease = Lease(run.id, worker_id, run.lease_epoch)
-            with contextlib.suppress(LeaseLost):  # another worker took it meanwhile
+        gone now: give the run back, so 'toren runs resume' takes it at once. Best effort:
+        the database may be the very thing that failed, and then the lease runs out."""
+        try:
+            run = await self.store.get_run(self._run_id) if self._run_id else None
+            if run is not None and not run.terminal and run.lease_owner == worker_id:
+                lease = Lease(run.id, worker_id, run.lease_epoch)
                 await self.store.release(lease, Release("running"), now=time.time())
+        except Exception as exc:  # LeaseLost: another worker took it meanwhile
+            log.debug("run %s not given back: %s", self._run_id, exc)
 
     async def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]:
         hub = self.runtime.live

@@ -388,8 +388,10 @@ async def _run_embedded(
         await backend.start_worker(run_id)
         return await follow(backend, run_id, reach=reach)
     finally:
-        await backend.stop_worker(INTERACTIVE_DRAIN)
-        await close_runtime(runtime)
+        try:
+            await backend.stop_worker(INTERACTIVE_DRAIN)
+        finally:
+            await close_runtime(runtime)
 
 
 def _print_detached(run: dict[str, Any], reach: str, *, remote: bool) -> None:
@@ -763,5 +765,7 @@ async def _resume_embedded(
         await backend.start_worker(run_id)
         return await follow(backend, run_id, reach=reach)
     finally:
-        await backend.stop_worker(INTERACTIVE_DRAIN)
-        await close_runtime(runtime)
+        try:
+            await backend.stop_worker(INTERACTIVE_DRAIN)
+        finally:
+            await close_runtime(runtime)

@@ -30,6 +30,7 @@ from toren.core.replay import (
 from toren.errors import (
     AgentNotFound,
     InfrastructureError,
+    LeaseLost,
     RunNotFound,
     TorenError,
 )
@@ -80,6 +81,9 @@ class TickRunner(Steps):
         self.begin_replay()
         try:
             return await self._run()
+        except InfrastructureError as exc:  # reading the run or its log, releasing it
+            self._stalled(exc)
+            raise
         finally:
             self.end_replay()
             # The agent task (its frames, a cancelled task's traceback) points back at
@@ -246,11 +250,15 @@ class TickRunner(Steps):
 
     def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
         log.error("run %s: infrastructure error, lease left to expire: %s", self.run_id, exc)
-        error = error_dict(exc)
-        # No event records it (the run is not over: a later tick retries), so whoever
-        # watches the run live (``toren run``) learns it here or not at all.
-        self._publish({"type": "stalled", "error": error})
-        return self._result("error", error=error)
+        self._stalled(exc)
+        return self._result("error", error=error_dict(exc))
+
+    def _stalled(self, exc: InfrastructureError) -> None:
+        """No event records an infrastructure failure (the run is not over: a later tick
+        retries it), so whoever watches the run live (``toren run``) learns it here or not
+        at all. A lost lease is no stall: the run goes on under another worker."""
+        if not isinstance(exc, LeaseLost):
+            self._publish({"type": "stalled", "error": error_dict(exc)})
 
     def _result(self, status: str, **kw: Any) -> TickResult:
         return TickResult(

@@ -6,8 +6,8 @@ layer: one policy (:class:`~toren.providers.base.RetryPolicy`), one place that h
 a timeout per attempt, and one translation of failures into
 :class:`~toren.errors.ModelCallFailed` that never carries credentials or headers.
 
-An attempt is retried only until the provider starts to answer (a success status and
-the first bytes of a stream): from then on the provider is generating, and billing, so
+An attempt is retried only until the provider starts to answer (a success status, the
+response headers of a stream): from then on the provider is generating, and billing, so
 a failure mid-answer is final, as it is in the vendor SDKs, whose retries also end at
 the response headers. Retrying it would pay for the call again (and again: a stream
 longer than the timeout would fail on every attempt).
@@ -182,7 +182,7 @@ def _broken(exc: StreamBroken) -> AttemptFailure:
     kind = _body_type(body) or type(cause).__name__
     return AttemptFailure(
         f"the answer broke off after it had begun ({kind}: {detail}); not retried, "
-        "because the provider has already started to bill for it",
+        "because the provider had accepted the request and may already bill for it",
         None,
         False,
         kind,

@@ -392,7 +392,8 @@ class PostgresStore(SqlStore):
             await asyncio.get_running_loop().run_in_executor(self._executor, self._probe)
 
     async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
-        await self._reach()
+        if not self._reachable:
+            await self._reach()
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._executor, self._in_tx, fn, write)

@@ -36,9 +36,11 @@ def _is_password(param: str) -> bool:
 def _passwords(url: str) -> list[str]:
     try:
         parts = urlsplit(url)
-    except ValueError:
-        return []
-    raw = [parts.netloc.rpartition("@")[0].partition(":")[2]]
-    raw += [p.partition("=")[2] for p in parts.query.split("&") if _is_password(p)]
+        user_info, query = parts.netloc.rpartition("@")[0], parts.query
+    except ValueError:  # an unencoded '[' in a password, say (libpq takes it): by hand
+        user_info = url.partition("://")[2].rpartition("@")[0]
+        query = url.partition("?")[2]
+    raw = [user_info.partition(":")[2]]
+    raw += [p.partition("=")[2] for p in query.split("&") if _is_password(p)]
     found = {s for r in raw for s in (r, unquote(r)) if s}
     return sorted(found, key=len, reverse=True)  # the longest first
