@@ -14,6 +14,7 @@ from toren.core.digest import (
     HashCache,
     canonical_json,
     message_hash,
+    message_list_node,
     model_digest,
     request_digest,
     tool_spec_hash,
@@ -236,3 +237,30 @@ def test_cache_tells_a_dict_mutated_in_place_from_zero_to_negative_zero() -> Non
     assert cache.message(message) == message_hash(dict(message))
     message["score"] = -0.0
     assert cache.message(message) == message_hash(dict(message))
+
+
+# Message-list nodes are content addresses in the log (``ModelCallRecorded.message_list``)
+# and keys of ``blobs``: their bytes are pinned like digests. Values computed by 0.1.
+_H1 = "a23b46da8dbd7c3fffd55a9888516a12655182f167c222abc6c0c53c06e22690"
+_H2 = "469c0b8b500d08dab06b7a140506402d9087f742cd01fc58c62fb95131c4fc83"
+LIST_NODES = [
+    (None, [], "f4d320dd32cbe2f5ae874d7a552d400315ae3f2e671ebd6f7f165e6198717fed"),
+    (None, [_H1], "2a91548927b3f1b883aa71308613a4ddc7f156667d2435b377fe48c85474b785"),
+    (None, [_H1, _H2], "7e7daf5488ce3e1ae1e1114898d339527da474e5dad004f67f149a590a3c3f39"),
+    (_H1, [_H2], "e7a33f28afb19224000f83c84ea5ac24eb7d10388ce86dc749a7f2e35f804796"),
+    (_H2, [], "cfad734dc84beb029c7842cb38da3e23f5c6ee6cbe3584138dceffc318ef2142"),
+    # Not content addresses (never written by Toren, but the function is total).
+    (
+        'not-a-hash "quoted"',
+        ["x y", "ü"],
+        "1e73dbf6557b38ac579ed138db0b49794a6011f91989eb80d378c000544c5dec",
+    ),
+]
+
+
+@pytest.mark.parametrize(("prev", "items", "expected"), LIST_NODES)
+def test_message_list_node_golden(prev: str | None, items: list[str], expected: str) -> None:
+    node, body = message_list_node(prev, items)
+    assert node == expected
+    # The body written directly for content addresses is the canonical form, byte for byte.
+    assert body.encode("utf-8") == canonical_json({"prev": prev, "items": items})

@@ -167,19 +167,38 @@ def message_list_node(prev: str | None, items: Sequence[str]) -> tuple[str, str]
     """A node of a stored message list: the list is ``prev``'s list plus ``items``. A
     growing conversation stores one small node per call, so its history is stored once
     (O(n)), not once per call (O(n^2)). Returns (node hash, node body)."""
+    if (prev is None or _is_address(prev)) and all(map(_is_address, items)):
+        # Content addresses are ASCII letters and digits: no escaping, so the canonical
+        # form (sorted keys: "items" < "prev") is written directly, byte for byte what
+        # canonical_json gives (tests/core/test_digest_golden.py compares the two).
+        quoted = '","'.join(items)
+        text = f'{{"items":["{quoted}"],' if items else '{"items":[],'
+        text += '"prev":null}' if prev is None else f'"prev":"{prev}"}}'
+        return _sha(_LIST_PREFIX, text.encode("ascii")), text
     body = canonical_json({"prev": prev, "items": list(items)})
     return _sha(_LIST_PREFIX, body), body.decode("utf-8")
+
+
+def _is_address(value: object) -> bool:
+    return type(value) is str and value.isascii() and value.isalnum()
 
 
 class HashedRequest:
     """A model request's digest with the message and tool hashes it was computed from."""
 
-    __slots__ = ("digest", "messages", "tools")
+    __slots__ = ("digest", "messages", "params", "tools")
 
-    def __init__(self, digest: str, messages: list[str], tools: list[str]) -> None:
+    def __init__(
+        self,
+        digest: str,
+        messages: list[str],
+        tools: list[str],
+        params: dict[str, Any] | None = None,
+    ) -> None:
         self.digest = digest
         self.messages = messages
         self.tools = tools
+        self.params = params  # the semantic params the digest covers, when known
 
 
 class HashCache:
@@ -270,7 +289,7 @@ class HashCache:
         tail = b"]," + canonical_json(rest)[1:] + b',"kind":"model"}'
         state = self._list_state(msgs)
         state.update(tail)
-        return HashedRequest(state.hexdigest(), msgs, tools)
+        return HashedRequest(state.hexdigest(), msgs, tools, rest["params"])
 
     def _list_state(self, msgs: list[str]) -> Any:
         """A sha256 state fed with the head and all of ``msgs`` (not yet the tail)."""

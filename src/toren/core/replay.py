@@ -187,11 +187,14 @@ class Invalidate:
 Decision = Replay | Live | Invalidate
 
 
+_LIVE = Live()
+
+
 def decide(view: StreamView, position: int, kind: str, digest: str) -> Decision:
     """What a step request at ``position`` does, given the stream's current view."""
     step = view.steps.get(position)
     if step is None:
-        return Live()
+        return _LIVE
     if step.kind == kind and step.digest == digest:
         return Replay(step)
     return Invalidate(view.name, position, step, kind, digest)

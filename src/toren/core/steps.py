@@ -62,6 +62,8 @@ if TYPE_CHECKING:
     pass
 from toren.core.tickstate import TickState, error_dict, json_value, recorded_error
 
+_ZERO = Decimal(0)
+
 
 class Steps(TickState):
     """The step methods of a tick (:class:`~toren.core.tick.TickRunner`)."""
@@ -133,18 +135,21 @@ class Steps(TickState):
             response: ModelResponse | None = None
             error: dict[str, Any] | None = None
             try:
-                response = await self._timed(
-                    provider.complete(request, on_delta=delta), ctx.program, "model call"
-                )
+                call = provider.complete(request, on_delta=delta)
+                if ctx.program.limits.step_timeout is None:
+                    response = await call
+                else:
+                    response = await self._timed(call, ctx.program, "model call")
             except StepFailed as exc:
                 error = {**exc.details, **error_dict(exc)}
             latency = (time.perf_counter() - started) * 1000
             usage = response.usage if response else Usage()
-            cost = Decimal(0)
+            cost = _ZERO
             pricing = ctx.program.pricing or self.deps.pricing
             if pricing is not None and response is not None:
                 cost = pricing(f"{request.provider}:{request.model}", usage)
             blobs, list_node = self._new_blobs(ctx.stream, request, hashed)
+            params = hashed.params
             payload = frozen(
                 ModelCallRecorded,
                 provider=request.provider,
@@ -152,7 +157,7 @@ class Steps(TickState):
                 message_list=list_node,
                 message_count=len(hashed.messages),
                 tools=hashed.tools,
-                params=semantic_params(request.params),
+                params=semantic_params(request.params) if params is None else params,
                 response=response.to_dict() if response else None,
                 error=error,
                 input_tokens=usage.input_tokens,
@@ -160,7 +165,7 @@ class Steps(TickState):
                 cost_usd=str(cost),
                 latency_ms=round(latency, 3),
             )
-            nano = to_nano(cost)
+            nano = to_nano(cost) if cost else 0
             await self._write(
                 [self._event(ctx.stream, pos, gen, hashed.digest, payload)],
                 blobs=blobs,

@@ -58,6 +58,14 @@ INSERT_EVENT_FENCED = (
     "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock})"
 )
 INSERT_BLOBS = "INSERT INTO blobs (hash, body, size) VALUES {rows} ON CONFLICT (hash) DO NOTHING"
+
+
+@functools.lru_cache(maxsize=64)
+def insert_blobs_sql(count: int) -> str:
+    """The insert of ``count`` message bodies (made once per count: a step stores two)."""
+    return INSERT_BLOBS.format(rows=", ".join("(?, ?, ?)" for _ in range(count)))
+
+
 CLAIMABLE = (
     "((status IN ('queued', 'running') AND (not_before IS NULL OR not_before <= ?)) "
     "OR (status = 'waiting' AND not_before IS NOT NULL AND not_before <= ?)) "
@@ -416,9 +424,8 @@ class SqlStore:
             if not fenced:
                 self._fence(cur, lease, now, delta)
             if blobs:
-                rows = ", ".join("(?, ?, ?)" for _ in blobs)
                 params = [v for key, body in blobs.items() for v in (key, body, len(body))]
-                self._x(cur, INSERT_BLOBS.format(rows=rows), params)
+                self._x(cur, insert_blobs_sql(len(blobs)), params)
             stored = self._insert_events(cur, events, lease if fenced else None)
             if consume_inbox is not None:
                 cur = self._x(

@@ -83,6 +83,7 @@ class SQLiteStore(SqlStore):
         # Inline group commit needs a second connection to the same file.
         self._inline = self.path != ":memory:"
         self._loop_conn: sqlite3.Connection | None = None
+        self._loop_cur: sqlite3.Cursor | None = None
         self._pending: list[tuple[Callable[[Any], Any], asyncio.Future[Any]]] = []
         self._flush_scheduled = False
         self._gate = InlineGate()
@@ -114,39 +115,60 @@ class SQLiteStore(SqlStore):
 
     async def _group_write(self, fn: Callable[[Any], T]) -> T:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        if not self._flush_scheduled and self._gate.open(loop):
+            # A lone write with nothing else ready to run: commit it now, in this call
+            # (no future, no turn of the loop), as the group's one member would be.
+            cur = self._begin_inline()
+            if cur is not None:
+                ((result, error),) = self._run_group(cur, [fn])
+                if error is not None:
+                    raise error
+                return result  # type: ignore[no-any-return]
+            # The write lock is held elsewhere: the database thread waits for it.
+            future: asyncio.Future[T] = loop.create_future()
+            self._submit(_Job(fn, True, future, loop))
+            return await future
+        future = loop.create_future()
         self._pending.append((fn, future))
         if not self._flush_scheduled:
-            if self._gate.open(loop):
-                self._flush(loop)  # commit now: saves a turn of the loop per step
-            else:
-                self._flush_scheduled = True
-                loop.call_soon(self._flush_turn, loop)
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_turn, loop)
         return await future
 
     def _flush_turn(self, loop: asyncio.AbstractEventLoop) -> None:
         self._gate.turned()
         self._flush(loop)
 
+    def _begin_inline(self) -> Any:
+        """Open a write transaction on the loop's connection: its cursor, or None when
+        another connection holds the write lock (or, opening, a lock the WAL switch
+        needs); the database thread, which waits on the busy timeout, must do it then.
+        Raises what opening failed with otherwise (not a database, say)."""
+        cur = self._loop_cur
+        try:
+            if cur is None:
+                if self._loop_conn is None:
+                    self._loop_conn = self._open(0)
+                cur = self._loop_cur = self._loop_conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return None
+        return cur
+
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
         batch, self._pending = self._pending, []
         try:
-            if self._loop_conn is None:
-                self._loop_conn = self._open(0)
-            cur = self._loop_conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError:
-            # Another connection holds the write lock (or, opening, a lock the WAL switch
-            # needs): let the database thread, which waits on the busy timeout, do it.
-            for fn, future in batch:
-                self._submit(_Job(fn, True, future, loop))
-            return
-        except BaseException as exc:  # not a database, say: every caller learns it
+            cur = self._begin_inline()
+        except BaseException as exc:  # every caller learns it
             for _, future in batch:
                 settle(future, None, exc)
             if not isinstance(exc, Exception):
                 raise  # an interrupt still interrupts the loop
+            return
+        if cur is None:
+            for fn, future in batch:
+                self._submit(_Job(fn, True, future, loop))
             return
         outcomes = self._run_group(cur, [fn for fn, _ in batch])
         for (_, future), (result, error) in zip(batch, outcomes, strict=True):
@@ -317,6 +339,7 @@ class SQLiteStore(SqlStore):
             self._conn = None
 
     async def close(self) -> None:
+        self._loop_cur = None
         if self._loop_conn is not None:
             self._loop_conn.close()
             self._loop_conn = None
