@@ -224,3 +224,23 @@ async def test_a_turn_with_a_tool_and_ask_human_parks_and_resumes_in_the_same_po
         ("MessageReceived", 2),  # ask_human
         ("ModelCallRecorded", 3),
     ]
+
+
+# -- scripted:echo ------------------------------------------------------------------------
+
+
+async def test_an_agent_on_scripted_echo_loads_and_runs(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "agents" / "echo"
+    root.mkdir(parents=True)
+    (root / "agent.yaml").write_text(
+        "name: echo\nmodel: scripted:echo\ninstructions: Repeat after me.\n"
+        "processes:\n  other: {model: offline:echo}\n"
+        "providers:\n  offline: {type: scripted}\n"
+    )
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        for process in ("main", "other"):
+            run = await toren.start_run(store, resolver, "echo", "hello", process=process)
+            result = await toren.tick(run.id, deps)
+            assert result.status == "completed", result
+            assert result.output["answer"] == "hello"
