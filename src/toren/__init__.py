@@ -10,7 +10,7 @@ from toren.core.clock import ManualClock, SystemClock
 from toren.core.context import Context, RunUsage
 from toren.core.live import LiveHub
 from toren.core.program import AgentProgram, Limits, Registry, ToolDef, tool
-from toren.core.runs import start_run, wait_for_run
+from toren.core.runs import send_message, start_run, wait_for_run
 from toren.core.tick import TickDeps, TickResult, tick
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import (
@@ -56,6 +56,7 @@ __all__ = [
     "__version__",
     "connect",
     "open_store",
+    "send_message",
     "start_run",
     "tick",
     "tool",

@@ -6,6 +6,7 @@ Skipped only while the engine (``toren.core.tick``) is not importable.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -19,6 +20,7 @@ pytest.importorskip("toren.core.tick")
 import toren
 from toren.agents import DirectoryResolver
 from toren.agents.pricing import cost
+from toren.agents.telemetry import NoopTelemetry
 from toren.core.context import Context
 from toren.store import Store
 
@@ -127,3 +129,118 @@ async def test_max_steps_ends_the_run_with_a_clear_reason(
     assert result.status == "failed"
     assert result.error is not None and result.error["code"] == "limit_exceeded"
     assert "max_steps=4" in result.error["message"]
+
+
+# -- the tool calls of one turn are structured (a task group, not a bare gather) ----------
+
+TWO_TOOLS_TOOLS = """
+import asyncio
+import os
+
+
+async def slow_email() -> str:
+    \"\"\"Sends an email after a while.\"\"\"
+    await asyncio.sleep(0.3)
+    with open(os.environ["TWO_TOOLS_OUTBOX"], "a", encoding="utf-8") as fh:
+        fh.write("sent\\n")
+    return "sent"
+
+
+def fast() -> str:
+    \"\"\"Answers at once.\"\"\"
+    return "fast"
+"""
+
+
+def _two_tools_agent(tmp_path: Path, script: str, *, human: bool = False) -> Path:
+    root = tmp_path / "agents" / "two-tools"
+    root.mkdir(parents=True)
+    tools = "[slow_email, fast, ask_human]" if human else "[slow_email, fast]"
+    (root / "agent.yaml").write_text(
+        f"name: two-tools\nmodel: scripted:script.yaml\ntools: {tools}\n"
+    )
+    (root / "tools.py").write_text(TWO_TOOLS_TOOLS)
+    (root / "script.yaml").write_text(script)
+    return root
+
+
+class _TelemetryBug(NoopTelemetry):
+    """Breaks the Telemetry contract (never raise into the engine) on the tool ``fast``:
+    an error that is not a ToolFailed, raised inside one tool call of a turn."""
+
+    def on_tool_call(self, *args: Any, **kwargs: Any) -> None:
+        if args[3] == "fast":
+            raise RuntimeError("telemetry bug")
+
+
+async def test_a_failing_tool_call_stops_its_siblings_before_the_run_fails(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outbox = tmp_path / "two-tools-outbox.txt"
+    monkeypatch.setenv("TWO_TOOLS_OUTBOX", str(outbox))
+    script = "responses:\n  - tool_calls: [{name: slow_email}, {name: fast}]\n"
+    _two_tools_agent(tmp_path, script)
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, telemetry=_TelemetryBug())
+        run = await toren.start_run(store, resolver, "two-tools", "go")
+        result = await toren.tick(run.id, deps)
+        assert result.status == "failed", result
+        assert result.error is not None and result.error["message"] == "telemetry bug"
+        await asyncio.sleep(0.5)  # long enough for an orphaned slow_email to finish
+    assert not outbox.exists()  # the email of a failed run was never sent
+    events = await store.load_events(run.id)
+    assert [e.type for e in events][-1] == "RunFailed"
+    tools = [e.payload.name for e in events if e.type == "ToolCallRecorded"]
+    assert tools == ["fast"]
+
+
+async def test_a_turn_with_a_tool_and_ask_human_parks_and_resumes_in_the_same_positions(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ledger: Path
+) -> None:
+    outbox = tmp_path / "two-tools-outbox.txt"
+    monkeypatch.setenv("TWO_TOOLS_OUTBOX", str(outbox))
+    script = (
+        "responses:\n"
+        "  - tool_calls: [{name: slow_email}, {name: ask_human, arguments: {question: 'ok'}}]\n"
+        "  - text: 'last tool: {last_tool}'\n"
+    )
+    _two_tools_agent(tmp_path, script, human=True)
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        run = await toren.start_run(store, resolver, "two-tools", "go")
+        first = await toren.tick(run.id, deps)
+        assert first.status == "waiting", first
+        assert outbox.read_text() == "sent\n"  # the busy sibling finished before parking
+        await store.send_message(run.id, "human", {"message": "yes"}, now=time.time())
+        second = await toren.tick(run.id, deps)
+    assert second.status == "completed", second
+    assert second.output["answer"] == "last tool: yes"
+    assert outbox.read_text() == "sent\n" and len(_lines(ledger)) == 2
+    assert second.replayed == 2 and second.invalidations == 0  # model call, slow_email
+    steps = [(e.type, e.position) for e in await store.load_events(run.id) if e.digest]
+    assert steps == [
+        ("ModelCallRecorded", 0),
+        ("ToolCallRecorded", 1),  # slow_email, first in the model's order
+        ("MessageReceived", 2),  # ask_human
+        ("ModelCallRecorded", 3),
+    ]
+
+
+# -- scripted:echo ------------------------------------------------------------------------
+
+
+async def test_an_agent_on_scripted_echo_loads_and_runs(store: Store, tmp_path: Path) -> None:
+    root = tmp_path / "agents" / "echo"
+    root.mkdir(parents=True)
+    (root / "agent.yaml").write_text(
+        "name: echo\nmodel: scripted:echo\ninstructions: Repeat after me.\n"
+        "processes:\n  other: {model: offline:echo}\n"
+        "providers:\n  offline: {type: scripted}\n"
+    )
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        for process in ("main", "other"):
+            run = await toren.start_run(store, resolver, "echo", "hello", process=process)
+            result = await toren.tick(run.id, deps)
+            assert result.status == "completed", result
+            assert result.output["answer"] == "hello"

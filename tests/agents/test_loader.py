@@ -257,3 +257,25 @@ def test_example_switches_to_openai_by_one_line(tmp_path: Path) -> None:
     agent = load_agent(copy)
     assert agent.processes["main"].model == "openai:gpt-4o-mini"
     assert agent.processes["triage"].model == "openai:gpt-4o-mini"
+
+
+# -- scripted:echo ------------------------------------------------------------------------
+
+
+def test_scripted_echo_needs_no_script_file(tmp_path: Path) -> None:
+    root = _agent(tmp_path / "a", "name: a\nmodel: scripted:echo\n")
+    assert load_agent(root).processes["main"].model == "scripted:echo"
+
+
+def test_a_file_named_echo_beside_scripted_echo_is_refused_as_ambiguous(tmp_path: Path) -> None:
+    # The provider always serves scripted:echo itself; a script file of that name would be
+    # silently ignored. Refused, with the spelling that does use the file.
+    root = _agent(tmp_path / "a", "name: a\nmodel: scripted:echo\n", echo="default: {text: x}\n")
+    with pytest.raises(AgentConfigError) as info:
+        load_agent(root)
+    message = str(info.value)
+    assert "agent.yaml:2: at 'model'" in message
+    assert "'scripted:echo' is the built-in echo model" in message
+    assert "'scripted:./echo'" in message
+    (root / "agent.yaml").write_text("name: a\nmodel: scripted:./echo\n")
+    assert load_agent(root).processes["main"].model == "scripted:./echo"

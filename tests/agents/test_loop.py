@@ -112,6 +112,94 @@ async def test_tool_calls_of_one_turn_run_concurrently() -> None:
     assert [m["content"] for m in tool_messages] == ["x", "y"]
 
 
+class _EngineAbort(BaseException):
+    """Stands for the engine's aborts (``toren.core.tickstate._Abort``): a BaseException."""
+
+
+def broken() -> str:
+    """Never runs: the context fails the call (see _BrokenContext)."""
+    return "unreachable"
+
+
+class _BrokenContext(FakeContext):
+    """A context whose tool ``broken`` raises what is not a ToolFailed: an agent bug."""
+
+    async def tool(self, name: str, args: Any) -> Any:
+        if name == "broken":
+            self._step("tool", name)
+            await asyncio.sleep(0)
+            raise RuntimeError("bug in the engine")
+        return await super().tool(name, args)
+
+
+def _sibling(progress: list[str]) -> Any:
+    async def slow(name: str) -> str:
+        """Works for a while."""
+        try:
+            await asyncio.sleep(0.2)
+        except asyncio.CancelledError:
+            progress.append("cancelled")
+            raise
+        progress.append("finished")  # the work a cancelled sibling must never reach
+        return name
+
+    return slow
+
+
+async def test_an_error_that_is_not_tool_failed_cancels_and_awaits_the_sibling_tools() -> None:
+    progress: list[str] = []
+    ctx = _BrokenContext(responses=[calls(("slow", {"name": "x"}), ("broken", {}))])
+    with pytest.raises(RuntimeError, match="bug in the engine"):
+        await _run(_program(_sibling(progress), broken), ctx)
+    # Cancelled, and done unwinding, before the error left the loop...
+    assert progress == ["cancelled"]
+    await asyncio.sleep(0.3)
+    # ...and its work did not go on afterwards.
+    assert progress == ["cancelled"]
+    # Steps still took their positions in the order the model asked for the calls.
+    assert ctx.steps == [("model", "scripted:s.yaml"), ("tool", "slow"), ("tool", "broken")]
+
+
+async def test_an_engine_abort_in_a_tool_cancels_the_siblings_and_is_raised_as_itself() -> None:
+    progress: list[str] = []
+
+    async def abort() -> str:
+        """Stops the run from the outside."""
+        raise _EngineAbort("parked")
+
+    ctx = FakeContext(responses=[calls(("abort", {}), ("slow", {"name": "y"}))])
+    with pytest.raises(_EngineAbort, match="parked"):  # not wrapped in an exception group
+        await _run(_program(abort, _sibling(progress)), ctx)
+    assert progress == ["cancelled"]
+    await asyncio.sleep(0.3)
+    assert progress == ["cancelled"]
+
+
+async def test_cancelling_the_loop_cancels_and_awaits_every_tool_of_the_turn() -> None:
+    progress: list[str] = []
+    started = asyncio.Event()
+
+    async def waits(name: str) -> str:
+        """Waits until cancelled."""
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            progress.append(f"cancelled {name}")
+            raise
+        return name
+
+    ctx = FakeContext(responses=[calls(("waits", {"name": "a"}), ("waits", {"name": "b"}))])
+    program = _program(waits)
+    ctx.program = program
+    task = asyncio.ensure_future(program.fn(ctx, "hi"))  # type: ignore[arg-type]
+    await asyncio.wait_for(started.wait(), 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sorted(progress) == ["cancelled a", "cancelled b"]
+
+
 async def test_tool_error_is_fed_back_to_the_model_not_a_crash() -> None:
     ctx = FakeContext(responses=[calls(("explode", {"reason": "disk"})), text("Sorry.")])
     out = await _run(_program(explode), ctx)

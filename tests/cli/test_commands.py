@@ -78,6 +78,18 @@ def test_init_scaffolds_and_refuses_to_overwrite(runner: CliRunner, tmp_path: Pa
     assert "def get_weather" in (target / "tools.py").read_text()
 
 
+def test_toren_run_an_agent_on_scripted_echo(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "echo").mkdir()
+    (tmp_path / "echo" / "agent.yaml").write_text("name: echo\nmodel: scripted:echo\n")
+    result = invoke(runner, "run", "echo", "say it back")
+    assert result.exit_code == 0, result.output
+    assert "◆ model scripted:echo" in result.stdout
+    assert "✔ completed" in result.stdout and "say it back" in result.stdout
+
+
 def test_scaffolded_agent_runs_and_is_inspectable(
     runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,6 +21,14 @@ from tests.cli.conftest import sub_env
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def venv_env(**extra: str) -> dict[str, str]:
+    """The subprocess environment without PYTHONPATH: a checkout's ``src`` on it (a git
+    worktree is tested that way) would shadow the wheel the test installed."""
+    env = sub_env(**extra)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
 def first_command() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = re.search(r"```(?:sh|console|bash)?\n(.*?)```", text, re.S)
@@ -59,7 +67,7 @@ def test_wheel_install_init_and_run_offline(tmp_path: Path) -> None:
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
         capture_output=True,
-        env=sub_env(),
+        env=venv_env(),
     )
     where = subprocess.run(
         [str(python), "-c", "import toren; print(toren.__file__)"],
@@ -67,7 +75,7 @@ def test_wheel_install_init_and_run_offline(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        env=sub_env(),
+        env=venv_env(),
     ).stdout.strip()
     assert where.startswith(str(venv)), f"toren imported from {where}, not from the wheel"
 
@@ -75,7 +83,7 @@ def test_wheel_install_init_and_run_offline(tmp_path: Path) -> None:
     steps = first_command().split(" && ")[1:]
     project = tmp_path / "work"
     project.mkdir()
-    env = sub_env(PATH=f"{venv / 'bin'}:/usr/bin:/bin", NO_COLOR="1")
+    env = venv_env(PATH=f"{venv / 'bin'}:/usr/bin:/bin", NO_COLOR="1")
     result = None
     for step in steps:
         argv = _split(step)

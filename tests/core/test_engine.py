@@ -416,7 +416,7 @@ async def test_bad_input_and_unknown_agent(store: Store) -> None:
         await toren.start_run(store, reg, "chain", {"when": object()})
     with pytest.raises(InvalidInput, match="JSON"):
         await toren.start_run(store, reg, "chain", float("nan"))
-    with pytest.raises(InvalidInput, match="nested too deeply"):
+    with pytest.raises(InvalidInput, match="5001 levels deep .* expected at most 64 levels"):
         await toren.start_run(store, reg, "chain", _nested(5_000))
     assert await store.list_runs() == []  # nothing half-written
 

@@ -99,8 +99,13 @@ ModelRef = Annotated[
     str,
     Field(
         description="`provider:model`, e.g. `openai:gpt-4o-mini`, "
-        "`anthropic:claude-sonnet-4-5`, `scripted:script.yaml`.",
-        examples=["openai:gpt-4o-mini", "anthropic:claude-sonnet-4-5", "scripted:script.yaml"],
+        "`anthropic:claude-sonnet-4-5`, `scripted:script.yaml`, `scripted:echo`.",
+        examples=[
+            "openai:gpt-4o-mini",
+            "anthropic:claude-sonnet-4-5",
+            "scripted:script.yaml",
+            "scripted:echo",
+        ],
     ),
 ]
 

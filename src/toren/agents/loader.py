@@ -54,7 +54,7 @@ from toren.agents.tools import tools_from_module
 from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelProvider
-from toren.providers.scripted import load_script
+from toren.providers.scripted import ECHO_MODEL, load_script
 
 __all__ = [
     "IGNORED_DIRS",
@@ -561,16 +561,32 @@ class _AgentLoader:
                 f"one of {sorted(providers)} or a provider declared under 'providers:' "
                 "(e.g. 'openai:gpt-4o-mini')",
             )
-        elif providers[provider] == "scripted" and not (self.root / model_name).is_file():
+        elif providers[provider] == "scripted":
+            self._check_script(model, loc, provider, model_name)
+
+    def _check_script(self, model: str, loc: Loc, provider: str, name: str) -> None:
+        path = self.root / name
+        if name == ECHO_MODEL:  # built in: no script, and never a file of that name
+            if path.is_file():
+                self.problem(
+                    loc,
+                    f"{model!r} beside a file {name!r} in {self.root}, but {model!r} is the "
+                    "built-in echo model (it replies with the last user message) and never "
+                    "reads that file",
+                    f"'{provider}:./{name}' to use the file as the script, or another name "
+                    f"for the file to keep {model!r} the echo model",
+                )
+        elif not path.is_file():
             self.problem(
                 loc,
-                f"{model!r}, but there is no file {model_name!r} in {self.root}",
-                "'scripted:<file>' naming a script file relative to the agent directory",
+                f"{model!r}, but there is no file {name!r} in {self.root}",
+                "'scripted:<file>' naming a script file relative to the agent directory, "
+                f"or '{provider}:{ECHO_MODEL}' (the built-in echo model, no file)",
             )
-        elif providers[provider] == "scripted":
+        else:
             # Checked here, not at the first model call: a broken script must fail the
             # load (no run is created) rather than every run that uses it.
-            load_script(self.root / model_name)
+            load_script(path)
 
     def _instructions(self, config: AgentConfig, proc: ProcessConfig, name: str) -> str:
         owner: AgentConfig | ProcessConfig = config

@@ -28,6 +28,7 @@ from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
 from toren.core.runs import MAX_RUNS_PAGE
+from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start_run as core_start_run
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
@@ -427,7 +428,7 @@ async def send_message(
     run = await _run_or_404(state, run_id)
     if run.terminal:
         raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
-    message_id = await state.store.send_message(run_id, body.name, body.payload, now=time.time())
+    message_id = await core_send_message(state.store, run_id, body.name, body.payload)
     return {"run_id": run_id, "message_id": message_id}
 
 

@@ -16,7 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from toren.api.models import CURSOR_HELP, MAX_JSON_DEPTH, MESSAGE_NAME_HELP, NAME_HELP
+from toren.api.models import CURSOR_HELP, MESSAGE_NAME_HELP, NAME_HELP
+from toren.core.inputs import MAX_JSON_DEPTH, text_depth, too_deep
 from toren.errors import (
     AgentNotFound,
     IdempotencyConflict,
@@ -109,7 +110,7 @@ def _on_http_error(request: Request, exc: Exception) -> Failure:
     if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
         # FastAPI's answer to a body json.loads raised on with something other than a
         # JSONDecodeError; malformed JSON is a 422, and so is this.
-        return _unparsable_body(exc.__cause__)
+        return _unparsable_body(exc.__cause__, getattr(request, "_body", None))
     code = STATUS_CODES.get(exc.status_code, "http_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
     if exc.status_code == 404 and exc.detail == "Not Found":
@@ -119,17 +120,38 @@ def _on_http_error(request: Request, exc: Exception) -> Failure:
     return Failure(exc.status_code, code, message, headers=exc.headers)
 
 
-def _unparsable_body(cause: BaseException | None) -> Failure:
+def _unparsable_body(cause: BaseException | None, body: Any) -> Failure:
+    """``body``: the bytes FastAPI read (Starlette caches them on the request as ``_body``,
+    not public API, hence the fallback when they are missing)."""
     if isinstance(cause, RecursionError):
-        message = (
-            "the request body nests objects and arrays too deeply to parse; "
-            f"send at most {MAX_JSON_DEPTH} levels"
-        )
+        message = _too_deep_body(body)
     elif isinstance(cause, UnicodeDecodeError):
         message = f"the request body is not valid UTF-8: {cause.reason} at position {cause.start}"
     else:
         message = "the request body is not valid UTF-8 JSON"
     return _invalid_body(message, "json_invalid")
+
+
+# A body field with a nesting limit -> how its errors name it (as the host API does).
+_NESTED_FIELDS = {"input": "run input", "payload": "message payload"}
+
+
+def _too_deep_body(body: Any) -> str:
+    """JSON too deep for Python's parser, in the words of a value too deep: measured on
+    the text, from the ``input`` or ``payload`` field it is in."""
+    generic = (
+        "the request body nests objects and arrays too deeply to parse; "
+        f"send at most {MAX_JSON_DEPTH} levels"
+    )
+    if not isinstance(body, bytes):
+        return generic
+    depth, path = text_depth(body.decode("utf-8", "replace"), MAX_JSON_DEPTH + 2)
+    field = path[0] if path else None
+    if not isinstance(field, str) or field not in _NESTED_FIELDS:
+        return generic
+    # Levels are counted from the field's value, one below the body's object.
+    error = too_deep(_NESTED_FIELDS[field], field, depth - 1, path[1:])
+    return f"body.{field}: {error.message}"
 
 
 def _on_validation_error(request: Request, exc: Exception) -> Failure:

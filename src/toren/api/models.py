@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field
 
 from toren.agents.config import NAME_PATTERN
+from toren.core.inputs import check_depth
+from toren.errors import InvalidInput
 
 # Agent and process names follow agent.yaml's rule (one source of truth): an API that
 # accepted fewer names could not start some loadable agents.
@@ -36,30 +38,29 @@ MAX_SEQ = 2**63 - 1
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 
 
-# How deep request values (a run's input, a message's payload) may nest objects and
-# arrays: far more than any real input needs, and far below what the response serializer
-# and the redactor's bound (toren.redact.MAX_DEPTH) take, so what a client sent can
-# always be read back whole. docs/http-api.md documents it; lowering it would be breaking.
-MAX_JSON_DEPTH = 64
+def _json_value(what: str, root: str) -> AfterValidator:
+    """A request's JSON value (a run's input, a message's payload) must survive being
+    stored as UTF-8 text (no lone surrogates) and being read back: at most
+    ``toren.core.inputs.MAX_JSON_DEPTH`` levels of nesting, the host API's own rule and
+    words (docs/http-api.md documents it; lowering it would be breaking)."""
 
+    def check(value: Any) -> Any:
+        try:
+            check_depth(value, what, root)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+        work = [value]  # iterative, as check_depth: no RecursionError whatever the value
+        while work:
+            item = work.pop()
+            if isinstance(item, str):
+                _check_utf8(item)
+            elif isinstance(item, dict):
+                work.extend([*item.keys(), *item.values()])
+            elif isinstance(item, list):
+                work.extend(item)
+        return value
 
-def _json_value(value: Any) -> Any:
-    """A request's JSON value must survive being stored as UTF-8 text (no lone
-    surrogates) and being read back (at most MAX_JSON_DEPTH levels of nesting)."""
-    work = [(value, 0)]  # iterative: a deep value must get this error, not RecursionError
-    while work:
-        item, depth = work.pop()
-        if isinstance(item, str):
-            _check_utf8(item)
-        elif isinstance(item, dict | list):
-            if depth >= MAX_JSON_DEPTH:
-                raise ValueError(
-                    f"objects and arrays are nested more than {MAX_JSON_DEPTH} levels deep; "
-                    f"send at most {MAX_JSON_DEPTH} levels"
-                )
-            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
-            work.extend((child, depth + 1) for child in children)
-    return value
+    return AfterValidator(check)
 
 
 def _check_utf8(text: str) -> None:
@@ -69,7 +70,8 @@ def _check_utf8(text: str) -> None:
         raise ValueError("strings must be valid Unicode (no lone surrogates)") from None
 
 
-JsonValue = Annotated[Any, AfterValidator(_json_value)]
+RunInput = Annotated[Any, _json_value("run input", "input")]
+MessagePayload = Annotated[Any, _json_value("message payload", "payload")]
 Name = Annotated[
     str,
     Field(
@@ -95,7 +97,7 @@ class ErrorBody(BaseModel):
 class StartRunRequest(BaseModel):
     agent: Name
     process: Name = "main"
-    input: JsonValue = Field(default=None, description="Any JSON value; the agent's input.")
+    input: RunInput = Field(default=None, description="Any JSON value; the agent's input.")
     idempotency_key: str | None = Field(
         default=None,
         pattern=KEY_PATTERN,
@@ -178,7 +180,7 @@ class SendMessageRequest(BaseModel):
         pattern=MESSAGE_NAME_PATTERN,
         description="The name the run waits for (`ctx.wait_for_message(name)`).",
     )
-    payload: JsonValue = Field(default=None, description="Any JSON value.")
+    payload: MessagePayload = Field(default=None, description="Any JSON value.")
 
 
 class MessageAccepted(BaseModel):

@@ -4,7 +4,6 @@ option helpers and reading a run input."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import shlex
@@ -18,6 +17,7 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from toren.config import Settings
+from toren.core import inputs
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
@@ -362,24 +362,20 @@ def _shown_path(path: Path) -> str:
 
 
 def read_input(value: str | None, message: str | None) -> Any:
-    """``--input JSON`` or ``--input @file.json``; a positional MESSAGE is a plain string."""
+    """``--input JSON`` or ``--input @file.json``; a positional MESSAGE is a plain string.
+    The value is held to the host API's nesting limit (``toren.core.inputs``) here, so both
+    backends refuse it alike, before anything is stored."""
     if value is not None and message is not None:
         raise click.UsageError("give either MESSAGE or --input, not both")
     if message is not None:
         return message
     if value is None:
         return None
-    text = value
-    where = "--input"
-    if value.startswith("@"):
-        path = Path(value[1:])
-        where = str(path)
-        try:
-            text = sys.stdin.read() if value == "@-" else path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise click.BadParameter(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    text, where = _read_arg(value, "--input")
     try:
-        return json.loads(text)
+        return inputs.loads(text, "run input", "input")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message, param_hint="'--input'") from None
     except ValueError as exc:
         raise click.BadParameter(
             f"{where} is not valid JSON ({exc}); quote a string as '\"text\"' or pass it as MESSAGE"
@@ -387,15 +383,31 @@ def read_input(value: str | None, message: str | None) -> Any:
 
 
 def parse_payload(value: str | None) -> Any:
-    """A message payload: JSON if it parses, else the text itself."""
+    """A message payload: JSON if it parses, else the text itself (``@file``: JSON read
+    from the file). JSON nested past the limit is refused, not taken as text."""
     if value is None:
         return None
-    if value.startswith("@"):
-        return read_input(value, None)
+    text, where = _read_arg(value, "PAYLOAD")
     try:
-        return json.loads(value)
-    except ValueError:
-        return value
+        return inputs.loads(text, "message payload", "payload")
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message, param_hint="'PAYLOAD'") from None
+    except ValueError as exc:
+        if not value.startswith("@"):
+            return value
+        raise click.BadParameter(f"{where} is not valid JSON ({exc})") from None
+
+
+def _read_arg(value: str, name: str) -> tuple[str, str]:
+    """The text of an argument that may be ``@file`` (``@-``: stdin), and what to call it."""
+    if not value.startswith("@"):
+        return value, name
+    path = Path(value[1:])
+    try:
+        text = sys.stdin.read() if value == "@-" else path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {str(path)!r}: {exc.strerror}") from None
+    return text, str(path)
 
 
 def examples(*lines: str) -> str:

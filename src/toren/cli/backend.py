@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from toren.cli._common import RunFinished
-from toren.core.runs import start_run
+from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import RunNotFound
@@ -155,7 +155,7 @@ class EmbeddedBackend:
         run = await self._run(run_id)
         if run.terminal:  # as the HTTP API answers (409 run_finished)
             raise RunFinished(f"run {run_id!r} is {run.status}; it takes no more messages")
-        await self.store.send_message(run_id, name, payload, now=time.time())
+        await send_message(self.store, run_id, name, payload)
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
         run = await self.store.request_cancel(run_id, now=time.time())

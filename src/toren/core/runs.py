@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import time
 from typing import Any
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import RunStarted, make_event
+from toren.core.inputs import json_data
 from toren.core.program import AgentResolver
 from toren.errors import InvalidInput, RunNotFound
 from toren.store.base import NewRun, RunRecord, Store
@@ -26,23 +26,6 @@ def new_run_id(now: float) -> str:
     return f"run_{int(now * 1000):012x}{os.urandom(5).hex()}"
 
 
-def _check_input(input: Any) -> Any:
-    try:
-        text = json.dumps(input, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")  # lone surrogates cannot be stored
-        return json.loads(text)
-    except RecursionError:
-        raise InvalidInput(
-            "run input is nested too deeply to store (objects and arrays inside each other "
-            "about a thousand levels deep); send a flatter value"
-        ) from None
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput(
-            f"run input must be JSON data (objects, arrays, strings, numbers, booleans, null); "
-            f"got a value that is not: {exc}"
-        ) from None
-
-
 async def start_run(
     store: Store,
     agents: AgentResolver,
@@ -54,7 +37,10 @@ async def start_run(
     clock: Clock | None = None,
 ) -> RunRecord:
     """Create a run (queued) and wake the workers. The same ``idempotency_key`` returns the
-    same run; reusing it with another agent, process or input is an error."""
+    same run; reusing it with another agent, process or input is an error. An input that
+    is not JSON data, or nests objects and arrays more than
+    :data:`~toren.core.inputs.MAX_JSON_DEPTH` levels deep, is an :class:`InvalidInput`
+    and nothing is stored."""
     if idempotency_key is not None and (
         not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY
     ):
@@ -63,7 +49,7 @@ async def start_run(
             f"characters, got {idempotency_key!r}"
         )
     agents.resolve(agent, process)  # raises AgentNotFound with the known names
-    input = _check_input(input)
+    input = json_data(input, "run input", "input")
     now = (clock or SystemClock()).now()
     run_id = new_run_id(now)
     started = make_event(
@@ -76,6 +62,19 @@ async def start_run(
         NewRun(run_id, agent, process, input, idempotency_key, now, started)
     )
     return run
+
+
+async def send_message(
+    store: Store, run_id: str, name: str, payload: Any = None, *, clock: Clock | None = None
+) -> int:
+    """Send the message ``name`` to run ``run_id`` (a run waiting in
+    ``ctx.wait_for_message(name)`` continues); the id of the stored message. The checks of
+    the HTTP API and the CLI: a payload that is not JSON data, or nests objects and arrays
+    more than :data:`~toren.core.inputs.MAX_JSON_DEPTH` levels deep, is an
+    :class:`InvalidInput` and nothing is stored; an unknown or finished run is a
+    :class:`RunNotFound`. (``Store.send_message`` is the storage call beneath, unchecked.)"""
+    payload = json_data(payload, "message payload", "payload")
+    return await store.send_message(run_id, name, payload, now=(clock or SystemClock()).now())
 
 
 async def wait_for_run(

@@ -14,6 +14,9 @@ A script is YAML (or a dict)::
     stream_chunk: 8            # characters per streamed delta
 
 Placeholders in text: ``{last_user}``, ``{last_tool}``, ``{turn}``, ``{model}``.
+The model ``echo`` (``scripted:echo``) needs no script: it replies with the last user
+message. The name is reserved: ``scripted:echo`` never reads a file called ``echo``
+(refer to such a file as ``scripted:./echo``).
 The response depends only on the request, so replays and re-runs agree. Every call
 actually served is appended to the *ledger* (a JSON-lines file), which is how tests count
 what was paid for, across processes and crashes.
@@ -35,6 +38,10 @@ if TYPE_CHECKING:
     from toren.agents.diagnostics import Loc, Problem
 
 # Agent loading (toren.agents) imports this module; its diagnostics are imported where used.
+
+# The built-in model: scripted:echo answers with the last user message, no script needed.
+ECHO_MODEL = "echo"
+ECHO_SCRIPT: Mapping[str, Any] = {"default": {"text": "{last_user}"}}
 
 
 class ScriptedProvider:
@@ -58,8 +65,8 @@ class ScriptedProvider:
         if self._fixed is not None:
             return self._fixed
         if model not in self._scripts:
-            if model == "echo":
-                self._scripts[model] = {"default": {"text": "{last_user}"}}
+            if model == ECHO_MODEL:
+                self._scripts[model] = dict(ECHO_SCRIPT)
             else:
                 self._scripts[model] = _load(self._base / model)
         return self._scripts[model]
