@@ -45,7 +45,7 @@ PUBLIC = [
 
 def test_the_root_exports_exactly_the_public_names() -> None:
     assert toren.__all__ == PUBLIC
-    assert PUBLIC == sorted(set(PUBLIC))  # kept sorted, no name twice
+    assert sorted(set(PUBLIC)) == PUBLIC  # kept sorted, no name twice
 
 
 def test_every_exported_name_exists() -> None:
