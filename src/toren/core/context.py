@@ -85,7 +85,9 @@ class Context:
                 f"model {model!r} is not of the form 'provider:model' "
                 "(e.g. 'openai:gpt-4o-mini' or 'scripted:script.yaml')"
             )
-        specs = tuple(t if isinstance(t, ToolSpec) else _tool_spec(t) for t in tools)
+        specs = (
+            tuple(t if isinstance(t, ToolSpec) else _tool_spec(t) for t in tools) if tools else ()
+        )
         request = frozen(
             ModelRequest,
             provider=provider,

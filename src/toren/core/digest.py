@@ -274,12 +274,13 @@ class HashCache:
             hashes.append(self.message(m))
             if leading == len(hashes) - 1 and type(m) is Message:
                 leading += 1
-        if len(self._prefixes) > 64:
-            self._prefixes.clear()
-        # Keep the very objects alive, whatever the caller does with its list: an id is
-        # only a proof of identity while its object lives.
-        kept = messages if type(messages) is tuple else tuple(messages)
-        self._prefixes[ids[0]] = (kept, ids, hashes, leading)
+        if leading:  # a prefix of immutable Messages a later request may start with
+            if len(self._prefixes) > 64:
+                self._prefixes.clear()
+            # Keep the very objects alive, whatever the caller does with its list: an id
+            # is only a proof of identity while its object lives.
+            kept = messages if type(messages) is tuple else tuple(messages)
+            self._prefixes[ids[0]] = (kept, ids, hashes, leading)
         return hashes
 
     def model(self, request: ModelRequest) -> HashedRequest:

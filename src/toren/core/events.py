@@ -250,10 +250,9 @@ class Event:
     seq: int = 0
 
     def payload_json(self) -> str:
-        data = (
-            self.payload.raw if isinstance(self.payload, UnknownEvent) else self.payload.to_dict()
-        )
-        return dumps(data)
+        payload = self.payload
+        # The fields themselves (what to_dict copies): dumps only reads them.
+        return dumps(payload.raw if isinstance(payload, UnknownEvent) else payload.__dict__)
 
     def to_dict(self) -> dict[str, Any]:
         """The public JSON shape of an event (HTTP API, ``toren runs events --json``)."""
