@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 
 from toren.core.jsontext import dumps
 from toren.errors import CorruptEventLog
-from toren.providers.base import frozen
 
 FORMAT_VERSION = 1
 ROOT = ""  # the stream of run-level events (RunStarted, RunWaiting, RunCompleted, ...)
@@ -275,11 +274,21 @@ class Event:
 def make_event(run_id: str, payload: Payload, **envelope: Any) -> Event:
     """A new event (seq 0 until stored), built without the frozen ``__init__``: every live
     step makes one."""
-    defaults, _ = _defaults(Event)
-    if "seq" in envelope or not defaults.keys() >= envelope.keys():
-        return Event(run_id=run_id, type=payload.TYPE, payload=payload, **envelope)  # the error
-    # seq stays 0 (its default) until stored
-    return frozen(Event, defaults, **envelope, run_id=run_id, type=payload.TYPE, payload=payload)
+    if not _ENVELOPE.issuperset(envelope):  # seq, or a field Event lacks: __init__ decides
+        return Event(run_id=run_id, type=payload.TYPE, payload=payload, **envelope)
+    event = object.__new__(Event)
+    values = event.__dict__
+    values.update(_EVENT_DEFAULTS)  # seq stays 0 until stored
+    values.update(envelope)
+    values["run_id"] = run_id
+    values["type"] = payload.TYPE
+    values["payload"] = payload
+    return event
+
+
+_EVENT_DEFAULTS = _defaults(Event)[0]
+# What a new event's envelope may set: the fields with defaults, but seq (set when stored).
+_ENVELOPE = frozenset(_EVENT_DEFAULTS) - {"seq"}
 
 
 def parse_payload(event_type: str, text: str, *, run_id: str, seq: int) -> Payload:
