@@ -9,7 +9,7 @@ import pytest
 
 from toren.errors import ModelCallFailed, ProviderUnavailable
 from toren.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
-from toren.providers.base import ModelProvider, ModelRequest, ToolCall, ToolSpec
+from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 
 from .conftest import SleepRecorder
 from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
@@ -216,3 +216,30 @@ async def test_cached_prompt_tokens_count_as_input_tokens(
     response = await provider.complete(request(), on_delta=on_delta)
 
     assert response.usage.input_tokens == 50_100
+
+
+async def test_a_garbled_tool_call_goes_back_with_empty_input(
+    provider: AnthropicProvider, fake_models: FakeModelServer
+) -> None:
+    # The messages API takes only an object as a tool_use input.
+    garbled = ToolCall(
+        "t9", "lookup_order", {}, arguments_error="not valid JSON", raw_arguments="{"
+    )
+    history = (
+        {"role": "user", "content": "Where is A-17?"},
+        ModelResponse("", (garbled,), finish_reason="tool_calls").message(),
+        {
+            "role": "tool",
+            "tool_call_id": "t9",
+            "content": "error: not valid JSON",
+            "is_error": True,
+        },
+    )
+    fake_models.anthropic.script(Completion(text="ok"))
+
+    await provider.complete(ModelRequest("anthropic", "claude-x", history, (LOOKUP,)))
+
+    sent = fake_models.anthropic.last_body["messages"][1]
+    assert sent["content"] == [
+        {"type": "tool_use", "id": "t9", "name": "lookup_order", "input": {}}
+    ]

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from toren.errors import ModelCallFailed, ProviderUnavailable
-from toren.providers.base import ModelProvider, ModelRequest, ToolCall, ToolSpec
+from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from toren.providers.openai import OpenAIProvider, wire_message
 
 from .conftest import SleepRecorder
@@ -192,3 +192,25 @@ def test_tool_arguments_survive_a_json_round_trip() -> None:
     wire = wire_message(message)
     assert json.loads(wire["tool_calls"][0]["function"]["arguments"]) == {"q": "ü", "n": [1, 2]}
     assert wire["content"] == "x"
+
+
+async def test_a_garbled_tool_call_goes_back_with_empty_arguments(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    # OpenAI itself takes invalid JSON back, but vLLM and some gateways answer 400 to a
+    # history that holds it, which would fail every later turn of the run. The tool
+    # message tells the model what it wrote.
+    garbled = ToolCall(
+        "c9", "lookup_order", {}, arguments_error="not valid JSON", raw_arguments="{"
+    )
+    history = (
+        {"role": "user", "content": "Where is A-17?"},
+        ModelResponse("", (garbled,), finish_reason="tool_calls").message(),
+        {"role": "tool", "tool_call_id": "c9", "content": "error: not valid JSON"},
+    )
+    fake_models.openai.script(Completion(text="ok"))
+
+    await provider.complete(ModelRequest("openai", "gpt-4o-mini", history, (LOOKUP,)))
+
+    sent = fake_models.openai.last_body["messages"][1]
+    assert sent["tool_calls"][0]["function"] == {"name": "lookup_order", "arguments": "{}"}

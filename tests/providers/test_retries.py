@@ -3,12 +3,13 @@ Toren's retry loop, the errors it raises, and streaming."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
 
 from toren.errors import ModelCallFailed
-from toren.providers.base import ModelRequest, RetryPolicy
+from toren.providers.base import ModelRequest, ModelResponse, RetryPolicy, ToolCall
 
 from .conftest import SleepRecorder, Vendor, make_provider
 from .fakes import FAKE_KEY, Break, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
@@ -327,3 +328,42 @@ async def test_retry_after_ms_is_read_before_retry_after(vendor: Vendor) -> None
     await vendor.provider.complete(ask(vendor))
 
     assert vendor.sleeps.delays == [1.25]
+
+
+BAD_ARGUMENTS = {
+    "not-json": ('{"order_id": "A-17" "fields": []}', "not valid JSON"),
+    "not-an-object": ('["A-17"]', "a JSON array, not an object"),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+async def test_tool_arguments_that_are_not_a_json_object_are_the_models_mistake(
+    vendor: Vendor, streamed: bool, case: str
+) -> None:
+    # The call was served (and billed): a model writing bad JSON is not a failed call.
+    # The response carries the problem on the tool call, for the loop to hand back.
+    raw, problem = BAD_ARGUMENTS[case]
+    if vendor.name == "anthropic" and not streamed and case == "not-json":
+        pytest.skip("a messages-API JSON body cannot carry unparseable input")
+    bad = FakeToolCall("call_1", "lookup_order", {}, raw=raw)
+    good = FakeToolCall("call_2", "lookup_order", {"order_id": "B-2"})
+    vendor.endpoint.script(Completion(text="Checking.", tool_calls=(bad, good), chunk_size=5))
+
+    response = await vendor.provider.complete(
+        ask(vendor), on_delta=(lambda _: None) if streamed else None
+    )
+
+    assert vendor.endpoint.served == 1
+    assert response.text == "Checking."
+    assert response.finish_reason == "tool_calls"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (11, 7)
+    first, second = response.tool_calls
+    assert second == ToolCall("call_2", "lookup_order", {"order_id": "B-2"})
+    assert (first.id, first.name, dict(first.arguments)) == ("call_1", "lookup_order", {})
+    assert first.raw_arguments == raw
+    assert first.arguments_error is not None
+    assert first.arguments_error.startswith(problem)
+    assert repr(raw) in first.arguments_error
+    # It crosses the durable boundary as JSON and comes back equal.
+    assert ModelResponse.from_dict(json.loads(json.dumps(response.to_dict()))) == response

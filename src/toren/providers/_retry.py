@@ -70,14 +70,6 @@ class Attempt:
         self._deadline.reschedule(None)
 
 
-async def read(aw: Awaitable[T], *, status: int) -> T:
-    """Await one read of a begun stream, reporting its failures like :func:`decoded`."""
-    try:
-        return await aw
-    except Exception as exc:
-        raise _stream_failure(exc, status) from exc
-
-
 async def decoded(items: AsyncIterator[T], *, status: int) -> AsyncGenerator[T, None]:
     """Pass a begun stream's items through: decode errors become :class:`MalformedResponse`,
     any other failure of the stream a :class:`StreamBroken`. Only errors of the stream

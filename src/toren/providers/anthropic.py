@@ -20,10 +20,12 @@ import asyncio
 import os
 from collections.abc import Mapping
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
 from anthropic.types import Message as WireMessage
+from anthropic.types import RawMessageStreamEvent
 from anthropic.types import Usage as WireUsage
 
 from toren.errors import ProviderUnavailable
@@ -35,9 +37,14 @@ from toren.providers._retry import (
     Sleep,
     decoded,
     parsed,
-    read,
 )
-from toren.providers._wire import content_text, require, sampling_params
+from toren.providers._wire import (
+    content_text,
+    require,
+    sampling_params,
+    tool_call,
+    tool_call_from_value,
+)
 from toren.providers.base import (
     DeltaCallback,
     MessageLike,
@@ -155,16 +162,13 @@ def wire_request(request: ModelRequest) -> dict[str, Any]:
 
 
 def parse_message(message: WireMessage) -> ModelResponse:
-    """Raises ``ValueError`` for a tool call whose input is not an object."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     for block in message.content:
         if block.type == "text":
             texts.append(block.text)
         elif block.type == "tool_use":
-            if not isinstance(block.input, Mapping):
-                raise ValueError(f"input of tool call {block.name!r} is not a JSON object")
-            calls.append(ToolCall(block.id, block.name, dict(block.input)))
+            calls.append(tool_call_from_value(block.id, block.name, block.input))
     reason = message.stop_reason or "end_turn"
     return ModelResponse(
         text="".join(texts),
@@ -183,13 +187,91 @@ def _input_tokens(usage: WireUsage) -> int:
     return usage.input_tokens + cached
 
 
-def parse_streamed(message: WireMessage) -> ModelResponse:
-    """:func:`parse_message` for the message a stream accumulated. Raises ``ValueError``
-    when the stream ended before ``message_delta`` gave the stop reason (a proxy that cut
-    it short): a truncated answer must not pass for a whole one."""
-    if message.stop_reason is None:
-        raise ValueError("the stream ended before the model finished (no stop_reason)")
-    return parse_message(message)
+@dataclass
+class _PartialBlock:
+    type: str
+    id: str = ""
+    name: str = ""
+    start_input: object = None
+    parts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StreamAssembler:
+    """Folds the raw events of a streamed message into the response a non-streaming call
+    would have given.
+
+    Tool inputs are decoded here, from the JSON text the model streamed, as OpenAI's
+    are. The SDK's ``messages.stream()`` helper decodes them itself while streaming: it
+    raises on input the model garbled (failing a call that was served and billed) or,
+    parsing leniently, takes a valid prefix of it for the whole input.
+    """
+
+    blocks: dict[int, _PartialBlock] = field(default_factory=dict)
+    usage: WireUsage | None = None
+    stop_reason: str | None = None
+    model: str = ""
+
+    def add(self, event: RawMessageStreamEvent) -> str:
+        """Take one event; return its text delta ("" if none)."""
+        if event.type == "message_start":
+            self.model = event.message.model
+            self.usage = event.message.usage.model_copy()
+        elif event.type == "content_block_start":
+            return self._start(event.index, event.content_block)
+        elif event.type == "content_block_delta":
+            block = self.blocks.get(event.index)
+            delta = event.delta
+            if block is not None and block.type == "text" and delta.type == "text_delta":
+                block.parts.append(delta.text)
+                return delta.text
+            if block is not None and block.type == "tool_use" and delta.type == "input_json_delta":
+                block.parts.append(delta.partial_json)
+        elif event.type == "message_delta":
+            self.stop_reason = event.delta.stop_reason
+            self._update_usage(event)
+        return ""
+
+    def _start(self, index: int, content: Any) -> str:
+        block = _PartialBlock(content.type)
+        if content.type == "tool_use":
+            block.id, block.name, block.start_input = content.id, content.name, content.input
+        elif content.type == "text" and content.text:
+            block.parts.append(content.text)
+        self.blocks[index] = block
+        return "".join(block.parts) if content.type == "text" else ""
+
+    def _update_usage(self, event: Any) -> None:
+        # A message_delta's counts are running totals; the optional ones are left out
+        # when message_start's still hold.
+        if self.usage is None:
+            return
+        self.usage.output_tokens = event.usage.output_tokens
+        for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            value = getattr(event.usage, key, None)
+            if value is not None:
+                setattr(self.usage, key, value)
+
+    def response(self) -> ModelResponse:
+        """Raises ``ValueError`` for a stream that ended before ``message_delta`` gave the
+        stop reason (a proxy that cut it short): a truncated answer must not pass for a
+        whole one."""
+        if self.stop_reason is None or self.usage is None:
+            raise ValueError("the stream ended before the model finished (no stop_reason)")
+        blocks = [b for _, b in sorted(self.blocks.items())]
+        return ModelResponse(
+            text="".join("".join(b.parts) for b in blocks if b.type == "text"),
+            tool_calls=tuple(_streamed_call(b) for b in blocks if b.type == "tool_use"),
+            usage=Usage(_input_tokens(self.usage), self.usage.output_tokens),
+            finish_reason=_FINISH_REASONS.get(self.stop_reason, self.stop_reason),
+            model=self.model,
+        )
+
+
+def _streamed_call(block: _PartialBlock) -> ToolCall:
+    if block.parts:
+        return tool_call(block.id, block.name, "".join(block.parts))
+    return tool_call_from_value(block.id, block.name, block.start_input or {})
 
 
 def _as_message(value: object) -> WireMessage:
@@ -260,11 +342,12 @@ class AnthropicProvider:
     async def _stream(
         self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
     ) -> ModelResponse:
-        async with self._client.messages.stream(**kwargs) as stream:
-            attempt.began()
-            status = stream.response.status_code
-            async with aclosing(decoded(stream.text_stream, status=status)) as deltas:
-                async for delta in deltas:
+        stream = await self._client.messages.create(**kwargs, stream=True)
+        attempt.began()
+        status = stream.response.status_code
+        assembler = StreamAssembler()
+        async with stream, aclosing(decoded(stream.__aiter__(), status=status)) as events:
+            async for event in events:
+                if delta := assembler.add(event):
                     on_delta(delta)
-            final = await read(stream.get_final_message(), status=status)
-        return parsed(lambda: parse_streamed(final), status=status)
+        return parsed(assembler.response, status=status)

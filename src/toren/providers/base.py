@@ -136,17 +136,42 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """A tool the model asked to call.
+
+    ``arguments_error`` is set when the model wrote arguments that are not a JSON object
+    (invalid JSON, or a list, string, ...). That is the model's mistake, not a failed
+    call: the call was served and billed, so the response is recorded as usual, with
+    ``arguments`` empty, ``raw_arguments`` the text as the model wrote it and
+    ``arguments_error`` what is wrong with it, worded for the model. The built-in loop
+    answers such a call with that error instead of running the tool, so the model can
+    correct itself. Agent code that runs tools itself should do the same.
+    """
+
     id: str
     name: str
     arguments: Mapping[str, Any]
+    arguments_error: str | None = None
+    raw_arguments: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+        data: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+        # Only when set: the assistant message of a response carries these dicts into
+        # every later request of the run, so a new key on every call would change those
+        # requests' digests and re-run (and re-bill) every in-flight run.
+        if self.arguments_error is not None:
+            data["arguments_error"] = self.arguments_error
+            data["raw_arguments"] = self.raw_arguments
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        error, raw = data.get("arguments_error"), data.get("raw_arguments")
         return cls(
-            id=str(data["id"]), name=str(data["name"]), arguments=dict(data.get("arguments") or {})
+            id=str(data["id"]),
+            name=str(data["name"]),
+            arguments=dict(data.get("arguments") or {}),
+            arguments_error=None if error is None else str(error),
+            raw_arguments=None if raw is None else str(raw),
         )
 
 

@@ -24,7 +24,7 @@ from openai.types.completion_usage import CompletionUsage
 
 from toren.errors import ProviderUnavailable
 from toren.providers._retry import Attempt, Retrying, SdkErrors, Sleep, decoded, parsed
-from toren.providers._wire import arguments_object, content_text, require, sampling_params
+from toren.providers._wire import content_text, require, sampling_params, tool_call
 from toren.providers.base import (
     DeltaCallback,
     MessageLike,
@@ -105,7 +105,7 @@ def parse_completion(completion: ChatCompletion) -> ModelResponse:
         raise ValueError("the completion has no choices")
     choice = completion.choices[0]
     calls = tuple(
-        ToolCall(c.id, c.function.name, arguments_object(c.function.arguments, c.function.name))
+        tool_call(c.id, c.function.name, c.function.arguments)
         for c in choice.message.tool_calls or ()
         if c.type == "function"
     )
@@ -159,8 +159,7 @@ class StreamAssembler:
         if self.finish_reason is None:
             raise ValueError("the stream ended before the model finished (no finish_reason)")
         calls = tuple(
-            ToolCall(p.id, p.name, arguments_object("".join(p.arguments), p.name))
-            for _, p in sorted(self.calls.items())
+            tool_call(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self.calls.items())
         )
         return ModelResponse(
             text="".join(self.text),
