@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
-from toren.errors import ModelCallFailed, ProviderUnavailable
+from toren.errors import InvalidInput, ModelCallFailed, ProviderUnavailable
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from toren.providers.openai import OpenAIProvider, wire_message
 
 from .conftest import SleepRecorder
-from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
+from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
 
 LOOKUP = ToolSpec(
     name="lookup_order",
@@ -214,3 +214,60 @@ async def test_a_garbled_tool_call_goes_back_with_empty_arguments(
 
     sent = fake_models.openai.last_body["messages"][1]
     assert sent["tool_calls"][0]["function"] == {"name": "lookup_order", "arguments": "{}"}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("n", [3, 0, True, "2"])
+async def test_n_other_than_1_is_refused_before_anything_is_sent(
+    provider: OpenAIProvider, fake_models: FakeModelServer, streamed: bool, n: object
+) -> None:
+    # n=3 is billed as three answers; a model call records one (a stream would even mix
+    # the three into one text). Refused, not silently cut down to the first choice.
+    fake_models.openai.script(Completion(text="never"))
+
+    with pytest.raises(InvalidInput) as caught:
+        await provider.complete(request(n=n), on_delta=(lambda _: None) if streamed else None)
+
+    message = str(caught.value)
+    assert f"n={n!r}" in message
+    assert "n must be 1" in message
+    assert "'gpt-4o-mini'" in message
+    assert fake_models.openai.served == 0
+
+
+@pytest.mark.parametrize("n", [1, None])
+async def test_n_of_1_passes_through(
+    provider: OpenAIProvider, fake_models: FakeModelServer, n: int | None
+) -> None:
+    fake_models.openai.script(Completion(text="one"))
+
+    assert (await provider.complete(request(n=n), on_delta=lambda _: None)).text == "one"
+    assert fake_models.openai.last_body["n"] == n
+
+
+async def test_a_stream_reads_only_the_first_choice(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    # A server that streams several choices anyway (a gateway's own default n, say):
+    # their chunks interleave, each choice with its index.
+    def chunk(index: int, delta: dict[str, object], finish: str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish}
+        body = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        return f"data: {json.dumps({**body, 'choices': [choice]})}\n\n"
+
+    events = [
+        chunk(0, {"role": "assistant", "content": "Hel"}),
+        chunk(1, {"role": "assistant", "content": "Bon"}),
+        chunk(1, {"content": "jour"}),
+        chunk(0, {"content": "lo"}),
+        chunk(1, {}, "length"),
+        chunk(0, {}, "stop"),
+        "data: [DONE]\n\n",
+    ]
+    fake_models.openai.script(RawBody("".join(events), content_type="text/event-stream"))
+    deltas: list[str] = []
+
+    response = await provider.complete(request(), on_delta=deltas.append)
+
+    assert (response.text, response.finish_reason) == ("Hello", "stop")
+    assert deltas == ["Hel", "lo"]

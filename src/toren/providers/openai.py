@@ -22,7 +22,7 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 
-from toren.errors import ProviderUnavailable
+from toren.errors import InvalidInput, ProviderUnavailable
 from toren.providers._retry import Attempt, Retrying, SdkErrors, Sleep, decoded, parsed
 from toren.providers._wire import content_text, require, sampling_params, tool_call
 from toren.providers.base import (
@@ -85,9 +85,25 @@ def wire_request(request: ModelRequest) -> dict[str, Any]:
     if request.tools:
         kwargs["tools"] = [wire_tool(t) for t in request.tools]
     params = sampling_params(request)
+    _check_n(request.model, params)
     if params:
         kwargs["extra_body"] = params
     return kwargs
+
+
+def _check_n(model: str, params: Mapping[str, Any]) -> None:
+    """Refuse ``n`` other than 1 before anything is sent. The server would generate (and
+    bill) ``n`` answers, and a model call records one: keeping the first would silently
+    pay for the rest."""
+    n = params.get("n")
+    if n is None or (n == 1 and not isinstance(n, bool)):
+        return
+    raise InvalidInput(
+        f"the openai call to model {model!r} asks for n={n!r} alternative answers; a "
+        "Toren model call records one answer, so n must be 1 or left out (model_params "
+        "in agent.yaml, or the params of ctx.model). For several answers, make several "
+        "model calls: each is its own step, recorded and replayed on its own."
+    )
 
 
 # --- wire format: OpenAI -> Toren ----------------------------------------------------
@@ -139,9 +155,11 @@ class StreamAssembler:
         """Take one chunk; return its text delta ("" if none)."""
         self.model = chunk.model or self.model
         self.usage = chunk.usage or self.usage
-        if not chunk.choices:
+        # Only the first choice: n is refused above 1, but a server may stream more
+        # anyway, and their chunks interleave (each choice names its index).
+        choice = next((c for c in chunk.choices if c.index == 0), None)
+        if choice is None:
             return ""
-        choice = chunk.choices[0]
         self.finish_reason = choice.finish_reason or self.finish_reason
         for delta in choice.delta.tool_calls or ():
             partial = self.calls.setdefault(delta.index, _PartialCall())
