@@ -11,7 +11,7 @@ from toren.errors import ModelCallFailed, ProviderUnavailable
 from toren.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 
-from .conftest import SleepRecorder
+from .conftest import SleepRecorder, no_jitter
 from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
 
 LOOKUP = ToolSpec(
@@ -42,7 +42,9 @@ CONVERSATION = (
 async def provider(
     fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[AnthropicProvider]:
-    provider = AnthropicProvider(api_key=FAKE_KEY, base_url=fake_models.anthropic_url, sleep=sleeps)
+    provider = AnthropicProvider(
+        api_key=FAKE_KEY, base_url=fake_models.anthropic_url, sleep=sleeps, rand=no_jitter
+    )
     yield provider
     await provider.aclose()
 

@@ -12,7 +12,7 @@ from toren.errors import InvalidInput, ModelCallFailed, ProviderUnavailable
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from toren.providers.openai import OpenAIProvider, wire_message
 
-from .conftest import SleepRecorder
+from .conftest import SleepRecorder, no_jitter
 from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
 
 LOOKUP = ToolSpec(
@@ -37,7 +37,9 @@ CONVERSATION = (
 async def provider(
     fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[OpenAIProvider]:
-    provider = OpenAIProvider(api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps)
+    provider = OpenAIProvider(
+        api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps, rand=no_jitter
+    )
     yield provider
     await provider.aclose()
 

@@ -11,7 +11,7 @@ import pytest
 from toren.errors import ModelCallFailed
 from toren.providers.base import ModelRequest, ModelResponse, RetryPolicy, ToolCall
 
-from .conftest import SleepRecorder, Vendor, make_provider
+from .conftest import Draws, SleepRecorder, Vendor, make_provider
 from .fakes import FAKE_KEY, Break, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
 
 
@@ -65,6 +65,21 @@ async def test_500_backs_off_then_succeeds(vendor: Vendor) -> None:
     assert response.text == "ok"
     assert vendor.endpoint.served == 3
     assert vendor.sleeps.delays == [0.5, 1.0]
+
+
+async def test_backoff_is_jittered_as_the_vendor_sdks_do(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    # Each wait is the backoff times a random factor in (0.75, 1], so clients that
+    # failed together do not all come back at the same instant.
+    provider = make_provider(vendor.name, fake_models, sleeps, rand=Draws(0.2, 0.6, 0.99))
+    vendor.endpoint.script(*[Failure(500)] * 3, Completion(text="ok"))
+    try:
+        assert (await provider.complete(ask(vendor))).text == "ok"
+    finally:
+        await provider.aclose()
+
+    assert sleeps.delays == pytest.approx([0.5 * 0.95, 1.0 * 0.85, 2.0 * 0.7525])
 
 
 async def test_500_until_exhausted_raises_model_call_failed(vendor: Vendor) -> None:

@@ -2,8 +2,8 @@
 
 The vendor SDK clients are built with ``max_retries=0`` so that this is the only retry
 layer: one policy (:class:`~toren.providers.base.RetryPolicy`), one place that honours
-``Retry-After``, an injectable sleep (tests assert the delays instead of waiting them),
-a timeout per attempt, and one translation of failures into
+``Retry-After``, an injectable sleep and jitter draw (tests assert the delays instead of
+waiting them), a timeout per attempt, and one translation of failures into
 :class:`~toren.errors.ModelCallFailed` that never carries credentials or headers.
 
 An attempt is retried only until the provider starts to answer (a success status, the
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
@@ -30,6 +31,7 @@ from toren.redact import Redactor
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
+Rand = Callable[[], float]  # a draw in [0, 1), as random.random
 
 
 class MalformedResponse(Exception):
@@ -236,6 +238,7 @@ class Retrying:
     timeout: float
     sleep: Sleep
     secrets: tuple[str, ...] = ()
+    rand: Rand = random.random
 
     async def call(self, model: str, attempt: Callable[[Attempt], Awaitable[T]]) -> T:
         attempts = max(1, self.policy.max_attempts)
@@ -261,7 +264,7 @@ class Retrying:
         """Seconds to wait after failed attempt ``number`` (1-based)."""
         if failure.retry_after is not None:
             return min(failure.retry_after, self.policy.max_backoff)
-        return self.policy.backoff(number - 1)
+        return self.policy.backoff(number - 1, self.rand())
 
     def _failed(self, failure: AttemptFailure, model: str, attempts: int) -> ModelCallFailed:
         status = f"HTTP {failure.status}" if failure.status is not None else failure.error_type

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from toren.errors import ProviderUnavailable
 from toren.providers._retry import (
     Attempt,
     MalformedResponse,
+    Rand,
     Retrying,
     SdkErrors,
     Sleep,
@@ -297,7 +299,8 @@ class AnthropicProvider:
     """:class:`~toren.providers.base.ModelProvider` over the Anthropic messages API.
 
     ``client`` injects a ready ``AsyncAnthropic`` (its retries are switched off and it
-    is not closed by :meth:`aclose`); ``sleep`` is what waits between retries.
+    is not closed by :meth:`aclose`); ``sleep`` is what waits between retries and ``rand``
+    draws their jitter (both injectable, so tests neither wait nor guess).
     """
 
     name = "anthropic"
@@ -311,12 +314,13 @@ class AnthropicProvider:
         client: anthropic.AsyncAnthropic | None = None,
         *,
         sleep: Sleep = asyncio.sleep,
+        rand: Rand = random.random,
     ) -> None:
         self._owns_client = client is None
         base = client if client is not None else _client(api_key, base_url, timeout)
         self._client = base.with_options(max_retries=0)
         secret = base.api_key or ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,))
+        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
 
     async def complete(
         self, request: ModelRequest, *, on_delta: DeltaCallback | None = None

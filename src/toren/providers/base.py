@@ -243,15 +243,28 @@ class ModelResponse:
 class RetryPolicy:
     """Retries on 408, 409, 429 and 5xx unless the server's ``x-should-retry`` says
     otherwise, as the vendor SDKs do. ``retry-after-ms`` or ``Retry-After`` from the server
-    wins over the backoff (up to ``max_backoff``)."""
+    wins over the backoff (up to ``max_backoff``).
+
+    The backoff grows by ``multiplier`` from ``initial_backoff`` up to ``max_backoff``,
+    and each wait is cut by a random part of up to ``jitter`` of it (0.25: a factor in
+    (0.75, 1], as the OpenAI and Anthropic SDKs draw it), so that the clients a failure
+    hit together do not all come back at the same instant.
+    """
 
     max_attempts: int = 4
     initial_backoff: float = 0.5
     max_backoff: float = 20.0
     multiplier: float = 2.0
+    jitter: float = 0.25
 
-    def backoff(self, attempt: int) -> float:
-        return float(min(self.max_backoff, self.initial_backoff * self.multiplier**attempt))
+    def backoff(self, attempt: int, rand: float = 0.0) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based). ``rand``, a draw in [0, 1),
+        picks the point in the jitter range; 0 gives the full backoff."""
+        try:
+            full = min(self.max_backoff, self.initial_backoff * self.multiplier**attempt)
+        except OverflowError:  # a float power past ~1e308: long past the cap anyway
+            full = self.max_backoff
+        return float(full * (1 - self.jitter * rand))
 
 
 @runtime_checkable

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 
 from toren.errors import InvalidInput, ProviderUnavailable
-from toren.providers._retry import Attempt, Retrying, SdkErrors, Sleep, decoded, parsed
+from toren.providers._retry import Attempt, Rand, Retrying, SdkErrors, Sleep, decoded, parsed
 from toren.providers._wire import content_text, require, sampling_params, tool_call
 from toren.providers.base import (
     DeltaCallback,
@@ -209,7 +210,8 @@ class OpenAIProvider:
     """:class:`~toren.providers.base.ModelProvider` over OpenAI chat completions.
 
     ``client`` injects a ready ``AsyncOpenAI`` (its retries are switched off and it is
-    not closed by :meth:`aclose`); ``sleep`` is what waits between retries.
+    not closed by :meth:`aclose`); ``sleep`` is what waits between retries and ``rand``
+    draws their jitter (both injectable, so tests neither wait nor guess).
     """
 
     name = "openai"
@@ -223,12 +225,13 @@ class OpenAIProvider:
         client: openai.AsyncOpenAI | None = None,
         *,
         sleep: Sleep = asyncio.sleep,
+        rand: Rand = random.random,
     ) -> None:
         self._owns_client = client is None
         base = client if client is not None else _client(api_key, base_url, timeout)
         self._client = base.with_options(max_retries=0)
         secret = base.api_key if isinstance(base.api_key, str) else ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,))
+        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
 
     async def complete(
         self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
