@@ -43,18 +43,65 @@ async def test_429_waits_for_retry_after_then_succeeds(vendor: Vendor) -> None:
     assert vendor.sleeps.delays == [3.0]
 
 
-async def test_retry_after_is_capped_at_max_backoff(
+async def test_a_retry_after_up_to_the_cap_is_waited_in_full(
     vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> None:
+    # max_backoff bounds Toren's own backoff, not the server's ask: retrying after 7s a
+    # server that asked for 90s only hammers it (and is refused again).
     policy = RetryPolicy(max_backoff=7.0)
     provider = make_provider(vendor.name, fake_models, sleeps, retry=policy)
-    vendor.endpoint.script(Failure(429, retry_after="3600"), Completion(text="ok"))
+    vendor.endpoint.script(Failure(429, retry_after="90"), Completion(text="ok"))
     try:
-        await provider.complete(ask(vendor))
+        assert (await provider.complete(ask(vendor))).text == "ok"
     finally:
         await provider.aclose()
 
-    assert sleeps.delays == [7.0]
+    assert sleeps.delays == [90.0]
+
+
+@pytest.mark.parametrize(
+    ("headers", "asked"),
+    [({"retry-after": "3600"}, 3600.0), ({"retry-after-ms": "150000"}, 150.0)],
+    ids=["retry-after", "retry-after-ms"],
+)
+async def test_a_retry_after_beyond_the_cap_fails_at_once(
+    vendor: Vendor, headers: dict[str, str], asked: float
+) -> None:
+    vendor.endpoint.script(Failure(429, "slow down", headers=headers), Completion(text="ok"))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    error = caught.value
+    assert vendor.endpoint.served == 1
+    assert vendor.sleeps.delays == []
+    assert "failed (HTTP 429) after 1 attempt" in str(error)
+    assert f"slow down. Rate limited: the server asked to wait {asked:g}s before" in str(error)
+    assert "longer than RetryPolicy.max_retry_after (120s)" in str(error)
+    assert f"Retry the run after {asked:g}s" in str(error)
+    assert error.details["status"] == 429
+    assert error.details["attempts"] == 1
+    assert error.details["retryable"] is True
+    assert error.details["retry_after"] == asked
+    assert_secret_free(error)
+
+
+async def test_the_retry_after_cap_is_a_policy_setting(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    policy = RetryPolicy(max_retry_after=10.0)
+    provider = make_provider(vendor.name, fake_models, sleeps, retry=policy)
+    vendor.endpoint.script(Failure(503, "busy", retry_after="30"), Completion(text="ok"))
+    try:
+        with pytest.raises(ModelCallFailed, match=r"busy. The server asked to wait 30s") as caught:
+            await provider.complete(ask(vendor))
+    finally:
+        await provider.aclose()
+
+    assert "Rate limited" not in str(caught.value)  # a 503, not a 429
+    assert "max_retry_after (10s)" in str(caught.value)
+    assert vendor.endpoint.served == 1
+    assert sleeps.delays == []
 
 
 async def test_500_backs_off_then_succeeds(vendor: Vendor) -> None:

@@ -84,12 +84,12 @@ def test_a_huge_attempt_number_waits_max_backoff() -> None:
     assert policy.backoff(5000) == 9.0
 
 
-def test_retry_after_wins_over_backoff_but_not_over_the_cap() -> None:
-    policy = RetryPolicy(max_backoff=5.0)
-    r = retrying(policy)
+def test_retry_after_wins_over_backoff_up_to_its_own_cap() -> None:
+    r = retrying(RetryPolicy(max_backoff=5.0, max_retry_after=60.0))
 
     assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=2.0), 3) == 2.0
-    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.0), 1) == 5.0
+    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.0), 1) == 60.0
+    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.5), 1) is None
 
 
 def test_redact_leaves_placeholder_keys_alone() -> None:

@@ -253,26 +253,37 @@ class Retrying:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:
                     raise
-                if not failure.retryable or number == attempts:
+                wait = self.delay(failure, number) if failure.retryable else None
+                if wait is None or number == attempts:
                     # No exception chaining: the SDK error holds the request and its
                     # Authorization header, and must not ride along into logs.
                     raise self._failed(failure, model, number) from None
-            await self.sleep(self.delay(failure, number))
+            await self.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def delay(self, failure: AttemptFailure, number: int) -> float:
-        """Seconds to wait after failed attempt ``number`` (1-based)."""
-        if failure.retry_after is not None:
-            return min(failure.retry_after, self.policy.max_backoff)
-        return self.policy.backoff(number - 1, self.rand())
+    def delay(self, failure: AttemptFailure, number: int) -> float | None:
+        """Seconds to wait after failed attempt ``number`` (1-based): the server's ask, else
+        the jittered backoff. ``None`` when the server asked for longer than
+        ``max_retry_after``: the call then fails rather than retry early."""
+        if failure.retry_after is None:
+            return self.policy.backoff(number - 1, self.rand())
+        if self._asks_too_long(failure):
+            return None
+        return failure.retry_after
+
+    def _asks_too_long(self, failure: AttemptFailure) -> bool:
+        return failure.retry_after is not None and failure.retry_after > self.policy.max_retry_after
 
     def _failed(self, failure: AttemptFailure, model: str, attempts: int) -> ModelCallFailed:
         status = f"HTTP {failure.status}" if failure.status is not None else failure.error_type
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         message = (
             f"{self.provider} call to model {model!r} failed ({status}) after {tries}: "
-            f"{Redactor(self.secrets).text(failure.message)}. {_hint(failure)}"
+            f"{Redactor(self.secrets).text(failure.message)}. {self._hint(failure)}"
         )
+        details: dict[str, object] = {}
+        if failure.retry_after is not None:
+            details["retry_after"] = failure.retry_after
         return ModelCallFailed(
             message,
             provider=self.provider,
@@ -281,4 +292,16 @@ class Retrying:
             attempts=attempts,
             retryable=failure.retryable,
             error_type=failure.error_type,
+            **details,
+        )
+
+    def _hint(self, failure: AttemptFailure) -> str:
+        if not (failure.retryable and self._asks_too_long(failure)):
+            return _hint(failure)
+        asked = f"{failure.retry_after:g}s"
+        return (
+            f"{'Rate limited: t' if failure.status == 429 else 'T'}he server asked to wait "
+            f"{asked} before retrying, longer than RetryPolicy.max_retry_after "
+            f"({self.policy.max_retry_after:g}s) allows, so the call was not retried early. "
+            f"Retry the run after {asked}."
         )

@@ -242,8 +242,12 @@ class ModelResponse:
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries on 408, 409, 429 and 5xx unless the server's ``x-should-retry`` says
-    otherwise, as the vendor SDKs do. ``retry-after-ms`` or ``Retry-After`` from the server
-    wins over the backoff (up to ``max_backoff``).
+    otherwise, as the vendor SDKs do.
+
+    A wait the server asks for (``retry-after-ms``, else ``Retry-After`` in seconds) wins
+    over the backoff and is waited in full up to ``max_retry_after`` (two minutes, the
+    OpenAI SDK's cap). A longer one fails the call at once, saying how long the server
+    asked to wait: retrying earlier would only hammer a server that asked us to wait.
 
     The backoff grows by ``multiplier`` from ``initial_backoff`` up to ``max_backoff``,
     and each wait is cut by a random part of up to ``jitter`` of it (0.25: a factor in
@@ -256,6 +260,7 @@ class RetryPolicy:
     max_backoff: float = 20.0
     multiplier: float = 2.0
     jitter: float = 0.25
+    max_retry_after: float = 120.0
 
     def backoff(self, attempt: int, rand: float = 0.0) -> float:
         """Seconds to wait before retry ``attempt`` (0-based). ``rand``, a draw in [0, 1),
