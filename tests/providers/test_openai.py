@@ -13,7 +13,15 @@ from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, Too
 from toren.providers.openai import OpenAIProvider, wire_message
 
 from .conftest import SleepRecorder, no_jitter
-from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
+from .fakes import (
+    FAKE_KEY,
+    Break,
+    Completion,
+    Failure,
+    FakeModelServer,
+    FakeToolCall,
+    RawBody,
+)
 
 LOOKUP = ToolSpec(
     name="lookup_order",
@@ -273,3 +281,32 @@ async def test_a_stream_reads_only_the_first_choice(
 
     assert (response.text, response.finish_reason) == ("Hello", "stop")
     assert deltas == ["Hel", "lo"]
+
+
+@pytest.mark.parametrize("how", ["reset", "error"])
+async def test_a_stream_that_fails_after_its_usage_chunk_keeps_that_usage(
+    provider: OpenAIProvider, fake_models: FakeModelServer, how: str
+) -> None:
+    # The usage chunk came (so the answer is billed), then the stream failed before its
+    # [DONE]: the failure must carry the usage for cost accounting and budgets.
+    broken = Break(after=5, how=how)
+    fake_models.openai.script(
+        Completion(text="abcdefgh", input_tokens=30, output_tokens=2, broken=broken)
+    )
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await provider.complete(request(), on_delta=lambda _: None)
+
+    assert caught.value.details["usage"] == {"input_tokens": 30, "output_tokens": 2}
+    assert "30 input and 2 output tokens" in str(caught.value)
+
+
+async def test_a_stream_that_fails_before_any_usage_reports_none(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.openai.script(Completion(text="abcdefgh", broken=Break(after=2, how="reset")))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await provider.complete(request(), on_delta=lambda _: None)
+
+    assert "usage" not in caught.value.details

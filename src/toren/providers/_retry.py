@@ -12,6 +12,12 @@ a failure mid-answer is final, as it is in the vendor SDKs, whose retries also e
 the response headers. Retrying it would pay for the call again (and again: a stream
 longer than the timeout would fail on every attempt).
 
+The usage a provider reported during an attempt (Anthropic's ``message_start`` gives the
+input tokens before any text; OpenAI may send usage chunks) rides on the failure, as
+``details["usage"]`` ``{input_tokens, output_tokens}``: billed tokens must reach cost
+accounting and budgets even when the call fails. An attempt that reported usage had got
+an answer, and such an attempt is never retried, so that usage is all the call billed.
+
 Invariant: a :class:`ModelCallFailed` raised here is what the engine records and replay
 re-raises, so its message and details must be plain, serialisable and secret-free.
 """
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
 from toren.errors import ModelCallFailed
-from toren.providers.base import RetryPolicy
+from toren.providers.base import RetryPolicy, Usage
 from toren.redact import Redactor
 
 T = TypeVar("T")
@@ -63,10 +69,16 @@ class StreamBroken(Exception):
 class Attempt:
     """One attempt's progress. A provider calls :meth:`began` once the provider has
     accepted the request and started to answer; the attempt's deadline then no longer
-    applies (the SDK's read timeout still bounds every silence of the stream)."""
+    applies (the SDK's read timeout still bounds every silence of the stream). It calls
+    :meth:`used` whenever the provider reports usage, so a failure after that carries it."""
 
     def __init__(self, deadline: asyncio.Timeout) -> None:
         self._deadline = deadline
+        self.usage: Usage | None = None
+
+    def used(self, usage: Usage) -> None:
+        """The usage reported so far: running totals, not an increment."""
+        self.usage = usage
 
     def began(self) -> None:
         self._deadline.reschedule(None)
@@ -243,21 +255,24 @@ class Retrying:
     async def call(self, model: str, attempt: Callable[[Attempt], Awaitable[T]]) -> T:
         attempts = max(1, self.policy.max_attempts)
         for number in range(1, attempts + 1):
+            progress: Attempt | None = None
             try:
                 # The SDK's own timeout bounds each read; this bounds the attempt until
                 # the provider begins to answer (see Attempt), so a server that accepts
                 # the connection and never answers still ends.
                 async with asyncio.timeout(self.timeout) as deadline:
-                    return await attempt(Attempt(deadline))
+                    progress = Attempt(deadline)
+                    return await attempt(progress)
             except Exception as exc:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:
                     raise
                 wait = self.delay(failure, number) if failure.retryable else None
                 if wait is None or number == attempts:
+                    usage = progress.usage if progress is not None else None
                     # No exception chaining: the SDK error holds the request and its
                     # Authorization header, and must not ride along into logs.
-                    raise self._failed(failure, model, number) from None
+                    raise self._failed(failure, model, number, usage) from None
             await self.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -274,7 +289,9 @@ class Retrying:
     def _asks_too_long(self, failure: AttemptFailure) -> bool:
         return failure.retry_after is not None and failure.retry_after > self.policy.max_retry_after
 
-    def _failed(self, failure: AttemptFailure, model: str, attempts: int) -> ModelCallFailed:
+    def _failed(
+        self, failure: AttemptFailure, model: str, attempts: int, usage: Usage | None
+    ) -> ModelCallFailed:
         status = f"HTTP {failure.status}" if failure.status is not None else failure.error_type
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         message = (
@@ -284,6 +301,12 @@ class Retrying:
         details: dict[str, object] = {}
         if failure.retry_after is not None:
             details["retry_after"] = failure.retry_after
+        if usage is not None:
+            details["usage"] = usage.to_dict()
+            message += (
+                f" Before it failed, the provider reported {usage.input_tokens} input and "
+                f"{usage.output_tokens} output tokens for it."
+            )
         return ModelCallFailed(
             message,
             provider=self.provider,

@@ -175,10 +175,19 @@ def parse_message(message: WireMessage) -> ModelResponse:
     return ModelResponse(
         text="".join(texts),
         tool_calls=tuple(calls),
-        usage=Usage(_input_tokens(message.usage), message.usage.output_tokens),
+        usage=_usage(message.usage),
         finish_reason=_FINISH_REASONS.get(reason, reason),
         model=message.model,
     )
+
+
+# The stream events that report usage: message_start the input (and the first output)
+# tokens, each message_delta the running totals.
+_USAGE_EVENTS = frozenset({"message_start", "message_delta"})
+
+
+def _usage(usage: WireUsage) -> Usage:
+    return Usage(_input_tokens(usage), usage.output_tokens)
 
 
 def _input_tokens(usage: WireUsage) -> int:
@@ -264,7 +273,7 @@ class StreamAssembler:
         return ModelResponse(
             text="".join("".join(b.parts) for b in blocks if b.type == "text"),
             tool_calls=tuple(_streamed_call(b) for b in blocks if b.type == "tool_use"),
-            usage=Usage(_input_tokens(self.usage), self.usage.output_tokens),
+            usage=_usage(self.usage),
             finish_reason=_FINISH_REASONS.get(self.stop_reason, self.stop_reason),
             model=self.model,
         )
@@ -327,7 +336,9 @@ class AnthropicProvider:
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+            return await self._retrying.call(
+                request.model, lambda attempt: self._create(kwargs, attempt)
+            )
         return await self._retrying.call(
             request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
         )
@@ -336,12 +347,14 @@ class AnthropicProvider:
         if self._owns_client:
             await self._client.close()
 
-    async def _create(self, kwargs: Mapping[str, Any]) -> ModelResponse:
+    async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.messages.with_raw_response.create(**kwargs)
         try:
-            return parse_message(_as_message(await raw.parse()))
+            message = _as_message(await raw.parse())
         except ValueError as exc:
             raise MalformedResponse(str(exc), status=raw.status_code) from exc
+        attempt.used(_usage(message.usage))
+        return parsed(lambda: parse_message(message), status=raw.status_code)
 
     async def _stream(
         self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
@@ -354,4 +367,6 @@ class AnthropicProvider:
             async for event in events:
                 if delta := assembler.add(event):
                     on_delta(delta)
+                if event.type in _USAGE_EVENTS and assembler.usage is not None:
+                    attempt.used(_usage(assembler.usage))
         return parsed(assembler.response, status=status)

@@ -238,7 +238,9 @@ class OpenAIProvider:
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+            return await self._retrying.call(
+                request.model, lambda attempt: self._create(kwargs, attempt)
+            )
         return await self._retrying.call(
             request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
         )
@@ -247,9 +249,12 @@ class OpenAIProvider:
         if self._owns_client:
             await self._client.close()
 
-    async def _create(self, kwargs: Mapping[str, Any]) -> ModelResponse:
+    async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
-        return parsed(lambda: parse_completion(_as_completion(raw.parse())), status=raw.status_code)
+        completion = parsed(lambda: _as_completion(raw.parse()), status=raw.status_code)
+        if completion.usage is not None:
+            attempt.used(_usage(completion.usage))
+        return parsed(lambda: parse_completion(completion), status=raw.status_code)
 
     async def _stream(
         self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
@@ -264,6 +269,8 @@ class OpenAIProvider:
             async for chunk in chunks:
                 if delta := assembler.add(chunk):
                     on_delta(delta)
+                if chunk.usage is not None:
+                    attempt.used(_usage(chunk.usage))
         return parsed(assembler.response, status=status)
 
 
