@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from toren.errors import ModelCallFailed
 from toren.providers._retry import (
+    Attempt,
     AttemptFailure,
     Retrying,
     SdkErrors,
@@ -13,6 +15,8 @@ from toren.providers._retry import (
 )
 from toren.providers.base import RetryPolicy
 from toren.redact import Redactor
+
+from .conftest import Draws
 
 
 async def _no_sleep(seconds: float) -> None:
@@ -76,6 +80,19 @@ def test_the_jitter_is_drawn_from_random_by_default() -> None:
 
     assert len(delays) > 1
     assert all(0.75 < d <= 1.0 for d in delays)
+
+
+async def test_only_waits_draw_jitter() -> None:
+    draws = Draws(0.5, 0.5)  # two waits between three attempts; a third draw would fail
+    errors = SdkErrors(status=LookupError, connection=ConnectionError)
+    r = Retrying("test", errors, RetryPolicy(max_attempts=3), 1.0, _no_sleep, rand=draws)
+
+    async def refused(_: Attempt) -> None:
+        raise ConnectionError("refused")
+
+    with pytest.raises(ModelCallFailed, match="after 3 attempts"):
+        await r.call("m", refused)
+    assert draws.values == []
 
 
 def test_a_huge_attempt_number_waits_max_backoff() -> None:

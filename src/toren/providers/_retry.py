@@ -267,8 +267,9 @@ class Retrying:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:
                     raise
-                wait = self.delay(failure, number) if failure.retryable else None
-                if wait is None or number == attempts:
+                last = number == attempts or not failure.retryable
+                wait = None if last else self.delay(failure, number)
+                if wait is None:
                     usage = progress.usage if progress is not None else None
                     # No exception chaining: the SDK error holds the request and its
                     # Authorization header, and must not ride along into logs.
@@ -296,7 +297,7 @@ class Retrying:
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         message = (
             f"{self.provider} call to model {model!r} failed ({status}) after {tries}: "
-            f"{Redactor(self.secrets).text(failure.message)}. {self._hint(failure)}"
+            f"{Redactor(self.secrets).text(failure.message)}. {self._advice(failure)}"
         )
         details: dict[str, object] = {}
         if failure.retry_after is not None:
@@ -318,7 +319,7 @@ class Retrying:
             **details,
         )
 
-    def _hint(self, failure: AttemptFailure) -> str:
+    def _advice(self, failure: AttemptFailure) -> str:
         if not (failure.retryable and self._asks_too_long(failure)):
             return _hint(failure)
         asked = f"{failure.retry_after:g}s"

@@ -26,7 +26,11 @@ from typing import Any
 
 import anthropic
 from anthropic.types import Message as WireMessage
-from anthropic.types import RawMessageStreamEvent
+from anthropic.types import (
+    RawContentBlockStartEvent,
+    RawMessageDeltaEvent,
+    RawMessageStreamEvent,
+)
 from anthropic.types import Usage as WireUsage
 
 from toren.errors import ProviderUnavailable
@@ -229,7 +233,7 @@ class StreamAssembler:
             self.model = event.message.model
             self.usage = event.message.usage.model_copy()
         elif event.type == "content_block_start":
-            return self._start(event.index, event.content_block)
+            return self._start(event)
         elif event.type == "content_block_delta":
             block = self.blocks.get(event.index)
             delta = event.delta
@@ -243,25 +247,29 @@ class StreamAssembler:
             self._update_usage(event)
         return ""
 
-    def _start(self, index: int, content: Any) -> str:
-        block = _PartialBlock(content.type)
+    def _start(self, event: RawContentBlockStartEvent) -> str:
+        content = event.content_block
+        block = self.blocks[event.index] = _PartialBlock(content.type)
         if content.type == "tool_use":
             block.id, block.name, block.start_input = content.id, content.name, content.input
         elif content.type == "text" and content.text:
             block.parts.append(content.text)
-        self.blocks[index] = block
-        return "".join(block.parts) if content.type == "text" else ""
+            return content.text
+        return ""
 
-    def _update_usage(self, event: Any) -> None:
+    def _update_usage(self, event: RawMessageDeltaEvent) -> None:
         # A message_delta's counts are running totals; the optional ones are left out
         # when message_start's still hold.
-        if self.usage is None:
+        usage, delta = self.usage, event.usage
+        if usage is None:
             return
-        self.usage.output_tokens = event.usage.output_tokens
-        for key in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-            value = getattr(event.usage, key, None)
-            if value is not None:
-                setattr(self.usage, key, value)
+        usage.output_tokens = delta.output_tokens
+        if delta.input_tokens is not None:
+            usage.input_tokens = delta.input_tokens
+        if delta.cache_read_input_tokens is not None:
+            usage.cache_read_input_tokens = delta.cache_read_input_tokens
+        if delta.cache_creation_input_tokens is not None:
+            usage.cache_creation_input_tokens = delta.cache_creation_input_tokens
 
     def response(self) -> ModelResponse:
         """Raises ``ValueError`` for a stream that ended before ``message_delta`` gave the
