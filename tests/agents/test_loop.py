@@ -13,6 +13,7 @@ from toren.agents.loop import LoopSpec, make_loop, parse_input, tool_result_text
 from toren.agents.tools import tool_from_function
 from toren.core.program import AgentProgram, Limits, ToolDef
 from toren.errors import InvalidInput, LimitExceeded
+from toren.providers.base import ModelResponse, ToolCall
 
 from .fakes import FakeContext, ModelCall, calls, text
 
@@ -226,6 +227,59 @@ async def test_unknown_tool_is_answered_without_a_step() -> None:
         == "error: there is no tool named 'launch_rockets'; available tools: ['lookup_order']"
     )
     assert [kind for kind, _ in ctx.steps] == ["model", "model"]
+
+
+def search(query: str = "") -> str:
+    """Search the orders."""
+    return f"results for {query!r}"
+
+
+def garbled(name: str, call_id: str = "c0") -> ToolCall:
+    """A tool call whose arguments the model wrote as invalid JSON, as providers report it."""
+    raw = '{"query": "A-'
+    error = f"not valid JSON (Unterminated string starting at: line 1 column 11): {raw!r}"
+    return ToolCall(call_id, name, {}, arguments_error=error, raw_arguments=raw)
+
+
+async def test_garbled_arguments_are_fed_back_and_the_tool_is_not_run() -> None:
+    # Running the tool with {} instead would act on arguments the model never gave.
+    first = ModelResponse(
+        text="", tool_calls=(garbled("search"), ToolCall("c1", "search", {"query": "B-2"}))
+    )
+    ctx = FakeContext(responses=[first, text("ok")])
+
+    out = await _run(_program(search), ctx)
+
+    assert out == {"answer": "ok", "finish_reason": "stop", "turns": 2, "tool_calls": 2}
+    assert ctx.steps == [
+        ("model", "scripted:s.yaml"),
+        ("tool", "search"),
+        ("model", "scripted:s.yaml"),
+    ]
+    messages = ctx.model_calls[1].messages
+    assert messages[2] == first.message()
+    assert messages[3] == {
+        "role": "tool",
+        "tool_call_id": "c0",
+        "name": "search",
+        "content": "error: ToolArgumentsError: invalid arguments for tool 'search': not valid "
+        'JSON (Unterminated string starting at: line 1 column 11): \'{"query": "A-\'. The '
+        "tool was not run; call it again with its arguments as one JSON object.",
+        "is_error": True,
+    }
+    assert messages[4]["content"] == "results for 'B-2'"
+
+
+async def test_garbled_arguments_take_no_step_and_ask_no_human() -> None:
+    first = ModelResponse(text="", tool_calls=(garbled("ask_human"),))
+    ctx = FakeContext(responses=[first, text("ok")], inbox={"human": ["yes"]})
+
+    await _run(_program(human=True, limits=Limits(max_steps=2)), ctx)
+
+    assert [kind for kind, _ in ctx.steps] == ["model", "model"]
+    assert ctx.inbox["human"] == ["yes"]
+    answer = ctx.model_calls[1].messages[-1]["content"]
+    assert answer.startswith("error: ToolArgumentsError: invalid arguments for tool 'ask_human'")
 
 
 async def test_max_steps_stops_the_run_with_a_clear_reason() -> None:

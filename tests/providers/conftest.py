@@ -23,6 +23,22 @@ class SleepRecorder:
         self.delays.append(seconds)
 
 
+def no_jitter() -> float:
+    """Stands in for ``random.random`` as the retry jitter's draw: every wait is the
+    policy's full backoff, so tests can assert exact delays."""
+    return 0.0
+
+
+class Draws:
+    """Stands in for ``random.random``: returns the given draws in order."""
+
+    def __init__(self, *values: float) -> None:
+        self.values = list(values)
+
+    def __call__(self) -> float:
+        return self.values.pop(0)
+
+
 @pytest.fixture(scope="session")
 def fake_server() -> Iterator[FakeModelServer]:
     with serve_fake_models() as fake:
@@ -50,6 +66,7 @@ def make_provider(
     config.setdefault("api_key", FAKE_KEY)
     config.setdefault("timeout", 5.0)
     config.setdefault("retry", RetryPolicy())
+    config.setdefault("rand", no_jitter)
     if name == "openai":
         return OpenAIProvider(base_url=fake.openai_url, sleep=sleeps, **config)
     return AnthropicProvider(base_url=fake.anthropic_url, sleep=sleeps, **config)

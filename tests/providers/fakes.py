@@ -38,9 +38,27 @@ FAKE_KEY = "sk-test-SECRET-0123456789abcdef"
 
 @dataclass(frozen=True)
 class FakeToolCall:
+    """A tool call of a reply. ``raw`` is arguments text as a model might write it (e.g.
+    invalid JSON), sent verbatim instead of ``arguments``: as the OpenAI ``arguments``
+    string and the Anthropic streamed ``partial_json``; a non-streamed Anthropic
+    ``input`` is a JSON value, so it gets ``raw`` parsed, or as a string if it does not
+    parse."""
+
     id: str
     name: str
     arguments: Mapping[str, Any]
+    raw: str | None = None
+
+    def text(self) -> str:
+        return self.raw if self.raw is not None else json.dumps(self.arguments)
+
+    def value(self) -> Any:
+        if self.raw is None:
+            return dict(self.arguments)
+        try:
+            return json.loads(self.raw)
+        except ValueError:
+            return self.raw
 
 
 @dataclass(frozen=True)
@@ -226,7 +244,7 @@ def _openai_json(reply: Completion, request: dict[str, Any]) -> dict[str, Any]:
             {
                 "id": c.id,
                 "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(c.arguments)},
+                "function": {"name": c.name, "arguments": c.text()},
             }
             for c in reply.tool_calls
         ]
@@ -262,7 +280,7 @@ def _openai_tool_deltas(reply: Completion) -> Iterator[dict[str, Any]]:
     for index, call in enumerate(reply.tool_calls):
         head = {"index": index, "id": call.id, "type": "function"}
         yield {"tool_calls": [{**head, "function": {"name": call.name, "arguments": ""}}]}
-        for piece in _pieces(json.dumps(call.arguments), reply.chunk_size):
+        for piece in _pieces(call.text(), reply.chunk_size):
             yield {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
 
 
@@ -313,7 +331,7 @@ def _anthropic_blocks(reply: Completion) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": reply.text}] if reply.text else []
     for call in reply.tool_calls:
         tool_use = {"type": "tool_use", "id": call.id, "name": call.name}
-        blocks.append({**tool_use, "input": dict(call.arguments)})
+        blocks.append({**tool_use, "input": call.value()})
     return blocks
 
 
@@ -343,12 +361,13 @@ def _event(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
-def _anthropic_block_events(index: int, block: dict[str, Any], size: int) -> Iterator[str]:
+def _anthropic_block_events(
+    index: int, block: dict[str, Any], payload: str, size: int
+) -> Iterator[str]:
     if block["type"] == "text":
-        start, key, delta_type, payload = {**block, "text": ""}, "text", "text_delta", block["text"]
+        start, key, delta_type = {**block, "text": ""}, "text", "text_delta"
     else:
         start, key, delta_type = {**block, "input": {}}, "partial_json", "input_json_delta"
-        payload = json.dumps(block["input"])
     yield _event("content_block_start", {"index": index, "content_block": start})
     for piece in _pieces(payload, size):
         delta = {"type": delta_type, key: piece}
@@ -362,8 +381,9 @@ def _anthropic_events(reply: Completion, request: dict[str, Any]) -> Iterator[st
     opening["usage"] = {**_anthropic_input_usage(reply), "output_tokens": 1}
     yield _event("message_start", {"message": opening})
     yield _event("ping", {})
-    for index, block in enumerate(message["content"]):
-        yield from _anthropic_block_events(index, block, reply.chunk_size)
+    payloads = ([reply.text] if reply.text else []) + [c.text() for c in reply.tool_calls]
+    for index, (block, payload) in enumerate(zip(message["content"], payloads, strict=True)):
+        yield from _anthropic_block_events(index, block, payload, reply.chunk_size)
     delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
     usage = {"output_tokens": reply.output_tokens}
     yield _event("message_delta", {"delta": delta, "usage": usage})

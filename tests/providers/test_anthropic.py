@@ -9,10 +9,10 @@ import pytest
 
 from toren.errors import ModelCallFailed, ProviderUnavailable
 from toren.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
-from toren.providers.base import ModelProvider, ModelRequest, ToolCall, ToolSpec
+from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 
-from .conftest import SleepRecorder
-from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
+from .conftest import SleepRecorder, no_jitter
+from .fakes import FAKE_KEY, Break, Completion, Failure, FakeModelServer, FakeToolCall
 
 LOOKUP = ToolSpec(
     name="lookup_order",
@@ -42,7 +42,9 @@ CONVERSATION = (
 async def provider(
     fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[AnthropicProvider]:
-    provider = AnthropicProvider(api_key=FAKE_KEY, base_url=fake_models.anthropic_url, sleep=sleeps)
+    provider = AnthropicProvider(
+        api_key=FAKE_KEY, base_url=fake_models.anthropic_url, sleep=sleeps, rand=no_jitter
+    )
     yield provider
     await provider.aclose()
 
@@ -216,3 +218,67 @@ async def test_cached_prompt_tokens_count_as_input_tokens(
     response = await provider.complete(request(), on_delta=on_delta)
 
     assert response.usage.input_tokens == 50_100
+
+
+async def test_a_garbled_tool_call_goes_back_with_empty_input(
+    provider: AnthropicProvider, fake_models: FakeModelServer
+) -> None:
+    # The messages API takes only an object as a tool_use input.
+    garbled = ToolCall(
+        "t9", "lookup_order", {}, arguments_error="not valid JSON", raw_arguments="{"
+    )
+    history = (
+        {"role": "user", "content": "Where is A-17?"},
+        ModelResponse("", (garbled,), finish_reason="tool_calls").message(),
+        {
+            "role": "tool",
+            "tool_call_id": "t9",
+            "content": "error: not valid JSON",
+            "is_error": True,
+        },
+    )
+    fake_models.anthropic.script(Completion(text="ok"))
+
+    await provider.complete(ModelRequest("anthropic", "claude-x", history, (LOOKUP,)))
+
+    sent = fake_models.anthropic.last_body["messages"][1]
+    assert sent["content"] == [
+        {"type": "tool_use", "id": "t9", "name": "lookup_order", "input": {}}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("broken", "usage"),
+    [
+        (Break(after=3, how="reset"), {"input_tokens": 50_100, "output_tokens": 1}),
+        (Break(after=4, how="error"), {"input_tokens": 50_100, "output_tokens": 1}),
+        (Break(after=5, how="eof"), {"input_tokens": 50_100, "output_tokens": 1}),
+        (Break(after=7, how="reset"), {"input_tokens": 50_100, "output_tokens": 9}),
+    ],
+    ids=["reset-mid-text", "error-event", "cut-short", "reset-after-message-delta"],
+)
+async def test_a_stream_that_fails_keeps_the_usage_it_had_reported(
+    provider: AnthropicProvider,
+    fake_models: FakeModelServer,
+    broken: Break,
+    usage: dict[str, int],
+) -> None:
+    # message_start reports the input tokens (the whole prompt, cache included), and
+    # message_delta the output so far: billed, so the failure must carry them for cost
+    # accounting and max_cost_usd budgets.
+    fake_models.anthropic.script(
+        Completion(
+            text="abcdefgh",
+            input_tokens=50_100,
+            cache_read_tokens=50_000,
+            output_tokens=9,
+            broken=broken,
+        )
+    )
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await provider.complete(request(), on_delta=lambda _: None)
+
+    assert caught.value.details["usage"] == usage
+    reported = f"{usage['input_tokens']} input and {usage['output_tokens']} output tokens"
+    assert reported in str(caught.value)

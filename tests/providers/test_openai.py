@@ -8,12 +8,20 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
-from toren.errors import ModelCallFailed, ProviderUnavailable
-from toren.providers.base import ModelProvider, ModelRequest, ToolCall, ToolSpec
+from toren.errors import InvalidInput, ModelCallFailed, ProviderUnavailable
+from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 from toren.providers.openai import OpenAIProvider, wire_message
 
-from .conftest import SleepRecorder
-from .fakes import FAKE_KEY, Completion, Failure, FakeModelServer, FakeToolCall
+from .conftest import SleepRecorder, no_jitter
+from .fakes import (
+    FAKE_KEY,
+    Break,
+    Completion,
+    Failure,
+    FakeModelServer,
+    FakeToolCall,
+    RawBody,
+)
 
 LOOKUP = ToolSpec(
     name="lookup_order",
@@ -37,7 +45,9 @@ CONVERSATION = (
 async def provider(
     fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[OpenAIProvider]:
-    provider = OpenAIProvider(api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps)
+    provider = OpenAIProvider(
+        api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps, rand=no_jitter
+    )
     yield provider
     await provider.aclose()
 
@@ -192,3 +202,111 @@ def test_tool_arguments_survive_a_json_round_trip() -> None:
     wire = wire_message(message)
     assert json.loads(wire["tool_calls"][0]["function"]["arguments"]) == {"q": "ü", "n": [1, 2]}
     assert wire["content"] == "x"
+
+
+async def test_a_garbled_tool_call_goes_back_with_empty_arguments(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    # OpenAI itself takes invalid JSON back, but vLLM and some gateways answer 400 to a
+    # history that holds it, which would fail every later turn of the run. The tool
+    # message tells the model what it wrote.
+    garbled = ToolCall(
+        "c9", "lookup_order", {}, arguments_error="not valid JSON", raw_arguments="{"
+    )
+    history = (
+        {"role": "user", "content": "Where is A-17?"},
+        ModelResponse("", (garbled,), finish_reason="tool_calls").message(),
+        {"role": "tool", "tool_call_id": "c9", "content": "error: not valid JSON"},
+    )
+    fake_models.openai.script(Completion(text="ok"))
+
+    await provider.complete(ModelRequest("openai", "gpt-4o-mini", history, (LOOKUP,)))
+
+    sent = fake_models.openai.last_body["messages"][1]
+    assert sent["tool_calls"][0]["function"] == {"name": "lookup_order", "arguments": "{}"}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("n", [3, 0, True, "2"])
+async def test_n_other_than_1_is_refused_before_anything_is_sent(
+    provider: OpenAIProvider, fake_models: FakeModelServer, streamed: bool, n: object
+) -> None:
+    # n=3 is billed as three answers; a model call records one (a stream would even mix
+    # the three into one text). Refused, not silently cut down to the first choice.
+    fake_models.openai.script(Completion(text="never"))
+
+    with pytest.raises(InvalidInput) as caught:
+        await provider.complete(request(n=n), on_delta=(lambda _: None) if streamed else None)
+
+    message = str(caught.value)
+    assert f"n={n!r}" in message
+    assert "n must be 1" in message
+    assert "'gpt-4o-mini'" in message
+    assert fake_models.openai.served == 0
+
+
+@pytest.mark.parametrize("n", [1, None])
+async def test_n_of_1_passes_through(
+    provider: OpenAIProvider, fake_models: FakeModelServer, n: int | None
+) -> None:
+    fake_models.openai.script(Completion(text="one"))
+
+    assert (await provider.complete(request(n=n), on_delta=lambda _: None)).text == "one"
+    assert fake_models.openai.last_body["n"] == n
+
+
+async def test_a_stream_reads_only_the_first_choice(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    # A server that streams several choices anyway (a gateway's own default n, say):
+    # their chunks interleave, each choice with its index.
+    def chunk(index: int, delta: dict[str, object], finish: str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish}
+        body = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+        return f"data: {json.dumps({**body, 'choices': [choice]})}\n\n"
+
+    events = [
+        chunk(0, {"role": "assistant", "content": "Hel"}),
+        chunk(1, {"role": "assistant", "content": "Bon"}),
+        chunk(1, {"content": "jour"}),
+        chunk(0, {"content": "lo"}),
+        chunk(1, {}, "length"),
+        chunk(0, {}, "stop"),
+        "data: [DONE]\n\n",
+    ]
+    fake_models.openai.script(RawBody("".join(events), content_type="text/event-stream"))
+    deltas: list[str] = []
+
+    response = await provider.complete(request(), on_delta=deltas.append)
+
+    assert (response.text, response.finish_reason) == ("Hello", "stop")
+    assert deltas == ["Hel", "lo"]
+
+
+@pytest.mark.parametrize("how", ["reset", "error"])
+async def test_a_stream_that_fails_after_its_usage_chunk_keeps_that_usage(
+    provider: OpenAIProvider, fake_models: FakeModelServer, how: str
+) -> None:
+    # The usage chunk came (so the answer is billed), then the stream failed before its
+    # [DONE]: the failure must carry the usage for cost accounting and budgets.
+    broken = Break(after=5, how=how)
+    fake_models.openai.script(
+        Completion(text="abcdefgh", input_tokens=30, output_tokens=2, broken=broken)
+    )
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await provider.complete(request(), on_delta=lambda _: None)
+
+    assert caught.value.details["usage"] == {"input_tokens": 30, "output_tokens": 2}
+    assert "30 input and 2 output tokens" in str(caught.value)
+
+
+async def test_a_stream_that_fails_before_any_usage_reports_none(
+    provider: OpenAIProvider, fake_models: FakeModelServer
+) -> None:
+    fake_models.openai.script(Completion(text="abcdefgh", broken=Break(after=2, how="reset")))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await provider.complete(request(), on_delta=lambda _: None)
+
+    assert "usage" not in caught.value.details

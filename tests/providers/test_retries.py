@@ -3,14 +3,15 @@ Toren's retry loop, the errors it raises, and streaming."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
 
 from toren.errors import ModelCallFailed
-from toren.providers.base import ModelRequest, RetryPolicy
+from toren.providers.base import ModelRequest, ModelResponse, RetryPolicy, ToolCall
 
-from .conftest import SleepRecorder, Vendor, make_provider
+from .conftest import Draws, SleepRecorder, Vendor, make_provider
 from .fakes import FAKE_KEY, Break, Completion, Failure, FakeModelServer, FakeToolCall, RawBody
 
 
@@ -42,18 +43,65 @@ async def test_429_waits_for_retry_after_then_succeeds(vendor: Vendor) -> None:
     assert vendor.sleeps.delays == [3.0]
 
 
-async def test_retry_after_is_capped_at_max_backoff(
+async def test_a_retry_after_up_to_the_cap_is_waited_in_full(
     vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> None:
+    # max_backoff bounds Toren's own backoff, not the server's ask: retrying after 7s a
+    # server that asked for 90s only hammers it (and is refused again).
     policy = RetryPolicy(max_backoff=7.0)
     provider = make_provider(vendor.name, fake_models, sleeps, retry=policy)
-    vendor.endpoint.script(Failure(429, retry_after="3600"), Completion(text="ok"))
+    vendor.endpoint.script(Failure(429, retry_after="90"), Completion(text="ok"))
     try:
-        await provider.complete(ask(vendor))
+        assert (await provider.complete(ask(vendor))).text == "ok"
     finally:
         await provider.aclose()
 
-    assert sleeps.delays == [7.0]
+    assert sleeps.delays == [90.0]
+
+
+@pytest.mark.parametrize(
+    ("headers", "asked"),
+    [({"retry-after": "3600"}, 3600.0), ({"retry-after-ms": "150000"}, 150.0)],
+    ids=["retry-after", "retry-after-ms"],
+)
+async def test_a_retry_after_beyond_the_cap_fails_at_once(
+    vendor: Vendor, headers: dict[str, str], asked: float
+) -> None:
+    vendor.endpoint.script(Failure(429, "slow down", headers=headers), Completion(text="ok"))
+
+    with pytest.raises(ModelCallFailed) as caught:
+        await vendor.provider.complete(ask(vendor))
+
+    error = caught.value
+    assert vendor.endpoint.served == 1
+    assert vendor.sleeps.delays == []
+    assert "failed (HTTP 429) after 1 attempt" in str(error)
+    assert f"slow down. Rate limited: the server asked to wait {asked:g}s before" in str(error)
+    assert "longer than RetryPolicy.max_retry_after (120s)" in str(error)
+    assert f"Retry the run after {asked:g}s" in str(error)
+    assert error.details["status"] == 429
+    assert error.details["attempts"] == 1
+    assert error.details["retryable"] is True
+    assert error.details["retry_after"] == asked
+    assert_secret_free(error)
+
+
+async def test_the_retry_after_cap_is_a_policy_setting(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    policy = RetryPolicy(max_retry_after=10.0)
+    provider = make_provider(vendor.name, fake_models, sleeps, retry=policy)
+    vendor.endpoint.script(Failure(503, "busy", retry_after="30"), Completion(text="ok"))
+    try:
+        with pytest.raises(ModelCallFailed, match=r"busy. The server asked to wait 30s") as caught:
+            await provider.complete(ask(vendor))
+    finally:
+        await provider.aclose()
+
+    assert "Rate limited" not in str(caught.value)  # a 503, not a 429
+    assert "max_retry_after (10s)" in str(caught.value)
+    assert vendor.endpoint.served == 1
+    assert sleeps.delays == []
 
 
 async def test_500_backs_off_then_succeeds(vendor: Vendor) -> None:
@@ -64,6 +112,21 @@ async def test_500_backs_off_then_succeeds(vendor: Vendor) -> None:
     assert response.text == "ok"
     assert vendor.endpoint.served == 3
     assert vendor.sleeps.delays == [0.5, 1.0]
+
+
+async def test_backoff_is_jittered_as_the_vendor_sdks_do(
+    vendor: Vendor, fake_models: FakeModelServer, sleeps: SleepRecorder
+) -> None:
+    # Each wait is the backoff times a random factor in (0.75, 1], so clients that
+    # failed together do not all come back at the same instant.
+    provider = make_provider(vendor.name, fake_models, sleeps, rand=Draws(0.2, 0.6, 0.99))
+    vendor.endpoint.script(*[Failure(500)] * 3, Completion(text="ok"))
+    try:
+        assert (await provider.complete(ask(vendor))).text == "ok"
+    finally:
+        await provider.aclose()
+
+    assert sleeps.delays == pytest.approx([0.5 * 0.95, 1.0 * 0.85, 2.0 * 0.7525])
 
 
 async def test_500_until_exhausted_raises_model_call_failed(vendor: Vendor) -> None:
@@ -327,3 +390,42 @@ async def test_retry_after_ms_is_read_before_retry_after(vendor: Vendor) -> None
     await vendor.provider.complete(ask(vendor))
 
     assert vendor.sleeps.delays == [1.25]
+
+
+BAD_ARGUMENTS = {
+    "not-json": ('{"order_id": "A-17" "fields": []}', "not valid JSON"),
+    "not-an-object": ('["A-17"]', "a JSON array, not an object"),
+}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+async def test_tool_arguments_that_are_not_a_json_object_are_the_models_mistake(
+    vendor: Vendor, streamed: bool, case: str
+) -> None:
+    # The call was served (and billed): a model writing bad JSON is not a failed call.
+    # The response carries the problem on the tool call, for the loop to hand back.
+    raw, problem = BAD_ARGUMENTS[case]
+    if vendor.name == "anthropic" and not streamed and case == "not-json":
+        pytest.skip("a messages-API JSON body cannot carry unparseable input")
+    bad = FakeToolCall("call_1", "lookup_order", {}, raw=raw)
+    good = FakeToolCall("call_2", "lookup_order", {"order_id": "B-2"})
+    vendor.endpoint.script(Completion(text="Checking.", tool_calls=(bad, good), chunk_size=5))
+
+    response = await vendor.provider.complete(
+        ask(vendor), on_delta=(lambda _: None) if streamed else None
+    )
+
+    assert vendor.endpoint.served == 1
+    assert response.text == "Checking."
+    assert response.finish_reason == "tool_calls"
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (11, 7)
+    first, second = response.tool_calls
+    assert second == ToolCall("call_2", "lookup_order", {"order_id": "B-2"})
+    assert (first.id, first.name, dict(first.arguments)) == ("call_1", "lookup_order", {})
+    assert first.raw_arguments == raw
+    assert first.arguments_error is not None
+    assert first.arguments_error.startswith(problem)
+    assert repr(raw) in first.arguments_error
+    # It crosses the durable boundary as JSON and comes back equal.
+    assert ModelResponse.from_dict(json.loads(json.dumps(response.to_dict()))) == response

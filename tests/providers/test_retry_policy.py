@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from toren.errors import ModelCallFailed
 from toren.providers._retry import (
+    Attempt,
     AttemptFailure,
     Retrying,
     SdkErrors,
@@ -14,14 +16,17 @@ from toren.providers._retry import (
 from toren.providers.base import RetryPolicy
 from toren.redact import Redactor
 
+from .conftest import Draws
+
 
 async def _no_sleep(seconds: float) -> None:
     pass
 
 
 def retrying(policy: RetryPolicy) -> Retrying:
+    """A retry loop whose jitter draws are always 0: full backoffs."""
     errors = SdkErrors(status=LookupError, connection=ConnectionError)
-    return Retrying("test", errors, policy, 1.0, _no_sleep)
+    return Retrying("test", errors, policy, 1.0, _no_sleep, rand=lambda: 0.0)
 
 
 @pytest.mark.parametrize(
@@ -57,12 +62,51 @@ def test_delay_is_exponential_and_capped() -> None:
     assert delays == [1.0, 3.0, 9.0, 10.0]
 
 
-def test_retry_after_wins_over_backoff_but_not_over_the_cap() -> None:
-    policy = RetryPolicy(max_backoff=5.0)
-    r = retrying(policy)
+def test_backoff_jitter_takes_up_to_a_quarter_off() -> None:
+    policy = RetryPolicy(initial_backoff=1.0, multiplier=2.0, max_backoff=3.0)
+
+    assert [policy.backoff(n, 0.0) for n in range(3)] == [1.0, 2.0, 3.0]
+    assert [policy.backoff(n, 0.5) for n in range(3)] == [0.875, 1.75, 2.625]
+    assert RetryPolicy(jitter=0.0).backoff(1, 0.9) == 1.0
+
+
+def test_the_jitter_is_drawn_from_random_by_default() -> None:
+    policy = RetryPolicy(initial_backoff=1.0)
+    errors = SdkErrors(status=LookupError, connection=ConnectionError)
+    default = Retrying("test", errors, policy, 1.0, _no_sleep)
+    failure = AttemptFailure("x", 500, True, "E")
+
+    delays = {default.delay(failure, 1) for _ in range(200)}
+
+    assert len(delays) > 1
+    assert all(0.75 < d <= 1.0 for d in delays)
+
+
+async def test_only_waits_draw_jitter() -> None:
+    draws = Draws(0.5, 0.5)  # two waits between three attempts; a third draw would fail
+    errors = SdkErrors(status=LookupError, connection=ConnectionError)
+    r = Retrying("test", errors, RetryPolicy(max_attempts=3), 1.0, _no_sleep, rand=draws)
+
+    async def refused(_: Attempt) -> None:
+        raise ConnectionError("refused")
+
+    with pytest.raises(ModelCallFailed, match="after 3 attempts"):
+        await r.call("m", refused)
+    assert draws.values == []
+
+
+def test_a_huge_attempt_number_waits_max_backoff() -> None:
+    policy = RetryPolicy(multiplier=3.0, max_backoff=9.0, jitter=0.0)
+
+    assert policy.backoff(5000) == 9.0
+
+
+def test_retry_after_wins_over_backoff_up_to_its_own_cap() -> None:
+    r = retrying(RetryPolicy(max_backoff=5.0, max_retry_after=60.0))
 
     assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=2.0), 3) == 2.0
-    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.0), 1) == 5.0
+    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.0), 1) == 60.0
+    assert r.delay(AttemptFailure("x", 429, True, "E", retry_after=60.5), 1) is None
 
 
 def test_redact_leaves_placeholder_keys_alone() -> None:

@@ -3,8 +3,10 @@
 One turn is a model call; if the model asked for tools, every tool call of the turn starts
 at once, each its own step, and their results go back to the model in the order the model
 asked for them. A failed tool is not a failed run: its error text is what the model sees,
-and the model decides what to do next. The loop ends on an answer without tool calls, or
-on a limit (``LimitExceeded`` naming the limit and the setting).
+and the model decides what to do next. Nor is a tool call whose arguments the model
+garbled (not a JSON object): it is answered with the problem, and the tool is not run.
+The loop ends on an answer without tool calls, or on a limit (``LimitExceeded`` naming
+the limit and the setting).
 
 The tool calls of a turn are structured, as in a task group: anything else a tool call
 raises (an agent bug, an engine abort) cancels its siblings and waits for them to unwind
@@ -150,10 +152,12 @@ class _Loop:
         }
 
     def _steps_for(self, calls: Sequence[ToolCall]) -> int:
-        # A call to an unknown tool is answered without a step.
-        return sum(1 for c in calls if c.name in self.names)
+        # A call to an unknown tool, or with garbled arguments, is answered without a step.
+        return sum(1 for c in calls if c.name in self.names and c.arguments_error is None)
 
     async def _run_tool(self, call: ToolCall) -> dict[str, Any]:
+        if call.name in self.names and call.arguments_error is not None:
+            return _garbled_arguments(call)
         try:
             if call.name == ASK_HUMAN_SPEC.name and self.spec.human is not None:
                 content = await self._ask_human(call.arguments)
@@ -265,6 +269,23 @@ def _first_error(
     ]
     aborts = [exc for exc in errors if not isinstance(exc, Exception)]
     return (aborts or errors)[0] if errors else None
+
+
+def _garbled_arguments(call: ToolCall) -> dict[str, Any]:
+    """The answer to a call whose arguments the model garbled (see :class:`ToolCall`). The
+    tool is not run: ``{}`` in their place would act on arguments the model never gave.
+    Worded like a schema mismatch found by the tool step; ``is_error`` marks it for APIs
+    that take the flag (the other error answers above predate it, and adding it to them
+    would change the requests of every in-flight run)."""
+    return {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "name": call.name,
+        "content": f"error: ToolArgumentsError: invalid arguments for tool {call.name!r}: "
+        f"{call.arguments_error}. The tool was not run; call it again with its arguments "
+        "as one JSON object.",
+        "is_error": True,
+    }
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -136,8 +136,13 @@ class RunView:
         if text:
             self.print("  " + escape(short(text, 2000)))
         for call in response.get("tool_calls") or ():
+            name = escape(str(call.get("name")))
+            if call.get("arguments_error"):  # garbled by the model: answered, not run
+                raw = escape(short(str(call.get("raw_arguments") or ""), 120))
+                self.print(f"  [dim]→ asks for[/] {name}({raw}) [yellow]arguments not valid[/]")
+                continue
             args = short(call.get("arguments") or {}, 120)
-            self.print(f"  [dim]→ asks for[/] {escape(str(call.get('name')))}({escape(args)})")
+            self.print(f"  [dim]→ asks for[/] {name}({escape(args)})")
 
     def _on_ToolCallRecorded(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
         name = escape(str(p.get("name")))

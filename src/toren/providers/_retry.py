@@ -2,8 +2,8 @@
 
 The vendor SDK clients are built with ``max_retries=0`` so that this is the only retry
 layer: one policy (:class:`~toren.providers.base.RetryPolicy`), one place that honours
-``Retry-After``, an injectable sleep (tests assert the delays instead of waiting them),
-a timeout per attempt, and one translation of failures into
+``Retry-After``, an injectable sleep and jitter draw (tests assert the delays instead of
+waiting them), a timeout per attempt, and one translation of failures into
 :class:`~toren.errors.ModelCallFailed` that never carries credentials or headers.
 
 An attempt is retried only until the provider starts to answer (a success status, the
@@ -11,6 +11,12 @@ response headers of a stream): from then on the provider is generating, and bill
 a failure mid-answer is final, as it is in the vendor SDKs, whose retries also end at
 the response headers. Retrying it would pay for the call again (and again: a stream
 longer than the timeout would fail on every attempt).
+
+The usage a provider reported during an attempt (Anthropic's ``message_start`` gives the
+input tokens before any text; OpenAI may send usage chunks) rides on the failure, as
+``details["usage"]`` ``{input_tokens, output_tokens}``: billed tokens must reach cost
+accounting and budgets even when the call fails. An attempt that reported usage had got
+an answer, and such an attempt is never retried, so that usage is all the call billed.
 
 Invariant: a :class:`ModelCallFailed` raised here is what the engine records and replay
 re-raises, so its message and details must be plain, serialisable and secret-free.
@@ -20,16 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
 from toren.errors import ModelCallFailed
-from toren.providers.base import RetryPolicy
+from toren.providers.base import RetryPolicy, Usage
 from toren.redact import Redactor
 
 T = TypeVar("T")
 Sleep = Callable[[float], Awaitable[None]]
+Rand = Callable[[], float]  # a draw in [0, 1), as random.random
 
 
 class MalformedResponse(Exception):
@@ -61,21 +69,19 @@ class StreamBroken(Exception):
 class Attempt:
     """One attempt's progress. A provider calls :meth:`began` once the provider has
     accepted the request and started to answer; the attempt's deadline then no longer
-    applies (the SDK's read timeout still bounds every silence of the stream)."""
+    applies (the SDK's read timeout still bounds every silence of the stream). It calls
+    :meth:`used` whenever the provider reports usage, so a failure after that carries it."""
 
     def __init__(self, deadline: asyncio.Timeout) -> None:
         self._deadline = deadline
+        self.usage: Usage | None = None
+
+    def used(self, usage: Usage) -> None:
+        """The usage reported so far: running totals, not an increment."""
+        self.usage = usage
 
     def began(self) -> None:
         self._deadline.reschedule(None)
-
-
-async def read(aw: Awaitable[T], *, status: int) -> T:
-    """Await one read of a begun stream, reporting its failures like :func:`decoded`."""
-    try:
-        return await aw
-    except Exception as exc:
-        raise _stream_failure(exc, status) from exc
 
 
 async def decoded(items: AsyncIterator[T], *, status: int) -> AsyncGenerator[T, None]:
@@ -244,40 +250,64 @@ class Retrying:
     timeout: float
     sleep: Sleep
     secrets: tuple[str, ...] = ()
+    rand: Rand = random.random
 
     async def call(self, model: str, attempt: Callable[[Attempt], Awaitable[T]]) -> T:
         attempts = max(1, self.policy.max_attempts)
         for number in range(1, attempts + 1):
+            progress: Attempt | None = None
             try:
                 # The SDK's own timeout bounds each read; this bounds the attempt until
                 # the provider begins to answer (see Attempt), so a server that accepts
                 # the connection and never answers still ends.
                 async with asyncio.timeout(self.timeout) as deadline:
-                    return await attempt(Attempt(deadline))
+                    progress = Attempt(deadline)
+                    return await attempt(progress)
             except Exception as exc:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:
                     raise
-                if not failure.retryable or number == attempts:
+                last = number == attempts or not failure.retryable
+                wait = None if last else self.delay(failure, number)
+                if wait is None:
+                    usage = progress.usage if progress is not None else None
                     # No exception chaining: the SDK error holds the request and its
                     # Authorization header, and must not ride along into logs.
-                    raise self._failed(failure, model, number) from None
-            await self.sleep(self.delay(failure, number))
+                    raise self._failed(failure, model, number, usage) from None
+            await self.sleep(wait)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def delay(self, failure: AttemptFailure, number: int) -> float:
-        """Seconds to wait after failed attempt ``number`` (1-based)."""
-        if failure.retry_after is not None:
-            return min(failure.retry_after, self.policy.max_backoff)
-        return self.policy.backoff(number - 1)
+    def delay(self, failure: AttemptFailure, number: int) -> float | None:
+        """Seconds to wait after failed attempt ``number`` (1-based): the server's ask, else
+        the jittered backoff. ``None`` when the server asked for longer than
+        ``max_retry_after``: the call then fails rather than retry early."""
+        if failure.retry_after is None:
+            return self.policy.backoff(number - 1, self.rand())
+        if self._asks_too_long(failure):
+            return None
+        return failure.retry_after
 
-    def _failed(self, failure: AttemptFailure, model: str, attempts: int) -> ModelCallFailed:
+    def _asks_too_long(self, failure: AttemptFailure) -> bool:
+        return failure.retry_after is not None and failure.retry_after > self.policy.max_retry_after
+
+    def _failed(
+        self, failure: AttemptFailure, model: str, attempts: int, usage: Usage | None
+    ) -> ModelCallFailed:
         status = f"HTTP {failure.status}" if failure.status is not None else failure.error_type
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         message = (
             f"{self.provider} call to model {model!r} failed ({status}) after {tries}: "
-            f"{Redactor(self.secrets).text(failure.message)}. {_hint(failure)}"
+            f"{Redactor(self.secrets).text(failure.message)}. {self._advice(failure)}"
         )
+        details: dict[str, object] = {}
+        if failure.retry_after is not None:
+            details["retry_after"] = failure.retry_after
+        if usage is not None:
+            details["usage"] = usage.to_dict()
+            message += (
+                f" Before it failed, the provider reported {usage.input_tokens} input and "
+                f"{usage.output_tokens} output tokens for it."
+            )
         return ModelCallFailed(
             message,
             provider=self.provider,
@@ -286,4 +316,16 @@ class Retrying:
             attempts=attempts,
             retryable=failure.retryable,
             error_type=failure.error_type,
+            **details,
+        )
+
+    def _advice(self, failure: AttemptFailure) -> str:
+        if not (failure.retryable and self._asks_too_long(failure)):
+            return _hint(failure)
+        asked = f"{failure.retry_after:g}s"
+        return (
+            f"{'Rate limited: t' if failure.status == 429 else 'T'}he server asked to wait "
+            f"{asked} before retrying, longer than RetryPolicy.max_retry_after "
+            f"({self.policy.max_retry_after:g}s) allows, so the call was not retried early. "
+            f"Retry the run after {asked}."
         )

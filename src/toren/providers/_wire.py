@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toren.errors import InvalidInput
-from toren.providers.base import TRANSPORT_PARAMS, MessageLike, ModelRequest
+from toren.providers.base import TRANSPORT_PARAMS, MessageLike, ModelRequest, ToolCall
 
 
 def sampling_params(request: ModelRequest) -> dict[str, Any]:
@@ -33,10 +33,52 @@ def content_text(content: object) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
-def arguments_object(raw: str, tool: str) -> dict[str, Any]:
-    """Decode tool-call arguments, which the model (not the SDK) wrote as JSON text.
-    Raises ``ValueError`` for anything but a JSON object."""
-    value = json.loads(raw) if raw.strip() else {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"arguments of tool call {tool!r} are not a JSON object: {raw[:200]!r}")
-    return dict(value)
+# How much of garbled arguments an error quotes back to the model (``raw_arguments`` keeps
+# them whole): enough to see the mistake, not a second copy of a long document.
+QUOTED_ARGUMENTS = 500
+
+
+def tool_call(call_id: str, name: str, text: str) -> ToolCall:
+    """A tool call from the arguments text the model wrote (OpenAI's ``arguments``, the
+    Anthropic stream's ``partial_json``). Text that is not a JSON object is the model's
+    mistake and is carried on the call (see :class:`ToolCall`), never raised: the call
+    was served and billed."""
+    try:
+        value = json.loads(text, parse_constant=_not_json) if text.strip() else {}
+    except (ValueError, RecursionError) as exc:
+        return _garbled(call_id, name, text, f"not valid JSON ({exc})")
+    return tool_call_from_value(call_id, name, value, text)
+
+
+def tool_call_from_value(
+    call_id: str, name: str, value: object, text: str | None = None
+) -> ToolCall:
+    """A tool call from arguments the SDK already decoded (Anthropic's ``input``)."""
+    if isinstance(value, Mapping):
+        return ToolCall(call_id, name, dict(value))
+    raw = json.dumps(value) if text is None else text
+    return _garbled(call_id, name, raw, f"a JSON {_json_kind(value)}, not an object")
+
+
+def _not_json(constant: str) -> Any:
+    # NaN and Infinity are not JSON: recorded, they would fail the next request's digest.
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return "null" if value is None else type(value).__name__
+
+
+def _garbled(call_id: str, name: str, raw: str, problem: str) -> ToolCall:
+    shown = repr(raw[:QUOTED_ARGUMENTS])
+    if len(raw) > QUOTED_ARGUMENTS:
+        shown += f" (the first {QUOTED_ARGUMENTS} of {len(raw)} characters)"
+    return ToolCall(call_id, name, {}, arguments_error=f"{problem}: {shown}", raw_arguments=raw)

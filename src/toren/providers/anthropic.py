@@ -18,26 +18,39 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import Mapping
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
 import anthropic
 from anthropic.types import Message as WireMessage
+from anthropic.types import (
+    RawContentBlockStartEvent,
+    RawMessageDeltaEvent,
+    RawMessageStreamEvent,
+)
 from anthropic.types import Usage as WireUsage
 
 from toren.errors import ProviderUnavailable
 from toren.providers._retry import (
     Attempt,
     MalformedResponse,
+    Rand,
     Retrying,
     SdkErrors,
     Sleep,
     decoded,
     parsed,
-    read,
 )
-from toren.providers._wire import content_text, require, sampling_params
+from toren.providers._wire import (
+    content_text,
+    require,
+    sampling_params,
+    tool_call,
+    tool_call_from_value,
+)
 from toren.providers.base import (
     DeltaCallback,
     MessageLike,
@@ -155,24 +168,30 @@ def wire_request(request: ModelRequest) -> dict[str, Any]:
 
 
 def parse_message(message: WireMessage) -> ModelResponse:
-    """Raises ``ValueError`` for a tool call whose input is not an object."""
     texts: list[str] = []
     calls: list[ToolCall] = []
     for block in message.content:
         if block.type == "text":
             texts.append(block.text)
         elif block.type == "tool_use":
-            if not isinstance(block.input, Mapping):
-                raise ValueError(f"input of tool call {block.name!r} is not a JSON object")
-            calls.append(ToolCall(block.id, block.name, dict(block.input)))
+            calls.append(tool_call_from_value(block.id, block.name, block.input))
     reason = message.stop_reason or "end_turn"
     return ModelResponse(
         text="".join(texts),
         tool_calls=tuple(calls),
-        usage=Usage(_input_tokens(message.usage), message.usage.output_tokens),
+        usage=_usage(message.usage),
         finish_reason=_FINISH_REASONS.get(reason, reason),
         model=message.model,
     )
+
+
+# The stream events that report usage: message_start the input (and the first output)
+# tokens, each message_delta the running totals.
+_USAGE_EVENTS = frozenset({"message_start", "message_delta"})
+
+
+def _usage(usage: WireUsage) -> Usage:
+    return Usage(_input_tokens(usage), usage.output_tokens)
 
 
 def _input_tokens(usage: WireUsage) -> int:
@@ -183,13 +202,95 @@ def _input_tokens(usage: WireUsage) -> int:
     return usage.input_tokens + cached
 
 
-def parse_streamed(message: WireMessage) -> ModelResponse:
-    """:func:`parse_message` for the message a stream accumulated. Raises ``ValueError``
-    when the stream ended before ``message_delta`` gave the stop reason (a proxy that cut
-    it short): a truncated answer must not pass for a whole one."""
-    if message.stop_reason is None:
-        raise ValueError("the stream ended before the model finished (no stop_reason)")
-    return parse_message(message)
+@dataclass
+class _PartialBlock:
+    type: str
+    id: str = ""
+    name: str = ""
+    start_input: object = None
+    parts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class StreamAssembler:
+    """Folds the raw events of a streamed message into the response a non-streaming call
+    would have given.
+
+    Tool inputs are decoded here, from the JSON text the model streamed, as OpenAI's
+    are. The SDK's ``messages.stream()`` helper decodes them itself while streaming: it
+    raises on input the model garbled (failing a call that was served and billed) or,
+    parsing leniently, takes a valid prefix of it for the whole input.
+    """
+
+    blocks: dict[int, _PartialBlock] = field(default_factory=dict)
+    usage: WireUsage | None = None
+    stop_reason: str | None = None
+    model: str = ""
+
+    def add(self, event: RawMessageStreamEvent) -> str:
+        """Take one event; return its text delta ("" if none)."""
+        if event.type == "message_start":
+            self.model = event.message.model
+            self.usage = event.message.usage.model_copy()
+        elif event.type == "content_block_start":
+            return self._start(event)
+        elif event.type == "content_block_delta":
+            block = self.blocks.get(event.index)
+            delta = event.delta
+            if block is not None and block.type == "text" and delta.type == "text_delta":
+                block.parts.append(delta.text)
+                return delta.text
+            if block is not None and block.type == "tool_use" and delta.type == "input_json_delta":
+                block.parts.append(delta.partial_json)
+        elif event.type == "message_delta":
+            self.stop_reason = event.delta.stop_reason
+            self._update_usage(event)
+        return ""
+
+    def _start(self, event: RawContentBlockStartEvent) -> str:
+        content = event.content_block
+        block = self.blocks[event.index] = _PartialBlock(content.type)
+        if content.type == "tool_use":
+            block.id, block.name, block.start_input = content.id, content.name, content.input
+        elif content.type == "text" and content.text:
+            block.parts.append(content.text)
+            return content.text
+        return ""
+
+    def _update_usage(self, event: RawMessageDeltaEvent) -> None:
+        # A message_delta's counts are running totals; the optional ones are left out
+        # when message_start's still hold.
+        usage, delta = self.usage, event.usage
+        if usage is None:
+            return
+        usage.output_tokens = delta.output_tokens
+        if delta.input_tokens is not None:
+            usage.input_tokens = delta.input_tokens
+        if delta.cache_read_input_tokens is not None:
+            usage.cache_read_input_tokens = delta.cache_read_input_tokens
+        if delta.cache_creation_input_tokens is not None:
+            usage.cache_creation_input_tokens = delta.cache_creation_input_tokens
+
+    def response(self) -> ModelResponse:
+        """Raises ``ValueError`` for a stream that ended before ``message_delta`` gave the
+        stop reason (a proxy that cut it short): a truncated answer must not pass for a
+        whole one."""
+        if self.stop_reason is None or self.usage is None:
+            raise ValueError("the stream ended before the model finished (no stop_reason)")
+        blocks = [b for _, b in sorted(self.blocks.items())]
+        return ModelResponse(
+            text="".join("".join(b.parts) for b in blocks if b.type == "text"),
+            tool_calls=tuple(_streamed_call(b) for b in blocks if b.type == "tool_use"),
+            usage=_usage(self.usage),
+            finish_reason=_FINISH_REASONS.get(self.stop_reason, self.stop_reason),
+            model=self.model,
+        )
+
+
+def _streamed_call(block: _PartialBlock) -> ToolCall:
+    if block.parts:
+        return tool_call(block.id, block.name, "".join(block.parts))
+    return tool_call_from_value(block.id, block.name, block.start_input or {})
 
 
 def _as_message(value: object) -> WireMessage:
@@ -215,7 +316,8 @@ class AnthropicProvider:
     """:class:`~toren.providers.base.ModelProvider` over the Anthropic messages API.
 
     ``client`` injects a ready ``AsyncAnthropic`` (its retries are switched off and it
-    is not closed by :meth:`aclose`); ``sleep`` is what waits between retries.
+    is not closed by :meth:`aclose`); ``sleep`` is what waits between retries and ``rand``
+    draws their jitter (both injectable, so tests neither wait nor guess).
     """
 
     name = "anthropic"
@@ -229,19 +331,22 @@ class AnthropicProvider:
         client: anthropic.AsyncAnthropic | None = None,
         *,
         sleep: Sleep = asyncio.sleep,
+        rand: Rand = random.random,
     ) -> None:
         self._owns_client = client is None
         base = client if client is not None else _client(api_key, base_url, timeout)
         self._client = base.with_options(max_retries=0)
         secret = base.api_key or ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,))
+        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
 
     async def complete(
         self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+            return await self._retrying.call(
+                request.model, lambda attempt: self._create(kwargs, attempt)
+            )
         return await self._retrying.call(
             request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
         )
@@ -250,21 +355,26 @@ class AnthropicProvider:
         if self._owns_client:
             await self._client.close()
 
-    async def _create(self, kwargs: Mapping[str, Any]) -> ModelResponse:
+    async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.messages.with_raw_response.create(**kwargs)
         try:
-            return parse_message(_as_message(await raw.parse()))
+            message = _as_message(await raw.parse())
         except ValueError as exc:
             raise MalformedResponse(str(exc), status=raw.status_code) from exc
+        attempt.used(_usage(message.usage))
+        return parsed(lambda: parse_message(message), status=raw.status_code)
 
     async def _stream(
         self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
     ) -> ModelResponse:
-        async with self._client.messages.stream(**kwargs) as stream:
-            attempt.began()
-            status = stream.response.status_code
-            async with aclosing(decoded(stream.text_stream, status=status)) as deltas:
-                async for delta in deltas:
+        stream = await self._client.messages.create(**kwargs, stream=True)
+        attempt.began()
+        status = stream.response.status_code
+        assembler = StreamAssembler()
+        async with stream, aclosing(decoded(stream.__aiter__(), status=status)) as events:
+            async for event in events:
+                if delta := assembler.add(event):
                     on_delta(delta)
-            final = await read(stream.get_final_message(), status=status)
-        return parsed(lambda: parse_streamed(final), status=status)
+                if event.type in _USAGE_EVENTS and assembler.usage is not None:
+                    attempt.used(_usage(assembler.usage))
+        return parsed(assembler.response, status=status)

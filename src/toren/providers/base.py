@@ -136,17 +136,42 @@ class ModelRequest:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """A tool the model asked to call.
+
+    ``arguments_error`` is set when the model wrote arguments that are not a JSON object
+    (invalid JSON, or a list, string, ...). That is the model's mistake, not a failed
+    call: the call was served and billed, so the response is recorded as usual, with
+    ``arguments`` empty, ``raw_arguments`` the text as the model wrote it and
+    ``arguments_error`` what is wrong with it, worded for the model. The built-in loop
+    answers such a call with that error instead of running the tool, so the model can
+    correct itself. Agent code that runs tools itself should do the same.
+    """
+
     id: str
     name: str
     arguments: Mapping[str, Any]
+    arguments_error: str | None = None
+    raw_arguments: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+        data: dict[str, Any] = {"id": self.id, "name": self.name, "arguments": dict(self.arguments)}
+        # Only when set: the assistant message of a response carries these dicts into
+        # every later request of the run, so a new key on every call would change those
+        # requests' digests and re-run (and re-bill) every in-flight run.
+        if self.arguments_error is not None:
+            data["arguments_error"] = self.arguments_error
+            data["raw_arguments"] = self.raw_arguments
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        error, raw = data.get("arguments_error"), data.get("raw_arguments")
         return cls(
-            id=str(data["id"]), name=str(data["name"]), arguments=dict(data.get("arguments") or {})
+            id=str(data["id"]),
+            name=str(data["name"]),
+            arguments=dict(data.get("arguments") or {}),
+            arguments_error=None if error is None else str(error),
+            raw_arguments=None if raw is None else str(raw),
         )
 
 
@@ -217,16 +242,34 @@ class ModelResponse:
 @dataclass(frozen=True)
 class RetryPolicy:
     """Retries on 408, 409, 429 and 5xx unless the server's ``x-should-retry`` says
-    otherwise, as the vendor SDKs do. ``retry-after-ms`` or ``Retry-After`` from the server
-    wins over the backoff (up to ``max_backoff``)."""
+    otherwise, as the vendor SDKs do.
+
+    A wait the server asks for (``retry-after-ms``, else ``Retry-After`` in seconds) wins
+    over the backoff and is waited in full up to ``max_retry_after`` (two minutes, the
+    OpenAI SDK's cap). A longer one fails the call at once, saying how long the server
+    asked to wait: retrying earlier would only hammer a server that asked us to wait.
+
+    The backoff grows by ``multiplier`` from ``initial_backoff`` up to ``max_backoff``,
+    and each wait is cut by a random part of up to ``jitter`` of it (0.25: a factor in
+    (0.75, 1], as the OpenAI and Anthropic SDKs draw it), so that the clients a failure
+    hit together do not all come back at the same instant.
+    """
 
     max_attempts: int = 4
     initial_backoff: float = 0.5
     max_backoff: float = 20.0
     multiplier: float = 2.0
+    jitter: float = 0.25
+    max_retry_after: float = 120.0
 
-    def backoff(self, attempt: int) -> float:
-        return float(min(self.max_backoff, self.initial_backoff * self.multiplier**attempt))
+    def backoff(self, attempt: int, rand: float = 0.0) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based). ``rand``, a draw in [0, 1),
+        picks the point in the jitter range; 0 gives the full backoff."""
+        try:
+            full = min(self.max_backoff, self.initial_backoff * self.multiplier**attempt)
+        except OverflowError:  # a float power past ~1e308: long past the cap anyway
+            full = self.max_backoff
+        return float(full * (1 - self.jitter * rand))
 
 
 @runtime_checkable

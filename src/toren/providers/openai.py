@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -22,9 +23,9 @@ import openai
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 
-from toren.errors import ProviderUnavailable
-from toren.providers._retry import Attempt, Retrying, SdkErrors, Sleep, decoded, parsed
-from toren.providers._wire import arguments_object, content_text, require, sampling_params
+from toren.errors import InvalidInput, ProviderUnavailable
+from toren.providers._retry import Attempt, Rand, Retrying, SdkErrors, Sleep, decoded, parsed
+from toren.providers._wire import content_text, require, sampling_params, tool_call
 from toren.providers.base import (
     DeltaCallback,
     MessageLike,
@@ -85,9 +86,25 @@ def wire_request(request: ModelRequest) -> dict[str, Any]:
     if request.tools:
         kwargs["tools"] = [wire_tool(t) for t in request.tools]
     params = sampling_params(request)
+    _check_n(request.model, params)
     if params:
         kwargs["extra_body"] = params
     return kwargs
+
+
+def _check_n(model: str, params: Mapping[str, Any]) -> None:
+    """Refuse ``n`` other than 1 before anything is sent. The server would generate (and
+    bill) ``n`` answers, and a model call records one: keeping the first would silently
+    pay for the rest."""
+    n = params.get("n")
+    if n is None or (n == 1 and not isinstance(n, bool)):
+        return
+    raise InvalidInput(
+        f"the openai call to model {model!r} asks for n={n!r} alternative answers; a "
+        "Toren model call records one answer, so n must be 1 or left out (model_params "
+        "in agent.yaml, or the params of ctx.model). For several answers, make several "
+        "model calls: each is its own step, recorded and replayed on its own."
+    )
 
 
 # --- wire format: OpenAI -> Toren ----------------------------------------------------
@@ -105,7 +122,7 @@ def parse_completion(completion: ChatCompletion) -> ModelResponse:
         raise ValueError("the completion has no choices")
     choice = completion.choices[0]
     calls = tuple(
-        ToolCall(c.id, c.function.name, arguments_object(c.function.arguments, c.function.name))
+        tool_call(c.id, c.function.name, c.function.arguments)
         for c in choice.message.tool_calls or ()
         if c.type == "function"
     )
@@ -139,9 +156,11 @@ class StreamAssembler:
         """Take one chunk; return its text delta ("" if none)."""
         self.model = chunk.model or self.model
         self.usage = chunk.usage or self.usage
-        if not chunk.choices:
+        # Only the first choice: n is refused above 1, but a server may stream more
+        # anyway, and their chunks interleave (each choice names its index).
+        choice = next((c for c in chunk.choices if c.index == 0), None)
+        if choice is None:
             return ""
-        choice = chunk.choices[0]
         self.finish_reason = choice.finish_reason or self.finish_reason
         for delta in choice.delta.tool_calls or ():
             partial = self.calls.setdefault(delta.index, _PartialCall())
@@ -159,8 +178,7 @@ class StreamAssembler:
         if self.finish_reason is None:
             raise ValueError("the stream ended before the model finished (no finish_reason)")
         calls = tuple(
-            ToolCall(p.id, p.name, arguments_object("".join(p.arguments), p.name))
-            for _, p in sorted(self.calls.items())
+            tool_call(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self.calls.items())
         )
         return ModelResponse(
             text="".join(self.text),
@@ -192,7 +210,8 @@ class OpenAIProvider:
     """:class:`~toren.providers.base.ModelProvider` over OpenAI chat completions.
 
     ``client`` injects a ready ``AsyncOpenAI`` (its retries are switched off and it is
-    not closed by :meth:`aclose`); ``sleep`` is what waits between retries.
+    not closed by :meth:`aclose`); ``sleep`` is what waits between retries and ``rand``
+    draws their jitter (both injectable, so tests neither wait nor guess).
     """
 
     name = "openai"
@@ -206,19 +225,22 @@ class OpenAIProvider:
         client: openai.AsyncOpenAI | None = None,
         *,
         sleep: Sleep = asyncio.sleep,
+        rand: Rand = random.random,
     ) -> None:
         self._owns_client = client is None
         base = client if client is not None else _client(api_key, base_url, timeout)
         self._client = base.with_options(max_retries=0)
         secret = base.api_key if isinstance(base.api_key, str) else ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,))
+        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
 
     async def complete(
         self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
     ) -> ModelResponse:
         kwargs = wire_request(request)
         if on_delta is None:
-            return await self._retrying.call(request.model, lambda _: self._create(kwargs))
+            return await self._retrying.call(
+                request.model, lambda attempt: self._create(kwargs, attempt)
+            )
         return await self._retrying.call(
             request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
         )
@@ -227,9 +249,12 @@ class OpenAIProvider:
         if self._owns_client:
             await self._client.close()
 
-    async def _create(self, kwargs: Mapping[str, Any]) -> ModelResponse:
+    async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
-        return parsed(lambda: parse_completion(_as_completion(raw.parse())), status=raw.status_code)
+        completion = parsed(lambda: _as_completion(raw.parse()), status=raw.status_code)
+        if completion.usage is not None:
+            attempt.used(_usage(completion.usage))
+        return parsed(lambda: parse_completion(completion), status=raw.status_code)
 
     async def _stream(
         self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
@@ -244,6 +269,8 @@ class OpenAIProvider:
             async for chunk in chunks:
                 if delta := assembler.add(chunk):
                     on_delta(delta)
+                if chunk.usage is not None:
+                    attempt.used(_usage(chunk.usage))
         return parsed(assembler.response, status=status)
 
 
