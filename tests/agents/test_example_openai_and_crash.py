@@ -188,12 +188,6 @@ async def test_a_broken_stream_hands_its_reported_usage_to_the_engine(
     assert recorded.error["usage"] == {"input_tokens": 30, "output_tokens": 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="toren.core.steps._live_model counts usage and cost only from a response; it "
-    "must also read error['usage'] (see the provider fix for mid-stream failures). "
-    "Remove this mark with that change.",
-)
 async def test_a_broken_streams_reported_usage_is_counted_and_priced(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -143,10 +143,12 @@ class Steps(TickState):
             except StepFailed as exc:
                 error = {**exc.details, **error_dict(exc)}
             latency = (time.perf_counter() - started) * 1000
-            usage = response.usage if response else Usage()
+            # A call that failed after the provider reported usage (a stream that broke
+            # mid-answer) was billed for it: count and price it like a response's.
+            usage = response.usage if response else _reported_usage(error)
             cost = _ZERO
             pricing = ctx.program.pricing or self.deps.pricing
-            if pricing is not None and response is not None:
+            if pricing is not None and (response is not None or usage != Usage()):
                 cost = pricing(f"{request.provider}:{request.model}", usage)
             blobs, list_node = self._new_blobs(ctx.stream, request, hashed)
             params = hashed.params
@@ -557,3 +559,12 @@ async def _call_tool(tooldef: ToolDef, args: Mapping[str, Any]) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def _reported_usage(error: Mapping[str, Any] | None) -> Usage:
+    """The usage a failed model call had reported before it failed: the provider's
+    ``ModelCallFailed`` carries it as ``details["usage"]`` (see toren.providers._retry)."""
+    reported = (error or {}).get("usage")
+    if not isinstance(reported, Mapping):
+        return Usage()
+    return Usage(int(reported.get("input_tokens", 0)), int(reported.get("output_tokens", 0)))
