@@ -129,3 +129,16 @@ async def test_send_message_refuses_a_too_deep_payload_and_stores_nothing(store:
     assert await toren.send_message(store, run.id, "go", nested(64)) > 0
     result = await toren.tick(run.id, deps)
     assert result.status == "completed" and result.output == {"got": nested(64)}
+
+
+@pytest.mark.parametrize("name", ["", "go\x00", "line\nbreak", "x" * 256, 7])
+async def test_send_message_refuses_a_bad_name_and_stores_nothing(
+    store: Store, name: object
+) -> None:
+    # The HTTP API's rule (a NUL would also fail on PostgreSQL as a driver error).
+    registry = _waiter()
+    run = await toren.start_run(store, registry, "waits", None)
+    with pytest.raises(InvalidInput, match="is not valid; expected 1 to 255 characters"):
+        await toren.send_message(store, run.id, name, 1)  # type: ignore[arg-type]
+    assert await store.next_message(run.id, ["go"]) is None
+    assert await toren.send_message(store, run.id, "x" * 255, 1) > 0

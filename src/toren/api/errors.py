@@ -16,8 +16,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from toren.api.models import CURSOR_HELP, MESSAGE_NAME_HELP, NAME_HELP
-from toren.core.inputs import MAX_JSON_DEPTH, text_depth, too_deep
+from toren.api.models import CURSOR_HELP, NAME_HELP
+from toren.core.inputs import MAX_JSON_DEPTH, MESSAGE_NAME_HELP, text_depth, too_deep
 from toren.errors import (
     AgentNotFound,
     IdempotencyConflict,

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, Field
 
 from toren.agents.config import NAME_PATTERN
-from toren.core.inputs import check_depth
+from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
 from toren.errors import InvalidInput
 
 # Agent and process names follow agent.yaml's rule (one source of truth): an API that
@@ -24,8 +24,6 @@ NAME_HELP = (
 # Identifiers stored as plain text columns: visible ASCII only (no NUL, no control
 # characters, which PostgreSQL text columns reject and headers cannot carry).
 KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
-MESSAGE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
-MESSAGE_NAME_HELP = "1 to 255 characters, without control characters (no newline, tab, NUL)"
 # A cursor is a run id (the last run of the previous page) as toren.core.runs.new_run_id
 # makes them: anything else would be compared as a string and page silently wrong.
 CURSOR_PATTERN = r"^run_[0-9a-f]{22}$"

@@ -20,7 +20,10 @@ from toren.errors import InvalidInput
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "MESSAGE_NAME_HELP",
+    "MESSAGE_NAME_PATTERN",
     "check_depth",
+    "check_message_name",
     "format_path",
     "json_data",
     "loads",
@@ -34,6 +37,19 @@ __all__ = [
 MAX_JSON_DEPTH = 64
 
 Segment = str | int
+
+# A message name (``ctx.wait_for_message(name)``): stored as text on both backends, shown in
+# logs and the console; PostgreSQL refuses NUL in text.
+MESSAGE_NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,255}$"
+MESSAGE_NAME_HELP = "1 to 255 characters, without control characters (no newline, tab, NUL)"
+_MESSAGE_NAME = re.compile(MESSAGE_NAME_PATTERN)
+
+
+def check_message_name(name: Any) -> str:
+    """``name`` if it is a valid message name, else :class:`InvalidInput` saying why."""
+    if not isinstance(name, str) or not _MESSAGE_NAME.match(name):
+        raise InvalidInput(f"message name {name!r} is not valid; expected {MESSAGE_NAME_HELP}")
+    return name
 
 
 def check_depth(value: Any, what: str, root: str) -> None:

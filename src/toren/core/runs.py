@@ -9,7 +9,7 @@ from typing import Any
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import RunStarted, make_event
-from toren.core.inputs import json_data
+from toren.core.inputs import check_message_name, json_data
 from toren.core.program import AgentResolver
 from toren.errors import InvalidInput, RunNotFound
 from toren.store.base import NewRun, RunRecord, Store
@@ -69,10 +69,12 @@ async def send_message(
 ) -> int:
     """Send the message ``name`` to run ``run_id`` (a run waiting in
     ``ctx.wait_for_message(name)`` continues); the id of the stored message. The checks of
-    the HTTP API and the CLI: a payload that is not JSON data, or nests objects and arrays
+    the HTTP API and the CLI: a name that is not 1 to 255 characters without control
+    characters, a payload that is not JSON data, or nests objects and arrays
     more than :data:`~toren.core.inputs.MAX_JSON_DEPTH` levels deep, is an
     :class:`InvalidInput` and nothing is stored; an unknown or finished run is a
     :class:`RunNotFound`. (``Store.send_message`` is the storage call beneath, unchecked.)"""
+    check_message_name(name)
     payload = json_data(payload, "message payload", "payload")
     return await store.send_message(run_id, name, payload, now=(clock or SystemClock()).now())
 
