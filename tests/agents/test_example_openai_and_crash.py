@@ -40,6 +40,18 @@ def emails(outbox: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in outbox.read_text().splitlines() if line.strip()]
 
 
+async def run_example(db_url: str, tmp_path: Path, question: str) -> tuple[Any, list[Any]]:
+    """Run the copied example once on an in-process worker: its final record and events."""
+    runtime = await open_runtime(tmp_path / "agents", db_url, toren.Settings(poll_interval=0.05))
+    try:
+        run = await toren.start_run(runtime.store, runtime.resolver, "support-agent", question)
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
+        return final, await runtime.store.load_events(run.id)
+    finally:
+        await close_runtime(runtime)
+
+
 async def test_the_example_switches_to_openai_by_one_line(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,17 +79,7 @@ async def test_the_example_switches_to_openai_by_one_line(
             ),
             Completion(text="Your order A-17 has shipped."),
         )
-        runtime = await open_runtime(
-            tmp_path / "agents", db_url, toren.Settings(poll_interval=0.05)
-        )
-        try:
-            run = await toren.start_run(
-                runtime.store, runtime.resolver, "support-agent", "Where is A-17?"
-            )
-            async with toren.LocalWorkerRuntime(runtime.deps):
-                final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
-        finally:
-            await close_runtime(runtime)
+        final, _ = await run_example(db_url, tmp_path, "Where is A-17?")
         assert final.status == "completed", final.error
         assert final.output["answer"] == "Your order A-17 has shipped."
         assert fake.openai.served == 3 and len(emails(outbox)) == 1
@@ -113,18 +115,7 @@ async def test_garbled_tool_arguments_go_back_to_the_model_on_the_engine(
             Completion(tool_calls=(FakeToolCall("c2", "send_email", email),)),
             Completion(text="Sent."),
         )
-        runtime = await open_runtime(
-            tmp_path / "agents", db_url, toren.Settings(poll_interval=0.05)
-        )
-        try:
-            run = await toren.start_run(
-                runtime.store, runtime.resolver, "support-agent", "Email me about A-17."
-            )
-            async with toren.LocalWorkerRuntime(runtime.deps):
-                final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
-            events = await runtime.store.load_events(run.id)
-        finally:
-            await close_runtime(runtime)
+        final, events = await run_example(db_url, tmp_path, "Email me about A-17.")
         assert final.status == "completed", final.error
         assert final.output["answer"] == "Sent."
         sent = emails(outbox)
@@ -160,18 +151,7 @@ async def run_into_a_broken_stream(
         fake.openai.script(
             Completion(text="abcdefgh", input_tokens=30, output_tokens=2, broken=broken)
         )
-        runtime = await open_runtime(
-            tmp_path / "agents", db_url, toren.Settings(poll_interval=0.05)
-        )
-        try:
-            run = await toren.start_run(
-                runtime.store, runtime.resolver, "support-agent", "Where is A-17?"
-            )
-            async with toren.LocalWorkerRuntime(runtime.deps):
-                final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
-            events = await runtime.store.load_events(run.id)
-        finally:
-            await close_runtime(runtime)
+        final, events = await run_example(db_url, tmp_path, "Where is A-17?")
     (recorded,) = [e.payload for e in events if e.type == "ModelCallRecorded"]
     return final, recorded
 

@@ -111,23 +111,17 @@ def event_from_row(row: Sequence[Any]) -> Event:
             run_id=run_id,
             seq=seq,
         )
-    # Built without the frozen dataclass __init__: a tick reads every event of its run.
-    return frozen(
-        Event,
-        seq=seq,
-        run_id=run_id,
-        stream=row[2],
-        position=row[3],
-        generation=row[4],
-        slot=row[5],
-        type=type_,
-        digest=row[7],
-        code_version=row[8],
-        worker_id=row[9],
-        created_at=row[10],
-        format_version=row[11],
-        payload=parse_payload(type_, row[12], run_id=run_id, seq=seq),
-    )
+    # Built without the frozen dataclass __init__, the envelope straight from the row's
+    # columns (EVENT_COLUMNS order): a tick reads every event of its run.
+    event = object.__new__(Event)
+    values = event.__dict__
+    values.update(zip(_ENVELOPE_COLUMNS, row, strict=False))  # the payload column left out
+    values["payload"] = parse_payload(type_, row[12], run_id=run_id, seq=seq)
+    return event
+
+
+_ENVELOPE_COLUMNS = tuple(c.strip() for c in EVENT_COLUMNS.split(","))[:12]
+assert _ENVELOPE_COLUMNS[-1] == "format_version"  # the payload comes last, parsed apart
 
 
 def event_params(event: Event) -> tuple[Any, ...]:
