@@ -72,6 +72,13 @@ def json_data(value: Any, what: str, root: str) -> Any:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # lone surrogates cannot be stored
         return json.loads(text)
+    except RecursionError:
+        # Not too deep (checked above): a value that contains itself, deeper than json
+        # recurses before it can name the cycle.
+        raise InvalidInput(
+            f"{what} must be JSON data (objects, arrays, strings, numbers, booleans, null); "
+            "got a value that contains itself"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidInput(
             f"{what} must be JSON data (objects, arrays, strings, numbers, booleans, null); "
