@@ -46,8 +46,9 @@ _MESSAGE_NAME = re.compile(MESSAGE_NAME_PATTERN)
 
 
 def check_message_name(name: Any) -> str:
-    """``name`` if it is a valid message name, else :class:`InvalidInput` saying why."""
-    if not isinstance(name, str) or not _MESSAGE_NAME.match(name):
+    """``name`` if it is a valid message name, else :class:`InvalidInput` saying why.
+    ``fullmatch``: re's ``$`` also matches before a final newline, pydantic's does not."""
+    if not isinstance(name, str) or not _MESSAGE_NAME.fullmatch(name):
         raise InvalidInput(f"message name {name!r} is not valid; expected {MESSAGE_NAME_HELP}")
     return name
 
