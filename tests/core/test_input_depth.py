@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.inputs import MAX_JSON_DEPTH, check_depth, format_path, text_depth
+from toren.core.inputs import MAX_JSON_DEPTH, check_depth, format_path, json_data, text_depth
 from toren.errors import InvalidInput, RunNotFound
 from toren.store import Store
 
@@ -131,7 +131,11 @@ async def test_send_message_refuses_a_too_deep_payload_and_stores_nothing(store:
     assert result.status == "completed" and result.output == {"got": nested(64)}
 
 
-@pytest.mark.parametrize("name", ["", "go\x00", "line\nbreak", "x" * 256, 7])
+# "go\n" and 255 characters plus "\n": re's "$" matches before a final newline, the
+# HTTP API's (pydantic's) does not.
+@pytest.mark.parametrize(
+    "name", ["", "go\x00", "line\nbreak", "x" * 256, 7, "go\n", "x" * 255 + "\n"]
+)
 async def test_send_message_refuses_a_bad_name_and_stores_nothing(
     store: Store, name: object
 ) -> None:
@@ -142,3 +146,18 @@ async def test_send_message_refuses_a_bad_name_and_stores_nothing(
         await toren.send_message(store, run.id, name, 1)  # type: ignore[arg-type]
     assert await store.next_message(run.id, ["go"]) is None
     assert await toren.send_message(store, run.id, "x" * 255, 1) > 0
+
+
+def test_a_value_that_contains_itself_deep_down_is_invalid_input() -> None:
+    # json.dumps recurses past Python's limit before it reaches the cycle and can name it:
+    # the host API must still answer InvalidInput, not RecursionError.
+    root: list[Any] = []
+    node = root
+    for _ in range(5_000):
+        child: list[Any] = []
+        node.append(child)
+        node = child
+    node.append(root)
+
+    with pytest.raises(InvalidInput, match="contains itself"):
+        json_data(root, "run input", "input")

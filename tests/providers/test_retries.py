@@ -8,7 +8,9 @@ import socket
 
 import pytest
 
+from toren.core.digest import canonical_json
 from toren.errors import ModelCallFailed
+from toren.providers._wire import tool_call_from_value
 from toren.providers.base import ModelRequest, ModelResponse, RetryPolicy, ToolCall
 
 from .conftest import Draws, SleepRecorder, Vendor, make_provider
@@ -429,3 +431,43 @@ async def test_tool_arguments_that_are_not_a_json_object_are_the_models_mistake(
     assert repr(raw) in first.arguments_error
     # It crosses the durable boundary as JSON and comes back equal.
     assert ModelResponse.from_dict(json.loads(json.dumps(response.to_dict()))) == response
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize("number", ["1e999", "-1e400"])
+async def test_tool_arguments_with_a_number_no_float_holds_are_the_models_mistake(
+    vendor: Vendor, streamed: bool, number: str
+) -> None:
+    # json.loads reads 1e999 as inf, which no digest takes: recorded as arguments, it
+    # would fail the tool step and every later request of the run (InvalidInput), when
+    # it is the model's mistake to hand back, as NaN and Infinity are.
+    if vendor.name == "anthropic" and not streamed:
+        pytest.skip("the fake's JSON body cannot carry it; see the test below")
+    raw = f'{{"order_id": {number}}}'
+    bad = FakeToolCall("call_1", "lookup_order", {}, raw=raw)
+    vendor.endpoint.script(Completion(text="", tool_calls=(bad,), chunk_size=5))
+
+    response = await vendor.provider.complete(
+        ask(vendor), on_delta=(lambda _: None) if streamed else None
+    )
+
+    (call,) = response.tool_calls
+    assert dict(call.arguments) == {}
+    assert call.arguments_error is not None
+    assert call.arguments_error.startswith("not valid JSON")
+    assert ModelResponse.from_dict(json.loads(json.dumps(response.to_dict()))) == response
+    canonical_json(response.message())  # the next request of the run can be digested
+
+
+@pytest.mark.parametrize("number", [float("inf"), float("-inf"), float("nan")])
+def test_decoded_tool_input_with_a_number_no_digest_takes_is_the_models_mistake(
+    number: float,
+) -> None:
+    # Anthropic's messages API hands tool input over decoded; Python's JSON reader takes
+    # NaN, Infinity and 1e999 (as inf) in it.
+    call = tool_call_from_value("call_1", "lookup_order", {"order_id": [1, number]})
+
+    assert dict(call.arguments) == {}
+    assert call.arguments_error is not None
+    assert call.arguments_error.startswith("not valid JSON")
+    canonical_json(ModelResponse("", (call,)).message())

@@ -46,8 +46,9 @@ _MESSAGE_NAME = re.compile(MESSAGE_NAME_PATTERN)
 
 
 def check_message_name(name: Any) -> str:
-    """``name`` if it is a valid message name, else :class:`InvalidInput` saying why."""
-    if not isinstance(name, str) or not _MESSAGE_NAME.match(name):
+    """``name`` if it is a valid message name, else :class:`InvalidInput` saying why.
+    ``fullmatch``: re's ``$`` also matches before a final newline, pydantic's does not."""
+    if not isinstance(name, str) or not _MESSAGE_NAME.fullmatch(name):
         raise InvalidInput(f"message name {name!r} is not valid; expected {MESSAGE_NAME_HELP}")
     return name
 
@@ -72,6 +73,13 @@ def json_data(value: Any, what: str, root: str) -> Any:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")  # lone surrogates cannot be stored
         return json.loads(text)
+    except RecursionError:
+        # Not too deep (checked above): a value that contains itself, deeper than json
+        # recurses before it can name the cycle.
+        raise InvalidInput(
+            f"{what} must be JSON data (objects, arrays, strings, numbers, booleans, null); "
+            "got a value that contains itself"
+        ) from None
     except (TypeError, ValueError) as exc:
         raise InvalidInput(
             f"{what} must be JSON data (objects, arrays, strings, numbers, booleans, null); "

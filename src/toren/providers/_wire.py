@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,9 @@ def tool_call(call_id: str, name: str, text: str) -> ToolCall:
     mistake and is carried on the call (see :class:`ToolCall`), never raised: the call
     was served and billed."""
     try:
-        value = json.loads(text, parse_constant=_not_json) if text.strip() else {}
+        value = (
+            json.loads(text, parse_constant=_not_json, parse_float=_finite) if text.strip() else {}
+        )
     except (ValueError, RecursionError) as exc:
         return _garbled(call_id, name, text, f"not valid JSON ({exc})")
     return tool_call_from_value(call_id, name, value, text)
@@ -55,7 +58,12 @@ def tool_call_from_value(
 ) -> ToolCall:
     """A tool call from arguments the SDK already decoded (Anthropic's ``input``)."""
     if isinstance(value, Mapping):
-        return ToolCall(call_id, name, dict(value))
+        number = _non_finite(value)
+        if number is None:
+            return ToolCall(call_id, name, dict(value))
+        # The SDK decodes NaN, Infinity and 1e999 (as inf) without complaint.
+        raw = json.dumps(value) if text is None else text
+        return _garbled(call_id, name, raw, f"not valid JSON ({number!r} is not a JSON value)")
     raw = json.dumps(value) if text is None else text
     return _garbled(call_id, name, raw, f"a JSON {_json_kind(value)}, not an object")
 
@@ -63,6 +71,29 @@ def tool_call_from_value(
 def _not_json(constant: str) -> Any:
     # NaN and Infinity are not JSON: recorded, they would fail the next request's digest.
     raise ValueError(f"{constant} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    # A number too large for a float (1e999) reads as inf: the same failure as Infinity.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+def _non_finite(value: object) -> float | None:
+    """The first NaN or infinity in decoded arguments, or None. Iterative: the SDK may
+    hand over deeply nested input."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return item
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return None
 
 
 def _json_kind(value: object) -> str:

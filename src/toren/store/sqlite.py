@@ -150,6 +150,11 @@ class SQLiteStore(SqlStore):
                 if self._loop_conn is None:
                     self._loop_conn = self._open(0)
                 cur = self._loop_cur = self._loop_conn.cursor()
+            elif cur.connection.in_transaction:
+                # Only a write an interrupt cut short (KeyboardInterrupt after BEGIN) leaves
+                # one open here: it holds the write lock, which every later write would
+                # wait on in vain. Nothing of it was committed.
+                cur.execute("ROLLBACK")
             cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
             return None
