@@ -20,12 +20,10 @@ result read back from the log (where JSON key order is not guaranteed, e.g. Post
 JSONB) produces byte-identical messages to the live run.
 
 Limits follow the same rule. ``max_steps`` counts the loop's own steps (model calls, tool
-calls, waits), which replay reproduces exactly; ``ctx.usage.steps`` would not do, because
-during replay it already holds the run's total, so a check that passed live could fail on
-replay and end a healthy run. ``max_cost_usd`` is checked against ``ctx.usage.cost_usd``:
-that total only grows, and once it reaches the budget the engine refuses every further
-live model call anyway, so failing earlier on replay cannot change a run's outcome, only
-spare it a pointless resume.
+calls, waits), which replay reproduces exactly. ``max_cost_usd`` is checked against
+``ctx.usage.cost_usd``, which on replay is the run's spending as it stood when the step
+being replayed was recorded (what the live run saw at that point), so a check that passed
+live passes on replay too; once live, it is everything spent, superseded steps included.
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ class Context:
 
     @property
     def usage(self) -> RunUsage:
+        """What the run has spent (tokens, estimated cost, steps) as of this point of the
+        code: on replay, the totals as they stood when the step just replayed was
+        recorded, as the live run saw them here; live, everything spent so far. Code that
+        decides on it (a budget) takes the same branch on every replay."""
         return self._runner.usage()
 
     def _position(self) -> int:

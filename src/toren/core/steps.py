@@ -567,4 +567,9 @@ def _reported_usage(error: Mapping[str, Any] | None) -> Usage:
     reported = (error or {}).get("usage")
     if not isinstance(reported, Mapping):
         return Usage()
-    return Usage(int(reported.get("input_tokens", 0)), int(reported.get("output_tokens", 0)))
+    # A provider of someone else's may put anything here: only token counts count.
+    return Usage(_count_of(reported.get("input_tokens")), _count_of(reported.get("output_tokens")))
+
+
+def _count_of(value: Any) -> int:
+    return value if type(value) is int and value > 0 else 0

@@ -43,6 +43,7 @@ from toren.core.tickstate import (
     FLUSH_INTERVAL,
     TickDeps,
     TickResult,
+    UsageBySeq,
     _BackOff,
     _Cancel,
     _Drain,
@@ -134,7 +135,8 @@ class TickRunner(Steps):
             return await self._conclude()
 
     def _correct_totals(self, run: RunRecord, events: Sequence[Event]) -> None:
-        truth = log_totals(events)
+        by_seq = UsageBySeq(events)
+        truth = by_seq.final()
         self._pending.add(
             RunDelta(
                 input_tokens=truth.input_tokens - run.input_tokens,
@@ -145,6 +147,7 @@ class TickRunner(Steps):
             )
         )
         self._usage = [truth.input_tokens, truth.output_tokens, truth.cost_nanousd, truth.steps]
+        self._usage_by_seq = by_seq
 
     async def _main(self, ctx: Context) -> Any:
         output = await ctx.program.fn(ctx, ctx.input)

@@ -7,6 +7,7 @@ invalidation-storm guard. The steps themselves are in :mod:`toren.core.steps`; t
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import json
 import logging
@@ -130,19 +131,57 @@ class _Pending:
 
 def log_totals(events: Sequence[Event]) -> RunDelta:
     """What the run row's totals should be, from the log alone."""
-    i = o = c = steps = inv = 0
-    for event in events:
-        payload = event.payload
-        if isinstance(payload, ModelCallRecorded):
-            i += payload.input_tokens
-            o += payload.output_tokens
-            c += to_nano(payload.cost_usd)
-            steps += 1
-        elif isinstance(payload, (ToolCallRecorded, ValueRecorded)):
-            steps += 1
-        elif isinstance(payload, StreamInvalidated):
-            inv += 1
-    return RunDelta(input_tokens=i, output_tokens=o, cost_nanousd=c, steps=steps, invalidations=inv)
+    return UsageBySeq(events).final()
+
+
+def _usage_of(event: Event) -> tuple[int, int, int] | None:
+    """(input tokens, output tokens, cost nano-USD) of a step event that counts as a step
+    in the run's totals; None for any other event."""
+    payload = event.payload
+    if isinstance(payload, ModelCallRecorded):
+        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd)
+    if isinstance(payload, (ToolCallRecorded, ValueRecorded)):
+        return 0, 0, 0
+    return None
+
+
+class UsageBySeq:
+    """The run's usage totals as they stood after each event of the log (by seq): what a
+    live run saw at a point of its code, so that replay can show the same. ``ctx.usage``
+    read during replay must not be the final total, or agent code deciding on it (a
+    budget) would take another branch on replay than it took live."""
+
+    __slots__ = ("invalidations", "seqs", "totals")
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.seqs: list[int] = []
+        self.totals: list[tuple[int, int, int, int]] = []
+        self.invalidations = 0
+        i = o = c = steps = 0
+        for event in events:
+            used = _usage_of(event)
+            if used is not None:
+                i, o, c, steps = i + used[0], o + used[1], c + used[2], steps + 1
+                self.seqs.append(event.seq)
+                self.totals.append((i, o, c, steps))
+            elif isinstance(event.payload, StreamInvalidated):
+                self.invalidations += 1
+
+    def final(self) -> RunDelta:
+        """The totals of the whole log (what the run row should hold)."""
+        i, o, c, steps = self.totals[-1] if self.totals else (0, 0, 0, 0)
+        return RunDelta(
+            input_tokens=i,
+            output_tokens=o,
+            cost_nanousd=c,
+            steps=steps,
+            invalidations=self.invalidations,
+        )
+
+    def at(self, seq: int) -> tuple[int, int, int, int]:
+        """The totals after every event up to ``seq``."""
+        n = bisect.bisect_right(self.seqs, seq)
+        return self.totals[n - 1] if n else (0, 0, 0, 0)
 
 
 class _Abort(BaseException):
@@ -293,6 +332,9 @@ class TickState:
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
         self._usage = [0, 0, 0, 0]  # input tokens, output tokens, cost nano-USD, steps
+        # While replaying, ctx.usage is the log's totals as of the last step replayed.
+        self._usage_by_seq = UsageBySeq(())
+        self._replayed_seq = 0
         self._pending = _Pending()
         self._next_flush = 0.0
         self._interrupted = False
@@ -348,7 +390,13 @@ class TickState:
         self._wake.set()
 
     def usage(self) -> RunUsage:
-        i, o, c, s = self._usage
+        """The run's usage as agent code sees it at this point: while the tick replays, the
+        totals as they stood when the last replayed step was recorded (what the live run
+        saw here); once it runs live, everything spent so far."""
+        if self._replaying:
+            i, o, c, s = self._usage_by_seq.at(self._replayed_seq)
+        else:
+            i, o, c, s = self._usage
         return RunUsage(i, o, Decimal(c) / Decimal(10**9), s)
 
     # -- writing --------------------------------------------------------------------------
@@ -439,7 +487,10 @@ class TickState:
             raise self._abort
         view = self.log.stream(stream)
         decision = decide(view, pos, kind, digest)
-        if isinstance(decision, Invalidate):
+        if isinstance(decision, Replay):
+            step = decision.step
+            self._replayed_seq = max(self._replayed_seq, (step.done or step.first).seq)
+        elif isinstance(decision, Invalidate):
             self._invalidate(
                 stream,
                 pos,

@@ -1,0 +1,67 @@
+"""``ctx.usage`` on replay is the usage as of the step being replayed, as the live run saw
+it there, not the run's final total. Agent code that decides on it (the built-in loop's
+``max_cost_usd``) must take the same branch on every replay, or a resumed run ends
+differently from the run it resumes."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import toren
+from toren.providers.base import Usage
+from toren.providers.scripted import ScriptedProvider
+from toren.store import Store
+
+PRICE = Decimal("0.6")  # per call
+
+
+def price(model: str, usage: Usage) -> Decimal:
+    return PRICE
+
+
+def budgeted(seen: list[tuple[Decimal, int]]) -> Any:
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        for i in range(2):
+            seen.append((ctx.usage.cost_usd, ctx.usage.steps))
+            if ctx.usage.cost_usd >= Decimal("1.0"):
+                raise toren.LimitExceeded("over budget", limit="max_cost_usd")
+            await ctx.model("scripted:echo", [{"role": "user", "content": f"turn {i}"}])
+        seen.append((ctx.usage.cost_usd, ctx.usage.steps))
+        await ctx.wait_for_message("go")
+        return "done"
+
+    return agent
+
+
+async def test_a_resumed_run_sees_the_usage_of_its_replay_position(store: Store) -> None:
+    seen: list[tuple[Decimal, int]] = []
+    reg = toren.Registry()
+    reg.add("budgeted", budgeted(seen))
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": ScriptedProvider()}, pricing=price
+    )
+    run = await toren.start_run(store, reg, "budgeted")
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    live = list(seen)
+    assert live == [(Decimal(0), 0), (PRICE, 1), (2 * PRICE, 2)]
+
+    seen.clear()
+    await toren.send_message(store, run.id, "go")
+    result = await toren.tick(run.id, deps)
+    # Live, the budget check before the second call saw $0.60 and went on; replay must
+    # see the same, not the $1.20 the run has spent by now (which failed the run).
+    assert result.status == "completed", result.error
+    assert seen == live
+    stored = await store.get_run(run.id)
+    assert stored is not None and stored.cost_usd == 2 * PRICE and stored.steps == 2
+
+
+def test_usage_a_failure_reports_counts_only_token_counts() -> None:
+    from toren.core.steps import _reported_usage
+
+    assert _reported_usage({"usage": {"input_tokens": 30, "output_tokens": 2}}) == Usage(30, 2)
+    for junk in (None, "many", -5, 2.5, True, [1]):
+        assert _reported_usage({"usage": {"input_tokens": junk, "output_tokens": junk}}) == Usage()
+    assert _reported_usage({"usage": "lots"}) == Usage()
+    assert _reported_usage(None) == Usage()
