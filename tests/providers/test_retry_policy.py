@@ -31,14 +31,24 @@ def retrying(policy: RetryPolicy) -> Retrying:
 
 @pytest.mark.parametrize(
     ("header", "seconds"),
-    [("3", 3.0), (" 1.5 ", 1.5), ("0", 0.0), ("-1", None), ("soon", None), (None, None)],
+    [("3", 3.0), (" 1.5 ", 1.5), ("-1", None), ("soon", None), (None, None), ("nan", None)],
 )
 def test_retry_after_seconds_form(header: str | None, seconds: float | None) -> None:
     assert parse_retry_after(header) == seconds
 
 
-def test_retry_after_http_date_falls_back_to_backoff() -> None:
-    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None
+def test_retry_after_zero_falls_back_to_backoff() -> None:
+    # "Retry now" would hammer a server that just refused: the SDKs back off instead.
+    assert parse_retry_after("0") is None
+
+
+def test_retry_after_http_date_form() -> None:
+    now = 1445412470.0  # Wed, 21 Oct 2015 07:27:50 GMT
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=now) == 10.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:27:00 GMT", now=now) is None  # past
+    assert parse_retry_after("Wednesday, 21-Oct-15 07:28:00 GMT", now=now) == 10.0  # RFC 850
+    assert parse_retry_after("Wed Oct 21 07:28:00 2015", now=now) == 10.0  # asctime
+    assert parse_retry_after("Wed, 32 Oct 2015 07:28:00 GMT", now=now) is None
 
 
 @pytest.mark.parametrize(

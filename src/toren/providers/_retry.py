@@ -25,8 +25,11 @@ re-raises, so its message and details must be plain, serialisable and secret-fre
 from __future__ import annotations
 
 import asyncio
+import datetime
+import email.utils
 import math
 import random
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
@@ -154,22 +157,42 @@ def should_retry(status: int, headers: _Headers) -> bool:
     return is_retryable_status(status)
 
 
-def parse_retry_after(value: str | None) -> float | None:
-    """The seconds form of ``Retry-After``; the HTTP-date form falls back to backoff."""
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds from ``Retry-After`` in either form HTTP allows: delay seconds, or an
+    HTTP-date (seconds from ``now``, default the wall clock). None when absent or
+    unreadable, and when it asks for no wait at all: then the backoff applies, as the
+    vendor SDKs do, rather than an immediate retry."""
     if value is None:
         return None
+    seconds = _number(value)
+    if seconds is None:
+        seconds = _seconds_until(value.strip(), time.time() if now is None else now)
+    return seconds if seconds is not None and seconds > 0 else None
+
+
+def _number(value: str | None) -> float | None:
     try:
-        seconds = float(value.strip())
+        number = float(value.strip()) if value is not None else math.nan
     except ValueError:
         return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    return number if math.isfinite(number) else None
+
+
+def _seconds_until(http_date: str, now: float) -> float | None:
+    try:
+        when = email.utils.parsedate_to_datetime(http_date)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an obsolete form without a zone: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp() - now
 
 
 def retry_after(headers: _Headers) -> float | None:
     """Seconds the server asked to wait: ``retry-after-ms`` (sent by OpenAI-style APIs and
     read first by their SDKs, being the more precise), else ``Retry-After``."""
-    millis = parse_retry_after(headers.get("retry-after-ms"))
-    if millis is not None:
+    millis = _number(headers.get("retry-after-ms"))
+    if millis is not None and millis > 0:
         return millis / 1000
     return parse_retry_after(headers.get("retry-after"))
 
