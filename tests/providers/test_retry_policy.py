@@ -51,6 +51,13 @@ def test_retry_after_http_date_form() -> None:
     assert parse_retry_after("Wed, 32 Oct 2015 07:28:00 GMT", now=now) is None
 
 
+def test_retry_after_with_a_year_past_any_calendar_is_unreadable() -> None:
+    # email.utils hands the year to datetime as is: one past a C long overflowed (an
+    # OverflowError out of the retry loop's except block) instead of falling back.
+    assert parse_retry_after("Mon, 1 Jan 99999999999999999999 10:00:00 GMT") is None
+    assert parse_retry_after("Mon, 1 Jan 99999 10:00:00 GMT") is None
+
+
 @pytest.mark.parametrize(
     ("status", "retryable"), [(408, True), (409, True), (429, True), (500, True), (529, True)]
 )

@@ -181,7 +181,7 @@ def _number(value: str | None) -> float | None:
 def _seconds_until(http_date: str, now: float) -> float | None:
     try:
         when = email.utils.parsedate_to_datetime(http_date)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):  # a year past C's long
         return None
     if when.tzinfo is None:  # an obsolete form without a zone: HTTP dates are GMT
         when = when.replace(tzinfo=datetime.UTC)
