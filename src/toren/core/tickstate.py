@@ -157,15 +157,18 @@ class UsageBySeq:
         self.seqs: list[int] = []
         self.totals: list[tuple[int, int, int, int]] = []
         self.invalidations = 0
-        i = o = c = steps = 0
         for event in events:
-            used = _usage_of(event)
-            if used is not None:
-                i, o, c, steps = i + used[0], o + used[1], c + used[2], steps + 1
-                self.seqs.append(event.seq)
-                self.totals.append((i, o, c, steps))
-            elif isinstance(event.payload, StreamInvalidated):
-                self.invalidations += 1
+            self.add(event)
+
+    def add(self, event: Event) -> None:
+        """Count one more event (its seq above every one counted so far)."""
+        used = _usage_of(event)
+        if used is not None:
+            i, o, c, steps = self.totals[-1] if self.totals else (0, 0, 0, 0)
+            self.seqs.append(event.seq)
+            self.totals.append((i + used[0], o + used[1], c + used[2], steps + 1))
+        elif isinstance(event.payload, StreamInvalidated):
+            self.invalidations += 1
 
     def final(self) -> RunDelta:
         """The totals of the whole log (what the run row should hold)."""
@@ -332,7 +335,9 @@ class TickState:
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
         self._usage = [0, 0, 0, 0]  # input tokens, output tokens, cost nano-USD, steps
-        # While replaying, ctx.usage is the log's totals as of the last step replayed.
+        # ctx.usage is the log's totals as of the highest seq this tick has seen: a step
+        # replayed, or an event it wrote. Not a replay flag: the tick's replay phase ends
+        # at its first live step, while a concurrent branch may still be replaying.
         self._usage_by_seq = UsageBySeq(())
         self._replayed_seq = 0
         self._pending = _Pending()
@@ -390,13 +395,12 @@ class TickState:
         self._wake.set()
 
     def usage(self) -> RunUsage:
-        """The run's usage as agent code sees it at this point: while the tick replays, the
-        totals as they stood when the last replayed step was recorded (what the live run
-        saw here); once it runs live, everything spent so far."""
-        if self._replaying:
-            i, o, c, s = self._usage_by_seq.at(self._replayed_seq)
-        else:
-            i, o, c, s = self._usage
+        """The run's usage as agent code sees it at this point: the log's totals as they
+        stood at the last step replayed or event written (what the live run saw here).
+        Once the tick writes, that is everything spent so far. A branch still replaying
+        while another already runs live (``asyncio.gather``) sees its own replay position,
+        not the totals the live branch has made current."""
+        i, o, c, s = self._usage_by_seq.at(self._replayed_seq)
         return RunUsage(i, o, Decimal(c) / Decimal(10**9), s)
 
     # -- writing --------------------------------------------------------------------------
@@ -428,6 +432,8 @@ class TickState:
             raise self._halt(exc) from None
         for event in stored:
             self.log.apply(event)
+            self._usage_by_seq.add(event)
+            self._replayed_seq = max(self._replayed_seq, event.seq)
         self._publish_events(stored)
         return stored
 
