@@ -339,7 +339,7 @@ class TickState:
         # replayed, or an event it wrote. Not a replay flag: the tick's replay phase ends
         # at its first live step, while a concurrent branch may still be replaying.
         self._usage_by_seq = UsageBySeq(())
-        self._replayed_seq = 0
+        self._seen_seq = 0
         self._pending = _Pending()
         self._next_flush = 0.0
         self._interrupted = False
@@ -400,7 +400,7 @@ class TickState:
         Once the tick writes, that is everything spent so far. A branch still replaying
         while another already runs live (``asyncio.gather``) sees its own replay position,
         not the totals the live branch has made current."""
-        i, o, c, s = self._usage_by_seq.at(self._replayed_seq)
+        i, o, c, s = self._usage_by_seq.at(self._seen_seq)
         return RunUsage(i, o, Decimal(c) / Decimal(10**9), s)
 
     # -- writing --------------------------------------------------------------------------
@@ -433,7 +433,7 @@ class TickState:
         for event in stored:
             self.log.apply(event)
             self._usage_by_seq.add(event)
-            self._replayed_seq = max(self._replayed_seq, event.seq)
+            self._seen_seq = max(self._seen_seq, event.seq)
         self._publish_events(stored)
         return stored
 
@@ -495,7 +495,7 @@ class TickState:
         decision = decide(view, pos, kind, digest)
         if isinstance(decision, Replay):
             step = decision.step
-            self._replayed_seq = max(self._replayed_seq, (step.done or step.first).seq)
+            self._seen_seq = max(self._seen_seq, (step.done or step.first).seq)
         elif isinstance(decision, Invalidate):
             self._invalidate(
                 stream,
