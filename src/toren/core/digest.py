@@ -189,16 +189,12 @@ class HashedRequest:
     __slots__ = ("digest", "messages", "params", "tools")
 
     def __init__(
-        self,
-        digest: str,
-        messages: list[str],
-        tools: list[str],
-        params: dict[str, Any] | None = None,
+        self, digest: str, messages: list[str], tools: list[str], params: dict[str, Any]
     ) -> None:
         self.digest = digest
         self.messages = messages
         self.tools = tools
-        self.params = params  # the semantic params the digest covers, when known
+        self.params = params  # the semantic params the digest covers
 
 
 class HashCache:

@@ -20,7 +20,6 @@ from toren.core.digest import (
     HashedRequest,
     canonical_json,
     message_list_node,
-    semantic_params,
 )
 from toren.core.events import (
     ChildCompleted,
@@ -105,7 +104,7 @@ class Steps(TickState):
 
     def _check_budget(self, program: AgentProgram) -> None:
         limit = program.limits.max_cost_usd
-        if limit is not None and self._usage[2] >= to_nano(limit):
+        if limit is not None and self._usage_by_seq.spent()[2] >= to_nano(limit):
             raise LimitExceeded(
                 f"run {self.run_id!r} has spent ${self.usage().cost_usd} of its "
                 f"${limit} budget (limits.max_cost_usd); no further model calls are made"
@@ -151,7 +150,6 @@ class Steps(TickState):
             if pricing is not None and (response is not None or usage != Usage()):
                 cost = pricing(f"{request.provider}:{request.model}", usage)
             blobs, list_node = self._new_blobs(ctx.stream, request, hashed)
-            params = hashed.params
             payload = frozen(
                 ModelCallRecorded,
                 provider=request.provider,
@@ -159,7 +157,7 @@ class Steps(TickState):
                 message_list=list_node,
                 message_count=len(hashed.messages),
                 tools=hashed.tools,
-                params=semantic_params(request.params) if params is None else params,
+                params=hashed.params,
                 response=response.to_dict() if response else None,
                 error=error,
                 input_tokens=usage.input_tokens,
@@ -182,7 +180,7 @@ class Steps(TickState):
                     code_version=self.code_version,
                 ),
             )
-            self._count(usage, nano)
+            self.executed += 1
             if self.deps.telemetry is not None:
                 self.deps.telemetry.on_model_call(
                     self.run_id,
@@ -199,13 +197,6 @@ class Steps(TickState):
                 raise recorded_error(ModelCallFailed, error)
             assert response is not None
             return response
-
-    def _count(self, usage: Usage, nano: int = 0) -> None:
-        self.executed += 1
-        self._usage[0] += usage.input_tokens
-        self._usage[1] += usage.output_tokens
-        self._usage[2] += nano
-        self._usage[3] += 1
 
     def _new_blobs(
         self, stream: str, request: ModelRequest, hashed: HashedRequest
@@ -318,7 +309,7 @@ class Steps(TickState):
                 [self._event(ctx.stream, pos, gen, digest, payload)],
                 delta=RunDelta(steps=1, code_version=self.code_version),
             )
-            self._count(Usage())
+            self.executed += 1
             if self.deps.telemetry is not None:
                 self.deps.telemetry.on_tool_call(
                     self.run_id,
@@ -357,7 +348,7 @@ class Steps(TickState):
                 [self._event(ctx.stream, pos, gen, digest, ValueRecorded(what=what, value=value))],
                 delta=RunDelta(steps=1),
             )
-            self._count(Usage())
+            self.executed += 1
             return value
 
     def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float) -> Awaitable[None]:

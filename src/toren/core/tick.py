@@ -100,7 +100,6 @@ class TickRunner(Steps):
         if run is None:
             raise RunNotFound(f"no run with id {self.run_id!r}")
         self.record = run
-        self._usage = [run.input_tokens, run.output_tokens, run.cost_nanousd, run.steps]
         try:
             program = self.deps.agents.resolve(run.agent, run.process)
         except AgentNotFound as exc:
@@ -146,7 +145,6 @@ class TickRunner(Steps):
                 invalidations=truth.invalidations - run.invalidations,
             )
         )
-        self._usage = [truth.input_tokens, truth.output_tokens, truth.cost_nanousd, truth.steps]
         self._usage_by_seq = by_seq
 
     async def _main(self, ctx: Context) -> Any:

@@ -164,7 +164,7 @@ class UsageBySeq:
         """Count one more event (its seq above every one counted so far)."""
         used = _usage_of(event)
         if used is not None:
-            i, o, c, steps = self.totals[-1] if self.totals else (0, 0, 0, 0)
+            i, o, c, steps = self.spent()
             self.seqs.append(event.seq)
             self.totals.append((i + used[0], o + used[1], c + used[2], steps + 1))
         elif isinstance(event.payload, StreamInvalidated):
@@ -172,7 +172,7 @@ class UsageBySeq:
 
     def final(self) -> RunDelta:
         """The totals of the whole log (what the run row should hold)."""
-        i, o, c, steps = self.totals[-1] if self.totals else (0, 0, 0, 0)
+        i, o, c, steps = self.spent()
         return RunDelta(
             input_tokens=i,
             output_tokens=o,
@@ -180,6 +180,10 @@ class UsageBySeq:
             steps=steps,
             invalidations=self.invalidations,
         )
+
+    def spent(self) -> tuple[int, int, int, int]:
+        """(input tokens, output tokens, cost nano-USD, steps) of every event counted."""
+        return self.totals[-1] if self.totals else (0, 0, 0, 0)
 
     def at(self, seq: int) -> tuple[int, int, int, int]:
         """The totals after every event up to ``seq``."""
@@ -334,10 +338,11 @@ class TickState:
         self._wake = asyncio.Event()
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
-        self._usage = [0, 0, 0, 0]  # input tokens, output tokens, cost nano-USD, steps
-        # ctx.usage is the log's totals as of the highest seq this tick has seen: a step
-        # replayed, or an event it wrote. Not a replay flag: the tick's replay phase ends
-        # at its first live step, while a concurrent branch may still be replaying.
+        # The log's usage totals by seq, extended by every event this tick writes: their
+        # end is what the run has spent (the budget); ctx.usage reads them as of the
+        # highest seq this tick has seen, a step replayed or an event written. Not a replay
+        # flag: the replay phase ends at the first live step, while a concurrent branch may
+        # still be replaying.
         self._usage_by_seq = UsageBySeq(())
         self._seen_seq = 0
         self._pending = _Pending()
