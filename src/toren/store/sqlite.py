@@ -125,10 +125,8 @@ class SQLiteStore(SqlStore):
                     raise error
                 return result  # type: ignore[no-any-return]
             # The write lock is held elsewhere: the database thread waits for it.
-            future: asyncio.Future[T] = loop.create_future()
-            self._submit(_Job(fn, True, future, loop))
-            return await future
-        future = loop.create_future()
+            return await self._on_thread(fn, write=True)
+        future: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, future))
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -269,13 +267,18 @@ class SQLiteStore(SqlStore):
         try:
             if write and self._inline:
                 return await self._group_write(fn)
-            future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-            self._submit(_Job(fn, write, future, asyncio.get_running_loop()))
-            return await future
+            return await self._on_thread(fn, write=write)
         except sqlite3.IntegrityError:
             raise
         except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
             raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    async def _on_thread(self, fn: Callable[[Any], T], *, write: bool) -> T:
+        """Run ``fn`` on the database thread and wait for its outcome."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._submit(_Job(fn, write, future, loop))
+        return await future
 
     def _insert_event(self, cur: Any, sql: str, params: Sequence[Any]) -> int | None:
         # Without RETURNING: SQLite passes returned rows through a buffer, which costs a
