@@ -330,6 +330,38 @@ describe("operations and auth", () => {
   });
 });
 
+describe("malformed request bodies", () => {
+  test("an input nested too deep: 422 invalid_request with the server's message and details", async () => {
+    let deep: unknown = 1;
+    for (let i = 0; i < 70; i++) deep = { a: [deep] };
+    await assert.rejects(client.startRun("demo", deep), (error: unknown) => {
+      assert.ok(error instanceof TorenAPIError);
+      assert.equal(error.status, 422);
+      assert.equal(error.code, "invalid_request");
+      assert.match(error.message, /nests objects and arrays \d+ levels deep.*expected at most 64 levels/);
+      assert.ok(Array.isArray(error.details) && error.details.length >= 1, JSON.stringify(error.details));
+      assert.match(String(error), /\(HTTP 422, invalid_request\)$/);
+      return true;
+    });
+  });
+
+  test("a bad agent name or message name: 422 invalid_request naming the field", async () => {
+    await assert.rejects(client.startRun("no spaces allowed"), (error: unknown) => {
+      assert.ok(error instanceof TorenAPIError);
+      assert.equal(error.code, "invalid_request");
+      const where = (error.details as { where: string }[]).map((d) => d.where);
+      assert.ok(where.includes("body.agent"), JSON.stringify(error.details));
+      return true;
+    });
+    const run = await waitingRun("approval");
+    await assert.rejects(client.sendMessage(run.id, "bad\u0000name", {}), {
+      code: "invalid_request",
+      status: 422,
+    });
+    await client.cancel(run.id);
+  });
+});
+
 describe("AbortSignal", () => {
   test("an aborted stream rejects with the signal's reason and closes its connection", async () => {
     const run = await waitingRun("approval");
