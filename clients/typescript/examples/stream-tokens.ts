@@ -32,16 +32,20 @@ process.once("SIGINT", () => stop.abort());
 
 const run = await client.startRun(agent, input, { process: values.process });
 console.log(`run ${run.id}`);
-const streamed = new Set<string>(); // model steps whose tokens arrived as deltas
+const shown = new Map<string, string>(); // what was printed of each model step's answer
 for await (const item of client.stream(run.id, { deltas: true, signal: stop.signal })) {
   if (item.kind === "delta") {
     process.stdout.write(item.text);
-    streamed.add(`${item.stream}/${item.position}`);
+    const step = `${item.stream}/${item.position}`;
+    shown.set(step, (shown.get(step) ?? "") + item.text);
   } else if (isEventType(item, "ModelCallRecorded")) {
-    // Deltas are best effort (a reconnect does not replay them): the recorded event has
-    // the whole answer, printed here when its tokens were not seen.
-    if (!streamed.has(`${item.stream}/${item.position}`)) {
-      process.stdout.write(item.payload.response?.text ?? "");
+    // Deltas are best effort (they are not replayed after a reconnect, and a stream opened
+    // while a call runs misses its first tokens): the recorded event has the whole answer,
+    // and whatever of it was not printed yet is printed now.
+    const text = item.payload.response?.text ?? "";
+    const printed = shown.get(`${item.stream}/${item.position}`) ?? "";
+    if (printed !== text) {
+      process.stdout.write(text.startsWith(printed) ? text.slice(printed.length) : `\n${text}`);
     }
     process.stdout.write("\n");
   } else if (isEventType(item, "ToolCallRecorded")) {

@@ -69,3 +69,11 @@ test("src/generated/openapi.ts is openapi-typescript's output for openapi.json",
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("the README's example is examples/quickstart.ts, which the type-check covers", () => {
+  const readme = readFileSync(join(PACKAGE, "README.md"), "utf8");
+  const example = readFileSync(join(PACKAGE, "examples", "quickstart.ts"), "utf8");
+  const block = /\/\/ README:start\n([\s\S]*?)\/\/ README:end/.exec(example)?.[1];
+  assert.ok(block, "examples/quickstart.ts marks the README's part");
+  assert.ok(readme.includes("```ts\n" + block + "```\n"), "README.md's first ts block differs from examples/quickstart.ts");
+});

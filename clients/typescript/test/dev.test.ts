@@ -5,12 +5,13 @@
 
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { cpSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, test } from "node:test";
 
 import { TorenClient, isEventType, type Delta, type StreamEvent } from "@toren-run/client";
 
-import { PACKAGE, Project, freePort } from "./harness.js";
+import { PACKAGE, Project, REPO, freePort } from "./harness.js";
 
 const ANSWER = "Streaming tokens from a durable run, chunk by chunk.";
 let project: Project;
@@ -18,6 +19,8 @@ let url: string;
 
 before(async () => {
   project = new Project();
+  // The repository's example agent too, for the README's quickstart.
+  cpSync(join(REPO, "examples", "support-agent"), join(project.agents, "support-agent"), { recursive: true });
   const port = await freePort();
   url = `http://127.0.0.1:${port}`;
   await project.dev(port);
@@ -66,20 +69,48 @@ test("stream with deltas yields the model's tokens before the recorded call, the
   assert.deepEqual(again, events);
 });
 
-test("the example script streams a run's tokens and prints its outcome", async () => {
-  const script = join(PACKAGE, ".build", "examples", "stream-tokens.js");
-  const child = spawn(process.execPath, [script, "demo", "--input", '{"steps": 2}'], {
+/** Runs a compiled example; `onLine` sees each line of its output as it comes. */
+async function runExample(
+  name: string,
+  args: string[],
+  onLine: (line: string) => Promise<void> | void = () => undefined,
+): Promise<string> {
+  const script = join(PACKAGE, ".build", "examples", `${name}.js`);
+  const child = spawn(process.execPath, [script, ...args], {
     env: { ...process.env, TOREN_API_URL: url },
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stdout = "";
   let stderr = "";
-  child.stdout.on("data", (chunk: Buffer) => (stdout += chunk.toString()));
+  child.stdout.on("data", (chunk: Buffer) => {
+    const before = stdout.split("\n").length - 1;
+    stdout += chunk.toString();
+    for (const line of stdout.split("\n").slice(before, -1)) void onLine(line);
+  });
   child.stderr.on("data", (chunk: Buffer) => (stderr += chunk.toString()));
   const code = await new Promise<number | null>((ok) => child.once("exit", ok));
   assert.equal(code, 0, stdout + stderr);
+  return stdout;
+}
+
+test("the example script streams a run's tokens and prints its outcome", async () => {
+  // `gated` waits for "go": it is sent once the example printed that, so its stream is
+  // open before the model's tokens are generated and it prints them as they come.
+  const client = new TorenClient(url);
+  let runId = "";
+  const stdout = await runExample("stream-tokens", ["demo", "--process", "gated"], async (line) => {
+    if (line.startsWith("run ")) runId = line.slice(4);
+    if (line === "[waiting for go]") await client.sendMessage(runId, "go", true);
+  });
   const lines = stdout.trimEnd().split("\n");
   assert.match(lines[0]!, /^run run_[0-9a-f]{22}$/);
-  const step = "a slow step is done, one token at a time";
-  assert.deepEqual(lines.slice(1), [step, step, `completed: ${JSON.stringify({ answer: step, steps: 2 })}`]);
+  assert.deepEqual(lines.slice(1), ["[waiting for go]", ANSWER, `completed: ${JSON.stringify({ answer: ANSWER })}`]);
+  assert.equal((await client.getRun(runId)).status, "completed");
+});
+
+test("the README's quickstart runs the support agent to its end", async () => {
+  const stdout = await runExample("quickstart", []);
+  assert.match(stdout, /\d+ RunStarted\n/);
+  assert.match(stdout, /\d+ ToolCallRecorded\n[\s\S]*\d+ RunCompleted\n/);
+  assert.match(stdout, /^completed \{\s+answer: 'Your order A-17 has shipped with DHL/m);
 });
