@@ -1,9 +1,9 @@
 /**
- * The README's first example, type-checked and run by the tests (test/dev.test.ts; a test
- * keeps the README's copy equal). Start the API with `toren dev examples/support-agent`.
+ * The package README's example, run by the tests against `toren dev` with the repository's
+ * examples/support-agent (test/dev.test.ts). A test checks that every TypeScript block of
+ * the docs is in one of these example files, so the type-check covers them.
  */
 
-// README:start
 import { TorenClient } from "@toren-run/client";
 
 const client = new TorenClient(process.env.TOREN_API_URL ?? "http://127.0.0.1:8000", {
@@ -19,4 +19,3 @@ for await (const item of client.stream(run.id, { deltas: true })) {
 }
 const done = await client.getRun(run.id);
 console.log(done.status, done.output, done.usage.cost_usd);
-// README:end

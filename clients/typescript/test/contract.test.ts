@@ -7,7 +7,7 @@
 
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { delimiter, join } from "node:path";
 import { test } from "node:test";
@@ -70,10 +70,20 @@ test("src/generated/openapi.ts is openapi-typescript's output for openapi.json",
   }
 });
 
-test("the README's example is examples/quickstart.ts, which the type-check covers", () => {
-  const readme = readFileSync(join(PACKAGE, "README.md"), "utf8");
-  const example = readFileSync(join(PACKAGE, "examples", "quickstart.ts"), "utf8");
-  const block = /\/\/ README:start\n([\s\S]*?)\/\/ README:end/.exec(example)?.[1];
-  assert.ok(block, "examples/quickstart.ts marks the README's part");
-  assert.ok(readme.includes("```ts\n" + block + "```\n"), "README.md's first ts block differs from examples/quickstart.ts");
+test("every TypeScript example of the docs is an example file, which the type-check covers", () => {
+  const examples = readdirSync(join(PACKAGE, "examples"))
+    .filter((name) => name.endsWith(".ts"))
+    .map((name) => readFileSync(join(PACKAGE, "examples", name), "utf8"));
+  const docs = [join(REPO, "README.md"), join(REPO, "docs", "http-api.md"), join(PACKAGE, "README.md")];
+  let blocks = 0;
+  for (const doc of docs) {
+    for (const [, block] of readFileSync(doc, "utf8").matchAll(/^```ts\n([\s\S]*?)^```$/gm)) {
+      blocks += 1;
+      assert.ok(
+        examples.some((example) => example.includes(block!)),
+        `this TypeScript block of ${doc} is in no file of clients/typescript/examples:\n${block}`,
+      );
+    }
+  }
+  assert.ok(blocks >= 3, `found ${blocks} TypeScript blocks`);
 });
