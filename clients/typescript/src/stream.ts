@@ -60,6 +60,11 @@ export async function* followStream(
     const attempt = new AbortController();
     const { signal, dispose } = linkSignals([userSignal, attempt.signal]);
     let why: unknown;
+    // A server that accepts the connection but never answers counts as silence too.
+    const connecting = setTimeout(
+      () => attempt.abort(new Silence(`no answer for ${target.settings.streamTimeout / 1000}s`)),
+      target.settings.streamTimeout,
+    );
     try {
       const response = await target.fetch(`${target.url}?after=${state.last}`, {
         headers: {
@@ -71,11 +76,15 @@ export async function* followStream(
         cache: "no-store",
         redirect: "manual",
       });
+      clearTimeout(connecting);
+      const type = response.headers.get("content-type") ?? "";
       if (response.status !== 200 || !response.body) {
         const text = await response.text();
         const error = errorFromBody(target.redact, response.status, response.statusText, text);
         if (!TRANSIENT.has(response.status)) throw error;
         why = error;
+      } else if (!type.startsWith("text/event-stream")) {
+        throw malformed(target, `HTTP 200 with Content-Type '${type}' instead of an event stream`);
       } else {
         const pending: EventSourceMessage[] = [];
         const parser = createParser({ onEvent: (message) => pending.push(message) });
@@ -101,8 +110,9 @@ export async function* followStream(
     } catch (error) {
       if (error instanceof TorenAPIError) throw error;
       if (userSignal?.aborted) throw userSignal.reason;
-      why = error;
+      why = attempt.signal.reason instanceof Silence ? attempt.signal.reason : error;
     } finally {
+      clearTimeout(connecting);
       attempt.abort();
       dispose();
     }

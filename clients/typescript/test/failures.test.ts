@@ -157,6 +157,36 @@ describe("malformed response bodies", () => {
 });
 
 describe("stream protocol", () => {
+  test("a 200 that is not an event stream (a login page): invalid_response at once", async () => {
+    answer(200, "<html>please log in</html>", "text/html");
+    await assert.rejects(
+      (async () => {
+        for await (const _ of new TorenClient(url).stream("run_1")) assert.fail("no event expected");
+      })(),
+      { code: "invalid_response", message: /Content-Type 'text\/html' instead of an event stream/ },
+    );
+  });
+
+  test("a stream whose server never answers is retried, then TorenConnectionError", async () => {
+    let calls = 0;
+    handler = () => {
+      calls += 1; // accepts the request, never answers
+    };
+    const client = new TorenClient(url, { streamTimeout: 150, maxReconnects: 1 });
+    await assert.rejects(
+      (async () => {
+        for await (const _ of client.stream("run_1")) assert.fail("no event expected");
+      })(),
+      (error: unknown) => {
+        assert.ok(error instanceof TorenConnectionError);
+        assert.match(error.message, /broke 2 times in a row \(last after event 0\): no answer for 0\.15s/);
+        return true;
+      },
+    );
+    assert.equal(calls, 2);
+    server.closeAllConnections();
+  });
+
   test("resumes with Last-Event-ID after an early close, skips unknown messages, ends on end", async () => {
     const event = (seq: number, type: string) =>
       `id: ${seq}\nevent: event\ndata: ${JSON.stringify({ seq, run_id: "run_1", type, payload: {} })}\n\n`;
