@@ -233,11 +233,11 @@ describe("stream protocol", () => {
         response.end(`event: end\ndata: {"run":null}\n\n`);
       }
     };
-    const client = new TorenClient(url, { streamTimeout: 300 });
+    const client = new TorenClient(url, { streamTimeout: 500 });
     const items = [];
     for await (const item of client.stream("run_1")) items.push(item);
     assert.deepEqual(items, []);
-    assert.equal(calls, 2);
+    assert.ok(calls >= 2, `reconnected after the silence (${calls} requests)`);
     server.closeAllConnections();
   });
 
