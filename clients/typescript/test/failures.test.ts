@@ -123,20 +123,24 @@ describe("malformed response bodies", () => {
 
   test("the API's error body keeps its code, message and details; secrets are scrubbed", async () => {
     const token = "tok-echoed-by-a-bad-proxy-0123";
+    const fromEnv = "value-of-a-credential-variable-42";
+    process.env["SOME_SERVICE_PASSWORD"] = fromEnv;
     answer(
       409,
       JSON.stringify({
         error: {
           code: "idempotency_conflict",
-          message: `key reused (token ${token}, key sk-abcdefghijklmnopqrstuvwxyz)`,
+          message: `key reused (token ${token}, key sk-abcdefghijklmnopqrstuvwxyz, ${fromEnv})`,
           details: [{ where: "body", message: token }],
         },
       }),
     );
-    await assert.rejects(new TorenClient(url, { token }).startRun("demo"), (error: unknown) => {
+    const client = new TorenClient(url, { token });
+    delete process.env["SOME_SERVICE_PASSWORD"];
+    await assert.rejects(client.startRun("demo"), (error: unknown) => {
       assert.ok(error instanceof TorenAPIError);
       assert.equal(error.code, "idempotency_conflict");
-      assert.equal(error.message, "key reused (token [redacted], key [redacted])");
+      assert.equal(error.message, "key reused (token [redacted], key [redacted], [redacted])");
       assert.deepEqual(error.details, [{ where: "body", message: "[redacted]" }]);
       return true;
     });
