@@ -59,60 +59,20 @@ export async function* followStream(
     if (userSignal?.aborted) throw userSignal.reason;
     const attempt = new AbortController();
     const { signal, dispose } = linkSignals([userSignal, attempt.signal]);
-    let why: unknown;
-    // A server that accepts the connection but never answers counts as silence too.
-    const connecting = setTimeout(
-      () => attempt.abort(new Silence(`no answer for ${target.settings.streamTimeout / 1000}s`)),
-      target.settings.streamTimeout,
-    );
+    let why: unknown = "the server closed the stream before the run ended";
     try {
-      const response = await target.fetch(`${target.url}?after=${state.last}`, {
-        headers: {
-          ...target.headers,
-          Accept: "text/event-stream",
-          ...(state.last ? { "Last-Event-ID": String(state.last) } : {}),
-        },
-        signal,
-        cache: "no-store",
-        redirect: "manual",
-      });
-      clearTimeout(connecting);
-      const type = response.headers.get("content-type") ?? "";
-      if (response.status !== 200 || !response.body) {
-        const text = await response.text();
-        const error = errorFromBody(target.redact, response.status, response.statusText, text);
-        if (!TRANSIENT.has(response.status)) throw error;
-        why = error;
-      } else if (!type.startsWith("text/event-stream")) {
-        throw malformed(target, `HTTP 200 with Content-Type '${type}' instead of an event stream`);
-      } else {
-        const pending: EventSourceMessage[] = [];
-        const parser = createParser({ onEvent: (message) => pending.push(message) });
-        const reader = response.body.getReader();
-        const decoder = new TextDecoder();
-        try {
-          for (;;) {
-            const chunk = await readWithin(reader, target.settings.streamTimeout, attempt);
-            if (chunk === null) break;
-            parser.feed(decoder.decode(chunk, { stream: true }));
-            while (pending.length > 0) {
-              failures = 0;
-              const item = handle(target, state, pending.shift() as EventSourceMessage, deltas);
-              if (item !== null) yield item;
-              if (state.ended) return state.final;
-            }
-          }
-        } finally {
-          reader.cancel().catch(() => undefined);
-        }
-        why = "the server closed the stream before the run ended";
+      const body = await connect(target, state.last, signal, attempt);
+      for await (const message of messages(body, target.settings.streamTimeout, attempt)) {
+        failures = 0;
+        const item = handle(target, state, message, deltas);
+        if (item !== null) yield item;
+        if (state.ended) return state.final;
       }
     } catch (error) {
-      if (error instanceof TorenAPIError) throw error;
+      if (error instanceof TorenAPIError && !(error instanceof Transient)) throw error;
       if (userSignal?.aborted) throw userSignal.reason;
       why = attempt.signal.reason instanceof Silence ? attempt.signal.reason : error;
     } finally {
-      clearTimeout(connecting);
       attempt.abort();
       dispose();
     }
@@ -127,6 +87,70 @@ export async function* followStream(
       );
     }
     await sleep(backoff(failures), userSignal);
+  }
+}
+
+/** An answer worth retrying: a proxy's 502/503/504 while the server restarts. */
+class Transient extends TorenAPIError {}
+
+/**
+ * Opens the stream after seq `last` and returns its body. Throws the API's error, a
+ * `Transient` one, or (through `attempt`) a `Silence` when no answer comes in time.
+ */
+async function connect(
+  target: StreamTarget,
+  last: number,
+  signal: AbortSignal,
+  attempt: AbortController,
+): Promise<ReadableStream<Uint8Array>> {
+  const timeout = target.settings.streamTimeout;
+  const timer = setTimeout(() => attempt.abort(new Silence(`no answer for ${timeout / 1000}s`)), timeout);
+  try {
+    const response = await target.fetch(`${target.url}?after=${last}`, {
+      headers: {
+        ...target.headers,
+        Accept: "text/event-stream",
+        ...(last ? { "Last-Event-ID": String(last) } : {}),
+      },
+      signal,
+      cache: "no-store",
+      redirect: "manual",
+    });
+    if (response.status !== 200 || !response.body) {
+      const text = await response.text();
+      const error = errorFromBody(target.redact, response.status, response.statusText, text);
+      if (!TRANSIENT.has(response.status)) throw error;
+      throw new Transient(error.status, error.code, error.message, error.details);
+    }
+    const type = response.headers.get("content-type") ?? "";
+    if (!type.startsWith("text/event-stream")) {
+      throw malformed(target, `HTTP 200 with Content-Type '${type}' instead of an event stream`);
+    }
+    return response.body;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+/** The SSE messages of `body`; a `Silence` (through `attempt`) after `timeout` ms without a byte. */
+async function* messages(
+  body: ReadableStream<Uint8Array>,
+  timeout: number,
+  attempt: AbortController,
+): AsyncGenerator<EventSourceMessage> {
+  const pending: EventSourceMessage[] = [];
+  const parser = createParser({ onEvent: (message) => pending.push(message) });
+  const reader = body.getReader();
+  const decoder = new TextDecoder();
+  try {
+    for (;;) {
+      const chunk = await readWithin(reader, timeout, attempt);
+      if (chunk === null) return;
+      parser.feed(decoder.decode(chunk, { stream: true }));
+      while (pending.length > 0) yield pending.shift() as EventSourceMessage;
+    }
+  } finally {
+    reader.cancel().catch(() => undefined);
   }
 }
 
