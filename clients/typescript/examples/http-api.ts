@@ -1,0 +1,26 @@
+/**
+ * The TypeScript example of docs/http-api.md ("Clients"), kept here so the type-check
+ * covers it (a test checks that every TypeScript block of the docs is in an example file).
+ */
+
+import { TorenAPIError, TorenClient, isEventType } from "@toren-run/client";
+
+const client = new TorenClient("http://127.0.0.1:8000", { token: "s3cret" }); // or { apiKey }
+const run = await client.startRun("support", { question: "Where is my order?" }, {
+  idempotencyKey: "order-17",
+});
+for await (const item of client.stream(run.id, { deltas: true })) {   // resumes by itself
+  if (item.kind === "delta") process.stdout.write(item.text);         // tokens, while a call runs
+  else if (isEventType(item, "ModelCallRecorded")) console.log(item.seq, item.payload.response?.text);
+}
+const done = await client.wait(run.id, { timeout: 300_000 });
+console.log(done.status, done.output, done.usage.cost_usd);
+
+for await (const waiting of client.iterRuns({ status: "waiting" })) {  // every page, newest first
+  await client.sendMessage(waiting.id, "approval", { approved: true });
+}
+try {
+  await client.getRun("run_0190c2a5e1f3a1b2c3d4e5");
+} catch (error) {
+  if (error instanceof TorenAPIError && error.code === "run_not_found") console.log("no such run");
+}

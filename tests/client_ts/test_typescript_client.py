@@ -1,0 +1,34 @@
+"""The TypeScript client (``clients/typescript``, the npm package ``@toren-run/client``)
+inside the Python test run, so the README's single test command covers it: its
+dependencies installed with ``npm ci`` from the committed lockfile, ``tsc --noEmit`` over
+the sources, the tests and the example, then its ``node --test`` suite, which starts real
+``toren serve``, ``toren worker`` and ``toren dev`` processes from this checkout.
+
+Without node and npm the suite is skipped, except under ``CI=true`` where it fails
+(``.ci/run`` installs them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.client_ts.openapi import DOCUMENT, current_document, render
+from tests.client_ts.support import ensure_installed, npm
+
+
+def test_openapi_document_is_current() -> None:
+    """The document the TypeScript types are generated from is the API's, as served now."""
+    committed = DOCUMENT.read_text(encoding="utf-8")
+    assert json.loads(committed) == current_document(), (
+        "clients/typescript/openapi.json is stale: run "
+        "`PYTHONPATH=src python -m tests.client_ts.openapi` and commit both files it writes"
+    )
+    assert committed == render(current_document())
+
+
+@pytest.mark.timeout(900)
+def test_typescript_client() -> None:
+    ensure_installed()
+    npm("run", "typecheck")
+    npm("test")
