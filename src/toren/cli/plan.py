@@ -121,6 +121,7 @@ def _print(report: dict[str, Any]) -> None:
         "from step",
         "expected",
         "actual",
+        "what changed",
         "re-run cost",
     ):
         table.add_column(column, no_wrap=column in ("run", "expected", "actual"))
@@ -128,7 +129,7 @@ def _print(report: dict[str, Any]) -> None:
         agent = p["agent"] + (f"/{p['process']}" if p["process"] != "main" else "")
         if p["problem"]:
             table.add_row(
-                p["run_id"], agent, p["status"], "", "", "", "", f"[red]{p['problem']}[/]"
+                p["run_id"], agent, p["status"], "", "", "", "", "", f"[red]{p['problem']}[/]"
             )
         for f in p["findings"]:
             table.add_row(
@@ -139,6 +140,7 @@ def _print(report: dict[str, Any]) -> None:
                 str(f["from_pos"]),
                 (f["expected_digest"] or "-")[:12],
                 (f["actual_digest"] or "(ended)")[:12],
+                escape(_changed(f)),
                 money(f["suffix_cost_usd"]),
             )
     clean = len(plans) - report["invalidated"] - report["problems"]
@@ -150,3 +152,13 @@ def _print(report: dict[str, Any]) -> None:
         + (f", {report['problems']} cannot be planned" if report["problems"] else "")
         + f"; re-running costs {money(report['rerun_cost_usd'])} (recorded cost, an estimate)"
     )
+
+
+def _changed(finding: dict[str, Any]) -> str:
+    """Which part of the request differs (from the finding's ``changes``)."""
+    texts = [str(c.get("text")) for c in finding.get("changes") or []]
+    if texts:
+        return "; ".join(texts)
+    if finding.get("cause") == "stream_ended":
+        return "the code ends the stream here"
+    return "-"
