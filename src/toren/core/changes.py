@@ -87,8 +87,14 @@ def diff(old: RequestParts, new: RequestParts) -> list[Change]:
     """The parts that differ, in the order of the request (empty: the same request)."""
     if old.kind != new.kind:
         return [Change("kind", f"step kind {old.kind} -> {new.kind}", old=old.kind, new=new.kind)]
+    if old.kind == "tool":
+        a, b = old.fields.get("args"), new.fields.get("args")
+        found = _dict_changes({"name": old.fields.get("name")}, {"name": new.fields.get("name")})
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            return found + _dict_changes(a, b, "argument")
+        return found + _dict_changes({"args": a}, {"args": b})
     if old.kind != "model":
-        return _dict_changes(old.fields, new.fields, "argument" if old.kind == "tool" else None)
+        return _dict_changes(old.fields, new.fields)
     found: list[Change] = []
     for part in ("provider", "model"):
         a, b = old.fields.get(part), new.fields.get(part)
@@ -139,7 +145,7 @@ def _tool_changes(
 
 
 def _dict_changes(
-    old: Mapping[str, Any], new: Mapping[str, Any], label: str | None
+    old: Mapping[str, Any], new: Mapping[str, Any], label: str | None = None
 ) -> list[Change]:
     found = []
     for key in sorted({*old, *new}):
@@ -147,7 +153,7 @@ def _dict_changes(
         if a is not _ABSENT and b is not _ABSENT and _same(a, b):
             continue
         part = label or key
-        head = f"{label} {key}" if label else key
+        head = f"{_WORDS.get(label, label)} {key}" if label else key
         if a is _ABSENT:
             text = f"{head} added ({_show(b)})"
         elif b is _ABSENT:
@@ -167,6 +173,7 @@ def _dict_changes(
 
 
 _ABSENT: Any = object()
+_WORDS = {"param": "parameter"}
 
 
 def _same(a: Any, b: Any) -> bool:
