@@ -89,10 +89,10 @@ def diff(old: RequestParts, new: RequestParts) -> list[Change]:
         return [Change("kind", f"step kind {old.kind} -> {new.kind}", old=old.kind, new=new.kind)]
     if old.kind == "tool":
         a, b = old.fields.get("args"), new.fields.get("args")
-        found = _dict_changes({"name": old.fields.get("name")}, {"name": new.fields.get("name")})
+        named = _dict_changes({"name": old.fields.get("name")}, {"name": new.fields.get("name")})
         if isinstance(a, Mapping) and isinstance(b, Mapping):
-            return found + _dict_changes(a, b, "argument")
-        return found + _dict_changes({"args": a}, {"args": b})
+            return named + _dict_changes(a, b, "argument")
+        return named + _dict_changes({"args": a}, {"args": b})
     if old.kind != "model":
         return _dict_changes(old.fields, new.fields)
     found: list[Change] = []
