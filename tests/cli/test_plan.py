@@ -31,10 +31,17 @@ def test_plan_reports_then_gates(runner: CliRunner, chain: Path) -> None:
         1,
     )
     assert finding["suffix_model_calls"] == 1
+    assert [c["text"] for c in finding["changes"]] == ["message 2 (user) changed"]
 
     gate = invoke(runner, "plan", "--agents", "chain", "--fail-on-invalidation")
     assert gate.exit_code == 6
     assert run_id in gate.output and "would be invalidated" in gate.output
+    assert "message 2 (user) changed" in " ".join(gate.output.split())  # what changed
+
+    # The run's log, verified: every digest re-derives (exit 0).
+    verified = invoke(runner, "runs", "verify", run_id, "--agents", "chain")
+    assert verified.exit_code == 0, verified.output
+    assert "2 steps, 2 verified, 0 cannot be verified, 0 mismatches" in verified.output
 
     # The real resume then invalidates exactly there.
     assert (

@@ -121,7 +121,6 @@ def _print(report: dict[str, Any]) -> None:
         "from step",
         "expected",
         "actual",
-        "what changed",
         "re-run cost",
     ):
         table.add_column(column, no_wrap=column in ("run", "expected", "actual"))
@@ -129,7 +128,7 @@ def _print(report: dict[str, Any]) -> None:
         agent = p["agent"] + (f"/{p['process']}" if p["process"] != "main" else "")
         if p["problem"]:
             table.add_row(
-                p["run_id"], agent, p["status"], "", "", "", "", "", f"[red]{p['problem']}[/]"
+                p["run_id"], agent, p["status"], "", "", "", "", f"[red]{p['problem']}[/]"
             )
         for f in p["findings"]:
             table.add_row(
@@ -140,12 +139,15 @@ def _print(report: dict[str, Any]) -> None:
                 str(f["from_pos"]),
                 (f["expected_digest"] or "-")[:12],
                 (f["actual_digest"] or "(ended)")[:12],
-                escape(_changed(f)),
                 money(f["suffix_cost_usd"]),
             )
     clean = len(plans) - report["invalidated"] - report["problems"]
     if report["invalidated"] or report["problems"]:
         console.print(table)
+        for p in plans:
+            for f in p["findings"]:
+                where = f"{p['run_id']} {f['stream']} #{f['from_pos']}"
+                console.print(f"{escape(where)}: {escape(_changed(f))}", highlight=False)
     console.print(
         f"{len(plans)} runs in flight: {clean} replay cleanly, "
         f"{report['invalidated']} would be invalidated"
