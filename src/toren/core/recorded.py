@@ -35,6 +35,7 @@ _KIND_OF_FIRST = {
     "ChildStarted": "child",
     "MessageReceived": "message",
 }
+_OPENS = frozenset({*_KIND_OF_FIRST, "TimerScheduled"})
 _MAX_CHAIN = 1_000_000  # list nodes followed at most (a cycle in a corrupt log ends here)
 
 
@@ -49,6 +50,11 @@ class RecordedStep:
 
     @property
     def first(self) -> Event:
+        """The event that opened the step (its request). An event of a type this release
+        does not know, written at the same position by a newer one, is passed over."""
+        for event in self.events:
+            if event.type in _OPENS:
+                return event
         return self.events[0]
 
     @property
@@ -191,11 +197,10 @@ def _derive_timed_wait(
     step: RecordedStep, payload: TimerScheduled, names: Sequence[str]
 ) -> Derived:
     name: str | None = payload.message
-    how = None
     if name is None:
-        done = step.events[-1].payload if len(step.events) > 1 else None
-        if isinstance(done, MessageReceived):
-            name = done.name
+        received = [e.payload for e in step.events if isinstance(e.payload, MessageReceived)]
+        if received:  # the message that completed the wait
+            name = received[-1].name
     if name is not None:
         found = _seconds_candidates(payload, "timeout", lambda s: {"name": name, "timeout": s})
         return Derived("message", found)

@@ -140,7 +140,12 @@ def _check_step(
         )
 
     derived_kind = step.kind
-    checks = [_completion_check(step, e) for e in step.events[1:] if e.digest != first.digest]
+    # The step's other events (its completion) carry its digest too.
+    checks = [
+        _completion_check(step, e)
+        for e in step.events
+        if e is not first and e.digest is not None and e.digest != first.digest
+    ]
     if first.digest is None:
         return [check("mismatch", note="the step's first event records no digest"), *checks]
     found = derive(step, blobs, names)
