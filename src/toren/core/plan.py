@@ -218,36 +218,60 @@ class PlanRunner(TickRunner):
 
     # The request each kind of step makes, noted for saying what changed.
     def model_step(
-        self, ctx: Context, pos: int, hashed: HashedRequest, request: ModelRequest, *rest: Any
+        self,
+        ctx: Context,
+        pos: int,
+        hashed: HashedRequest,
+        request: ModelRequest,
+        *rest: Any,
+        **kw: Any,
     ) -> Any:
         self._asking = live_model_parts(request, hashed)
-        return super().model_step(ctx, pos, hashed, request, *rest)
+        return super().model_step(ctx, pos, hashed, request, *rest, **kw)
 
     def tool_step(
-        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any], *rest: Any
+        self,
+        ctx: Context,
+        pos: int,
+        digest: str,
+        name: str,
+        args: dict[str, Any],
+        *rest: Any,
+        **kw: Any,
     ) -> Any:
         self._asking = body_parts("tool", {"name": name, "args": args})
-        return super().tool_step(ctx, pos, digest, name, args, *rest)
+        return super().tool_step(ctx, pos, digest, name, args, *rest, **kw)
 
-    def value_step(self, ctx: Context, pos: int, digest: str, what: str, *rest: Any) -> Any:
+    def value_step(
+        self, ctx: Context, pos: int, digest: str, what: str, *rest: Any, **kw: Any
+    ) -> Any:
         self._asking = body_parts("value", {"what": what})
-        return super().value_step(ctx, pos, digest, what, *rest)
+        return super().value_step(ctx, pos, digest, what, *rest, **kw)
 
-    def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float, *rest: Any) -> Any:
+    def sleep_step(
+        self, ctx: Context, pos: int, digest: str, seconds: float, *rest: Any, **kw: Any
+    ) -> Any:
         self._asking = body_parts("sleep", {"seconds": seconds})
-        return super().sleep_step(ctx, pos, digest, seconds, *rest)
+        return super().sleep_step(ctx, pos, digest, seconds, *rest, **kw)
 
     def message_step(
-        self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None, *rest: Any
+        self,
+        ctx: Context,
+        pos: int,
+        digest: str,
+        name: str,
+        timeout: float | None,
+        *rest: Any,
+        **kw: Any,
     ) -> Any:
         self._asking = body_parts("message", {"name": name, "timeout": timeout})
-        return super().message_step(ctx, pos, digest, name, timeout, *rest)
+        return super().message_step(ctx, pos, digest, name, timeout, *rest, **kw)
 
     def child_step(
-        self, ctx: Context, pos: int, digest: str, process: str, input: Any, *rest: Any
+        self, ctx: Context, pos: int, digest: str, process: str, input: Any, *rest: Any, **kw: Any
     ) -> Any:
         self._asking = body_parts("child", {"process": process, "input": input})
-        return super().child_step(ctx, pos, digest, process, input, *rest)
+        return super().child_step(ctx, pos, digest, process, input, *rest, **kw)
 
     async def _hold(self, *_: Any, **__: Any) -> Any:
         async with self._busy():
