@@ -528,5 +528,7 @@ async def test_verify_and_invalidations_endpoints(api: Api) -> None:
         assert report["ok"] and report["steps"] == report["verified"] == 3
         assert [c["verdict"] for c in report["checks"]] == ["verified"] * 3
         assert (await http.get(f"/v1/runs/{run.id}/invalidations")).json() == {"invalidations": []}
+        assert (await api.client.verify(run.id))["checks"] == report["checks"]
+        assert await api.client.invalidations(run.id) == []
         missing = await http.get("/v1/runs/run_missing/verify")
         assert missing.status_code == 404 and missing.json()["error"]["code"] == "run_not_found"
