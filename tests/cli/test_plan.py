@@ -58,7 +58,12 @@ def test_plan_reports_then_gates(runner: CliRunner, chain: Path) -> None:
         )
         + "]"
     )
+    # --json carries the whole envelope of docs/event-log.md, slot included.
+    envelope = {"seq", "run_id", "type", "stream", "position", "generation", "slot"}
+    assert all(envelope | {"digest", "code_version", "worker_id"} <= set(e) for e in events)
+    assert events[0]["slot"] == "run:start" and events[-1]["slot"] == "run:end"
     inv = [e for e in events if e["type"] == "StreamInvalidated"]
+    assert inv and inv[0]["slot"] == "main#0:inv"
     assert [
         (e["stream"], e["payload"]["from_pos"], e["payload"]["expected_digest"]) for e in inv
     ] == [("main", 1, finding["expected_digest"])]
