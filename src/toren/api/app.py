@@ -25,6 +25,7 @@ from toren.api.errors import STATUS_CODES, ApiError, install
 from toren.api.middleware import Auth, BodyLimit, CatchAll
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.changes import explain_invalidations
+from toren.core.events import StreamInvalidated
 from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
@@ -397,7 +398,12 @@ async def list_invalidations(run_id: str, state: State) -> dict[str, Any]:
     (message 0 changed; tool `x`'s spec changed; parameter `temperature` 0.2 -> 0.7)."""
     await _run_or_404(state, run_id)
     events = await state.store.load_events(run_id)
-    found = explain_invalidations(events, await load_blobs(state.store, events))
+    # Only the requests at invalidated positions are compared: read only their blobs.
+    at = {
+        (e.stream, e.payload.from_pos) for e in events if isinstance(e.payload, StreamInvalidated)
+    }
+    involved = [e for e in events if (e.stream, e.position) in at]
+    found = explain_invalidations(events, await load_blobs(state.store, involved))
     return cast(dict[str, Any], state.redact({"invalidations": found}))
 
 
