@@ -39,6 +39,7 @@ PUBLIC = [
     "start_run",
     "tick",
     "tool",
+    "verify_run",
     "wait_for_run",
 ]
 

@@ -12,6 +12,7 @@ from toren.core.live import LiveHub
 from toren.core.program import AgentProgram, Limits, Registry, ToolDef, tool
 from toren.core.runs import send_message, start_run, wait_for_run
 from toren.core.tick import TickDeps, TickResult, tick
+from toren.core.verify import verify_run
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import (
     AgentConfigError,
@@ -60,5 +61,6 @@ __all__ = [
     "start_run",
     "tick",
     "tool",
+    "verify_run",
     "wait_for_run",
 ]

@@ -489,3 +489,46 @@ async def test_a_garbage_cursor_is_refused(api: Api) -> None:
             assert "next_cursor" in error["message"] and "'run_' and 22" in error["message"]
         page = await http.get("/v1/runs", params={"cursor": ids[1]})
         assert page.status_code == 200 and ids[0] in [r["id"] for r in page.json()["runs"]]
+
+
+async def test_event_objects_carry_the_whole_envelope(api: Api) -> None:
+    """Every column of docs/event-log.md's envelope, slot included, on every surface."""
+    run = await api.client.start_run("slow", {"n": 2})
+    await api.client.wait(run.id, timeout=20)
+    stored = await api.store.load_events(run.id)
+    envelope = {
+        "seq",
+        "run_id",
+        "type",
+        "stream",
+        "position",
+        "generation",
+        "slot",
+        "digest",
+        "code_version",
+        "worker_id",
+        "created_at",
+        "format_version",
+        "payload",
+    }
+    async with api.http() as http:
+        body = (await http.get(f"/v1/runs/{run.id}/events")).json()
+    assert all(set(e) == envelope for e in body["events"])
+    assert [e["slot"] for e in body["events"]] == [e.slot for e in stored]
+    assert body["events"][0]["slot"] == "run:start" and body["events"][1]["slot"] == "main#0:0"
+    page = await api.client.events(run.id)
+    assert [e.slot for e in page.events] == [e.slot for e in stored]
+
+
+async def test_verify_and_invalidations_endpoints(api: Api) -> None:
+    run = await api.client.start_run("slow", {"n": 3})
+    await api.client.wait(run.id, timeout=20)
+    async with api.http() as http:
+        report = (await http.get(f"/v1/runs/{run.id}/verify")).json()
+        assert report["ok"] and report["steps"] == report["verified"] == 3
+        assert [c["verdict"] for c in report["checks"]] == ["verified"] * 3
+        assert (await http.get(f"/v1/runs/{run.id}/invalidations")).json() == {"invalidations": []}
+        assert (await api.client.verify(run.id))["checks"] == report["checks"]
+        assert await api.client.invalidations(run.id) == []
+        missing = await http.get("/v1/runs/run_missing/verify")
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "run_not_found"

@@ -31,10 +31,17 @@ def test_plan_reports_then_gates(runner: CliRunner, chain: Path) -> None:
         1,
     )
     assert finding["suffix_model_calls"] == 1
+    assert [c["text"] for c in finding["changes"]] == ["message 2 (user) changed"]
 
     gate = invoke(runner, "plan", "--agents", "chain", "--fail-on-invalidation")
     assert gate.exit_code == 6
     assert run_id in gate.output and "would be invalidated" in gate.output
+    assert "message 2 (user) changed" in " ".join(gate.output.split())  # what changed
+
+    # The run's log, verified: every digest re-derives (exit 0).
+    verified = invoke(runner, "runs", "verify", run_id, "--agents", "chain")
+    assert verified.exit_code == 0, verified.output
+    assert "2 steps, 2 verified, 0 cannot be verified, 0 mismatches" in verified.output
 
     # The real resume then invalidates exactly there.
     assert (
@@ -51,7 +58,12 @@ def test_plan_reports_then_gates(runner: CliRunner, chain: Path) -> None:
         )
         + "]"
     )
+    # --json carries the whole envelope of docs/event-log.md, slot included.
+    envelope = {"seq", "run_id", "type", "stream", "position", "generation", "slot"}
+    assert all(envelope | {"digest", "code_version", "worker_id"} <= set(e) for e in events)
+    assert events[0]["slot"] == "run:start" and events[-1]["slot"] == "run:end"
     inv = [e for e in events if e["type"] == "StreamInvalidated"]
+    assert inv and inv[0]["slot"] == "main#0:inv"
     assert [
         (e["stream"], e["payload"]["from_pos"], e["payload"]["expected_digest"]) for e in inv
     ] == [("main", 1, finding["expected_digest"])]

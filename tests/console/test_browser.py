@@ -112,6 +112,11 @@ async def test_an_edited_prompt_shows_the_superseded_suffix_and_the_digests(
         await expect(inv).to_have_count(1)
         await expect(inv).to_contain_text("Invalidated from #3")
         await expect(inv).to_contain_text("the request changed")
+        # Which part of the request changed, not only the two digests: v2 edited the
+        # drafting instruction, the conversation's message 3.
+        await expect(inv.get_by_role("list", name="What changed")).to_have_text(
+            "message 3 (user) changed"
+        )
         (event,) = [
             e for e in await sqlite_store.load_events(run_id) if e.type == "StreamInvalidated"
         ]
@@ -257,6 +262,9 @@ async def test_replay_plan_view(sqlite_store: Store, chromium: Any) -> None:
         await expect(card.locator(".finding")).to_contain_text("#3")
         await expect(card.locator(".finding")).to_contain_text("digest mismatch")
         await expect(card.locator(".finding")).to_contain_text("2 steps, 1 model calls")
+        await expect(card.get_by_role("list", name="What changed")).to_have_text(
+            "message 3 (user) changed"
+        )
         await expect(page.get_by_role("article", name=f"{clean}: replays cleanly")).to_be_visible()
         assert (await server.store.get_run(run_id)).invalidations == 0  # planning wrote nothing
 

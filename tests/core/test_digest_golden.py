@@ -4,12 +4,14 @@ users. If this test fails, the change that made it fail is a breaking change."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from toren.core.context import _tool_spec
 from toren.core.digest import (
     HashCache,
     canonical_json,
@@ -264,3 +266,88 @@ def test_message_list_node_golden(prev: str | None, items: list[str], expected: 
     assert node == expected
     # The body written directly for content addresses is the canonical form, byte for byte.
     assert body.encode("utf-8") == canonical_json({"prev": prev, "items": items})
+
+
+# -- the rules of docs/digest.md, one vector each (appended in 0.2) ---------------------
+
+# The sections 0.1 wrote, as parsed: never changed below a major (only appended to).
+V0_1_SECTIONS_SHA256 = "43a9807e08f38e71de149a73ffed3236029eae9eb44ded4b9fd1a0a1205954c7"
+RULES = VECTORS["rules"]
+
+
+def test_the_0_1_vectors_are_unchanged() -> None:
+    sections = {k: VECTORS[k] for k in ("version", "requests", "messages", "tools")}
+    text = json.dumps(sections, sort_keys=True, ensure_ascii=False)
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == V0_1_SECTIONS_SHA256
+
+
+def _rule_model_request(case: dict[str, Any]) -> ModelRequest:
+    """As ``ctx.model`` builds it: tools given as mappings take the defaults."""
+    tools = tuple(_tool_spec(t) for t in case["tools"])
+    provider, _, model = case["reference"].partition(":")
+    return ModelRequest(provider, model, tuple(case["messages"]), tools, case["params"])
+
+
+def _rule_digest(vector: dict[str, Any]) -> tuple[bytes | None, str]:
+    if "message" in vector:
+        return canonical_json(vector["message"]), message_hash(vector["message"])
+    if "tool" in vector:
+        spec = _tool_spec(vector["tool"])
+        return canonical_json(spec.to_dict()), tool_spec_hash(spec)
+    case = vector["input"]
+    if case["kind"] == "model":
+        return None, model_digest(_rule_model_request(case))
+    body = case["body"]
+    return canonical_json({"kind": case["kind"], "body": body}), request_digest(case["kind"], body)
+
+
+@pytest.mark.parametrize("vector", RULES, ids=lambda v: v["name"])
+def test_rule_vector_is_frozen(vector: dict[str, Any]) -> None:
+    assert vector["rule"] and vector["name"].startswith("rule_")
+    if vector.get("refused"):
+        with pytest.raises((InvalidInput, ValueError)):
+            _rule_digest(vector)
+        return
+    canonical, digest = _rule_digest(vector)
+    if canonical is not None:
+        assert canonical.decode("utf-8") == vector["canonical"]
+    assert digest == vector["digest"]
+
+
+def test_the_rules_cover_every_step_kind_and_form() -> None:
+    """At least one vector per step kind and per form the issue of the spec listed."""
+    everything = [*VECTORS["requests"], *RULES]
+    names = {v["name"] for v in everything}
+    kinds = {v["input"]["kind"] for v in everything if "input" in v}
+    assert kinds == {"model", "tool", "value", "sleep", "message", "child"}
+    bodies = [v["input"].get("body") for v in everything if "input" in v]
+    sleeps = {type(b["seconds"]) for b in bodies if b and set(b) == {"seconds"}}
+    assert sleeps == {int, float}
+    timeouts = {type(b["timeout"]) for b in bodies if b and set(b) == {"name", "timeout"}}
+    assert timeouts == {type(None), int, float}
+    for needed in (
+        "rule_key_order_code_points_not_utf16",
+        "rule_float_1e-07",
+        "rule_float_negative_zero",
+        "rule_int_beyond_64_bits",
+        "rule_string_control_lowercase_hex",
+        "rule_string_line_separator_not_escaped",
+        "rule_string_non_bmp_raw",
+        "rule_empty_containers",
+        "rule_no_unicode_normalisation_decomposed",
+        "rule_tool_spec_defaults",
+        "rule_provider_is_the_reference_name",
+        "rule_model_with_default_tool",
+        "rule_model_without_tools",
+        "rule_child_without_input",
+    ):
+        assert needed in names, needed
+    # Each rule pins something of its own; the two spellings of "no parameters" are the
+    # same spec on purpose (both take the default).
+    same = {
+        tuple(sorted((a["name"], b["name"])))
+        for a in RULES
+        for b in RULES
+        if a["name"] < b["name"] and "digest" in a and a.get("digest") == b.get("digest")
+    }
+    assert same == {("rule_tool_spec_empty_parameters", "rule_tool_spec_null_parameters")}

@@ -24,12 +24,16 @@ from toren.api import metrics, models
 from toren.api.errors import STATUS_CODES, ApiError, install
 from toren.api.middleware import Auth, BodyLimit, CatchAll
 from toren.api.sse import RunStream, StreamSettings, resume_problem
+from toren.core.changes import explain_invalidations
+from toren.core.events import StreamInvalidated
 from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
+from toren.core.recorded import load_blobs
 from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start_run as core_start_run
+from toren.core.verify import verify_events
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, secrets_from_env
@@ -360,6 +364,47 @@ async def list_events(
         "events": [state.redact(e.to_dict()) for e in events],
         "next_after": events[-1].seq if len(events) == limit else None,
     }
+
+
+@_route(
+    "GET",
+    "/runs/{run_id}/verify",
+    response_model=models.RunVerification,
+    tags=["events"],
+    summary="Re-derive every digest of a run from its stored events and blobs",
+    responses=_errors(404, 422),
+)
+async def verify_run(run_id: str, state: State) -> dict[str, Any]:
+    """Per step: `verified` (the digest re-derives byte for byte from the log),
+    `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
+    step's seq, stream and position). The rules are docs/digest.md."""
+    await _run_or_404(state, run_id)
+    events = await state.store.load_events(run_id)
+    report = verify_events(run_id, events, await load_blobs(state.store, events))
+    return cast(dict[str, Any], state.redact(report.to_dict()))
+
+
+@_route(
+    "GET",
+    "/runs/{run_id}/invalidations",
+    response_model=models.InvalidationList,
+    tags=["events"],
+    summary="What changed at each invalidation of a run",
+    responses=_errors(404, 422),
+)
+async def list_invalidations(run_id: str, state: State) -> dict[str, Any]:
+    """For every `StreamInvalidated` of the run, which parts of the request differ
+    between the superseded step and the step recorded at its position afterwards
+    (message 0 changed; tool `x`'s spec changed; parameter `temperature` 0.2 -> 0.7)."""
+    await _run_or_404(state, run_id)
+    events = await state.store.load_events(run_id)
+    # Only the requests at invalidated positions are compared: read only their blobs.
+    at = {
+        (e.stream, e.payload.from_pos) for e in events if isinstance(e.payload, StreamInvalidated)
+    }
+    involved = [e for e in events if (e.stream, e.position) in at]
+    found = explain_invalidations(events, await load_blobs(state.store, involved))
+    return cast(dict[str, Any], state.redact({"invalidations": found}))
 
 
 @_route(

@@ -158,6 +158,11 @@ class Event(BaseModel):
     stream: str
     position: int | None = None
     generation: int
+    slot: str | None = Field(
+        default=None,
+        description="The event's unique key in its run (`{stream}#{generation}:{position}`, "
+        "`:done`, `:inv`, `run:start`, `run:end`); null for events without one.",
+    )
     digest: str | None = None
     code_version: str
     worker_id: str
@@ -207,6 +212,21 @@ class Ready(BaseModel):
     status: Literal["ready"]
 
 
+class RequestChange(BaseModel):
+    """One part of a step request that differs between the recorded and the new request."""
+
+    part: str = Field(
+        description="`kind`, `provider`, `model`, `message`, `tool`, `param` (model calls), "
+        "`argument` (tool calls), or a body field (`seconds`, `name`, `timeout`, `process`, "
+        "`input`, `what`)."
+    )
+    text: str = Field(description="In words, e.g. `parameter temperature 0.2 -> 0.7`.")
+    name: str | None = Field(description="The parameter, argument or tool; a message's role.")
+    index: int | None = Field(description="The message's index in the request.")
+    old: Any = Field(description="The recorded value (for a message: what happened to it).")
+    new: Any = Field(description="The new value.")
+
+
 class StreamFinding(BaseModel):
     """A stream the current code would invalidate."""
 
@@ -222,6 +242,10 @@ class StreamFinding(BaseModel):
     suffix_model_calls: int
     suffix_tokens: int
     suffix_cost_usd: str = Field(description="Recorded cost of the suffix (decimal string).")
+    changes: list[RequestChange] = Field(
+        default_factory=list,
+        description="Which parts of the request differ (empty for `stream_ended`).",
+    )
 
 
 class RunPlan(BaseModel):
@@ -245,3 +269,43 @@ class PlanReport(BaseModel):
     problems: int
     rerun_cost_usd: str = Field(description="Recorded cost of every suffix to re-run.")
     elapsed_ms: float
+
+
+class StepCheck(BaseModel):
+    """The verdict on one recorded step's digest (see docs/digest.md)."""
+
+    seq: int
+    stream: str
+    position: int
+    generation: int
+    kind: str | None
+    event_type: str
+    verdict: Literal["verified", "unverifiable", "mismatch"]
+    recorded_digest: str | None
+    derived_digest: str | None
+    note: str | None = Field(
+        description="Why it cannot be verified, what does not match, or how a 0.1 log was read."
+    )
+
+
+class RunVerification(BaseModel):
+    run_id: str
+    ok: bool = Field(description="No mismatch.")
+    steps: int
+    verified: int
+    unverifiable: int
+    mismatch: int
+    checks: list[StepCheck]
+
+
+class InvalidationExplained(BaseModel):
+    seq: int = Field(description="The `StreamInvalidated` event.")
+    stream: str
+    from_pos: int
+    cause: str
+    changes: list[RequestChange]
+    note: str | None = Field(description="Why there are no changes to show, if there are none.")
+
+
+class InvalidationList(BaseModel):
+    invalidations: list[InvalidationExplained]

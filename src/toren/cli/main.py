@@ -25,6 +25,7 @@ from toren.cli.plan import plan
 from toren.cli.project import init
 from toren.cli.runs import run, runs
 from toren.cli.servers import dev, serve, worker
+from toren.cli.verify import verify
 
 
 class TorenGroup(click.Group):
@@ -123,6 +124,7 @@ cli.add_command(init)
 cli.add_command(dev)
 cli.add_command(run)
 cli.add_command(runs)
+runs.add_command(verify)
 cli.add_command(worker)
 cli.add_command(serve)
 cli.add_command(plan)

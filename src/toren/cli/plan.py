@@ -144,9 +144,23 @@ def _print(report: dict[str, Any]) -> None:
     clean = len(plans) - report["invalidated"] - report["problems"]
     if report["invalidated"] or report["problems"]:
         console.print(table)
+        for p in plans:
+            for f in p["findings"]:
+                where = f"{p['run_id']} {f['stream']} #{f['from_pos']}"
+                console.print(f"{escape(where)}: {escape(_changed(f))}", highlight=False)
     console.print(
         f"{len(plans)} runs in flight: {clean} replay cleanly, "
         f"{report['invalidated']} would be invalidated"
         + (f", {report['problems']} cannot be planned" if report["problems"] else "")
         + f"; re-running costs {money(report['rerun_cost_usd'])} (recorded cost, an estimate)"
     )
+
+
+def _changed(finding: dict[str, Any]) -> str:
+    """Which part of the request differs (from the finding's ``changes``)."""
+    texts = [str(c.get("text")) for c in finding.get("changes") or []]
+    if texts:
+        return "; ".join(texts)
+    if finding.get("cause") == "stream_ended":
+        return "the code ends the stream here"
+    return "-"

@@ -113,6 +113,14 @@ class AsyncTorenClient:
         """The replay plan of the server's in-flight runs (``GET /v1/plan``)."""
         return await self._send(p.plan())
 
+    async def verify(self, run_id: str) -> dict[str, Any]:
+        """Every digest of the run re-derived by the server (``GET /v1/runs/{id}/verify``)."""
+        return await self._send(p.verify(run_id))
+
+    async def invalidations(self, run_id: str) -> list[dict[str, Any]]:
+        """What changed at each invalidation of the run (``.../invalidations``)."""
+        return await self._send(p.invalidations(run_id))
+
     async def wait(self, run_id: str, timeout: float = 60.0) -> Run:
         """Until the run is completed, failed or cancelled; ``TimeoutError`` otherwise."""
         deadline = time.monotonic() + timeout

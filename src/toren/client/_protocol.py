@@ -98,6 +98,14 @@ def plan() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/plan", dict)
 
 
+def verify(run_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", _run_path(run_id, "/verify"), dict)
+
+
+def invalidations(run_id: str) -> Call[list[dict[str, Any]]]:
+    return Call("GET", _run_path(run_id, "/invalidations"), lambda d: list(d["invalidations"]))
+
+
 def needs_tls(base_url: str) -> bool:
     """Plain ``http://`` needs no certificate store: skipping it saves ~30 ms per client
     (loading the CA bundle), which adds up with many short-lived clients. Safe because

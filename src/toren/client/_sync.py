@@ -106,6 +106,14 @@ class TorenClient:
         """The replay plan of the server's in-flight runs (``GET /v1/plan``)."""
         return self._send(p.plan())
 
+    def verify(self, run_id: str) -> dict[str, Any]:
+        """Every digest of the run re-derived by the server (``GET /v1/runs/{id}/verify``)."""
+        return self._send(p.verify(run_id))
+
+    def invalidations(self, run_id: str) -> list[dict[str, Any]]:
+        """What changed at each invalidation of the run (``.../invalidations``)."""
+        return self._send(p.invalidations(run_id))
+
     def wait(self, run_id: str, timeout: float = 60.0) -> Run:
         deadline = time.monotonic() + timeout
         delay = 0.02

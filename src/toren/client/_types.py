@@ -81,6 +81,7 @@ class Event:
     digest: str | None = None
     code_version: str = ""
     worker_id: str = ""
+    slot: str | None = None  # since 0.2; the event's unique key in its run
     created_at: float = 0.0
     format_version: int = 1
     payload: dict[str, Any] = field(default_factory=dict)

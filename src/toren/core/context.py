@@ -132,7 +132,7 @@ class Context:
             raise InvalidInput(f"sleep seconds must be a non-negative number, got {seconds!r}")
         pos = self._position()
         digest = request_digest("sleep", {"seconds": seconds})
-        return self._runner.sleep_step(self, pos, digest, float(seconds))
+        return self._runner.sleep_step(self, pos, digest, seconds)  # as given: see TimerScheduled
 
     def wait_for_message(self, name: str, timeout: float | None = None) -> Awaitable[Any]:
         """Wait for a message named ``name`` sent to this run; None after ``timeout``."""

@@ -124,6 +124,12 @@ class TimerScheduled(Payload):
     fire_at: float = 0.0
     seconds: float = 0.0
     purpose: str = "sleep"  # "sleep" | "message" (the timeout of a wait_for_message)
+    # Since 0.2, so that every digested input is in the log (a 0.1 reader ignores them):
+    # the duration exactly as the code gave it (``sleep(1)`` is digested over the integer
+    # 1, ``sleep(1.0)`` over the float 1.0; ``seconds`` is always a float), and for a
+    # message wait the name waited for. None in logs written before 0.2.
+    requested_seconds: int | float | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True)
@@ -262,6 +268,7 @@ class Event:
             "stream": self.stream,
             "position": self.position,
             "generation": self.generation,
+            "slot": self.slot,
             "digest": self.digest,
             "code_version": self.code_version,
             "worker_id": self.worker_id,

@@ -12,18 +12,23 @@ cannot know).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from toren.core.changes import RequestParts, body_parts, diff, live_model_parts, recorded_parts
 from toren.core.context import Context
-from toren.core.events import ModelCallRecorded
+from toren.core.digest import HashedRequest
+from toren.core.events import Event, ModelCallRecorded
 from toren.core.program import AgentResolver
+from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
 from toren.core.replay import RunLog, Step, descendants
 from toren.core.tick import TickDeps, TickRunner
 from toren.errors import AgentNotFound, CorruptEventLog
+from toren.providers.base import ModelRequest
 from toren.store.base import Lease, RunRecord, Store
 
 IN_FLIGHT = ("queued", "running", "waiting")
@@ -44,6 +49,9 @@ class StreamFinding:
     suffix_model_calls: int
     suffix_tokens: int
     suffix_cost_usd: Decimal
+    # What differs between the recorded request at from_pos and the current code's
+    # (message 0 changed, tool X's spec changed, parameter temperature 0.2 -> 0.7).
+    changes: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +67,7 @@ class StreamFinding:
             "suffix_model_calls": self.suffix_model_calls,
             "suffix_tokens": self.suffix_tokens,
             "suffix_cost_usd": str(self.suffix_cost_usd),
+            "changes": list(self.changes),
         }
 
 
@@ -100,6 +109,10 @@ class PlanRunner(TickRunner):
     def __init__(self, deps: TickDeps, run: RunRecord) -> None:
         super().__init__(deps, Lease(run.id, "plan", -1))
         self.findings: list[StreamFinding] = []
+        # The request of the step being decided (set just before its decision, which is
+        # taken synchronously at call time), and per finding the two requests to compare.
+        self._asking: RequestParts | None = None
+        self._compare: list[tuple[int, Step, RequestParts]] = []
 
     async def plan(self) -> RunPlan:
         run = await self.store.get_run(self.run_id)
@@ -122,7 +135,26 @@ class PlanRunner(TickRunner):
             if not self._task.done():
                 self._task.cancel()
             self._task = None  # no cycle through the agent task (see TickRunner.run)
+        await self._say_what_changed(events)
         return self._plan(run, self.code_version)
+
+    async def _say_what_changed(self, events: list[Event]) -> None:
+        if not self._compare:
+            return
+        blobs = await load_blobs(self.store, events)
+        names = waited_names(events)
+        for index, step, asking in self._compare:
+            recorded = [e for e in (step.first, step.done) if e is not None]
+            first = recorded[0]
+            position = first.position if first.position is not None else step.position
+            old = recorded_parts(
+                derive(
+                    RecordedStep(first.stream, first.generation, position, recorded), blobs, names
+                )
+            )
+            if old is not None:
+                changes = tuple(c.to_dict() for c in diff(old, asking))
+                self.findings[index] = dataclasses.replace(self.findings[index], changes=changes)
 
     def _plan(self, run: RunRecord, version: str, problem: str | None = None) -> RunPlan:
         return RunPlan(
@@ -180,7 +212,66 @@ class PlanRunner(TickRunner):
                 suffix_cost_usd=sum((Decimal(c.cost_usd) for c in calls), Decimal(0)),
             )
         )
+        if expected is not None and self._asking is not None:
+            self._compare.append((len(self.findings) - 1, expected, self._asking))
         view.truncate(from_pos)
+
+    # The request each kind of step makes, noted for saying what changed.
+    def model_step(
+        self,
+        ctx: Context,
+        pos: int,
+        hashed: HashedRequest,
+        request: ModelRequest,
+        *rest: Any,
+        **kw: Any,
+    ) -> Any:
+        self._asking = live_model_parts(request, hashed)
+        return super().model_step(ctx, pos, hashed, request, *rest, **kw)
+
+    def tool_step(
+        self,
+        ctx: Context,
+        pos: int,
+        digest: str,
+        name: str,
+        args: dict[str, Any],
+        *rest: Any,
+        **kw: Any,
+    ) -> Any:
+        self._asking = body_parts("tool", {"name": name, "args": args})
+        return super().tool_step(ctx, pos, digest, name, args, *rest, **kw)
+
+    def value_step(
+        self, ctx: Context, pos: int, digest: str, what: str, *rest: Any, **kw: Any
+    ) -> Any:
+        self._asking = body_parts("value", {"what": what})
+        return super().value_step(ctx, pos, digest, what, *rest, **kw)
+
+    def sleep_step(
+        self, ctx: Context, pos: int, digest: str, seconds: float, *rest: Any, **kw: Any
+    ) -> Any:
+        self._asking = body_parts("sleep", {"seconds": seconds})
+        return super().sleep_step(ctx, pos, digest, seconds, *rest, **kw)
+
+    def message_step(
+        self,
+        ctx: Context,
+        pos: int,
+        digest: str,
+        name: str,
+        timeout: float | None,
+        *rest: Any,
+        **kw: Any,
+    ) -> Any:
+        self._asking = body_parts("message", {"name": name, "timeout": timeout})
+        return super().message_step(ctx, pos, digest, name, timeout, *rest, **kw)
+
+    def child_step(
+        self, ctx: Context, pos: int, digest: str, process: str, input: Any, *rest: Any, **kw: Any
+    ) -> Any:
+        self._asking = body_parts("child", {"process": process, "input": input})
+        return super().child_step(ctx, pos, digest, process, input, *rest, **kw)
 
     async def _hold(self, *_: Any, **__: Any) -> Any:
         async with self._busy():

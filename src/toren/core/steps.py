@@ -368,9 +368,11 @@ class Steps(TickState):
     ) -> None:
         async with self._busy():
             fire_at = self.clock.now() + seconds
-            event = self._event(
-                ctx.stream, pos, gen, digest, TimerScheduled(fire_at=fire_at, seconds=seconds)
+            # requested_seconds: the value the digest covers, as given (1 is not 1.0).
+            timer = TimerScheduled(
+                fire_at=fire_at, seconds=float(seconds), requested_seconds=seconds
             )
+            event = self._event(ctx.stream, pos, gen, digest, timer)
             await self._write([event])
         await self._await_timer(ctx, pos, gen, digest, fire_at)
 
@@ -428,7 +430,13 @@ class Steps(TickState):
         if timeout is not None:
             async with self._busy():
                 deadline = self.clock.now() + timeout
-                timer = TimerScheduled(fire_at=deadline, seconds=timeout, purpose="message")
+                timer = TimerScheduled(
+                    fire_at=deadline,
+                    seconds=timeout,
+                    purpose="message",
+                    requested_seconds=timeout,
+                    message=name,  # the digest covers it; a timed-out wait records no other
+                )
                 await self._write([self._event(ctx.stream, pos, gen, digest, timer)])
         return await self._await_message(ctx, pos, gen, digest, name, deadline)
 

@@ -193,6 +193,39 @@ function stepItem(step, ctx, superseded) {
   return li;
 }
 
+// What changed at each invalidation (GET /v1/runs/{id}/invalidations), by its seq.
+const explained = new Map();
+let explainTimer = null;
+
+function whatChanged(seq) {
+  const found = explained.get(seq);
+  if (!found) return null;
+  if (found.changes.length) {
+    return h("ul", { class: "changes", "aria-label": "What changed" },
+      ...found.changes.map((c) => h("li", { dataset: { part: c.part } }, c.text)));
+  }
+  return found.note ? h("p", { class: "changes-note" }, found.note) : null;
+}
+
+async function loadExplanations() {
+  explainTimer = null;
+  try {
+    const body = await api(`/v1/runs/${runId}/invalidations`);
+    explained.clear();
+    for (const inv of body.invalidations) explained.set(inv.seq, inv);
+    schedule();
+  } catch (_) {
+    // Best effort: the timeline shows the digests without it.
+  }
+}
+
+// After an invalidation, and while one waits for its new step to be recorded.
+function explainSoon() {
+  const waiting = events.some((e) => e.type === "StreamInvalidated"
+    && (!explained.has(e.seq) || (!explained.get(e.seq).changes.length && e.payload.cause !== "parent_invalidated" && e.payload.cause !== "stream_ended")));
+  if (waiting && !explainTimer) explainTimer = setTimeout(loadExplanations, 300);
+}
+
 function invalidationItem(inv, ctx) {
   const p = inv.event.payload;
   const cause = {
@@ -209,6 +242,7 @@ function invalidationItem(inv, ctx) {
       h("span", { class: "inv-digests" },
         h("span", {}, "expected ", h("del", {}, digestButton(p.expected_digest) || "–"), p.expected_kind ? ` ${p.expected_kind}` : ""),
         h("span", {}, "actual ", h("ins", {}, digestButton(p.actual_digest) || "none"), p.actual_kind ? ` ${p.actual_kind}` : ""))),
+    whatChanged(inv.event.seq),
     inv.removed.length ? h("div", { class: "superseded", role: "group", "aria-label": `Superseded steps from #${inv.from}` },
       h("p", {}, `Superseded: ${inv.removed.length} step${inv.removed.length === 1 ? "" : "s"} kept in the log, no longer replayed`,
         versions ? ` (written by ${versions})` : ""),
@@ -370,6 +404,7 @@ function onMessage(message) {
     events.push(e);
     if (e.position !== null && e.position !== undefined) deltas.delete(`${e.stream}:${e.position}`);
     if (e.type === "StreamInvalidated") announce(`Stream ${e.stream} invalidated from step ${e.payload.from_pos}`);
+    explainSoon();
     refreshSoon();
     schedule();
   } else if (message.event === "delta") {
