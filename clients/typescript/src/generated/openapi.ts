@@ -56,6 +56,50 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{run_id}/verify": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Re-derive every digest of a run from its stored events and blobs
+         * @description Per step: `verified` (the digest re-derives byte for byte from the log),
+         *     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
+         *     step's seq, stream and position). The rules are docs/digest.md.
+         */
+        get: operations["verify_run"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{run_id}/invalidations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * What changed at each invalidation of a run
+         * @description For every `StreamInvalidated` of the run, which parts of the request differ
+         *     between the superseded step and the step recorded at its position afterwards
+         *     (message 0 changed; tool `x`'s spec changed; parameter `temperature` 0.2 -> 0.7).
+         */
+        get: operations["list_invalidations"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/runs/{run_id}/stream": {
         parameters: {
             query?: never;
@@ -264,6 +308,11 @@ export interface components {
             position?: number | null;
             /** Generation */
             generation: number;
+            /**
+             * Slot
+             * @description The event's unique key in its run (`{stream}#{generation}:{position}`, `:done`, `:inv`, `run:start`, `run:end`); null for events without one.
+             */
+            slot?: string | null;
             /** Digest */
             digest?: string | null;
             /** Code Version */
@@ -304,6 +353,32 @@ export interface components {
             /** Version */
             version: string;
         };
+        /** InvalidationExplained */
+        InvalidationExplained: {
+            /**
+             * Seq
+             * @description The `StreamInvalidated` event.
+             */
+            seq: number;
+            /** Stream */
+            stream: string;
+            /** From Pos */
+            from_pos: number;
+            /** Cause */
+            cause: string;
+            /** Changes */
+            changes: components["schemas"]["RequestChange"][];
+            /**
+             * Note
+             * @description Why there are no changes to show, if there are none.
+             */
+            note: string | null;
+        };
+        /** InvalidationList */
+        InvalidationList: {
+            /** Invalidations */
+            invalidations: components["schemas"]["InvalidationExplained"][];
+        };
         /** MessageAccepted */
         MessageAccepted: {
             /** Run Id */
@@ -339,6 +414,42 @@ export interface components {
              * @constant
              */
             status: "ready";
+        };
+        /**
+         * RequestChange
+         * @description One part of a step request that differs between the recorded and the new request.
+         */
+        RequestChange: {
+            /**
+             * Part
+             * @description `kind`, `provider`, `model`, `message`, `tool`, `param` (model calls), `argument` (tool calls), or a body field (`seconds`, `name`, `timeout`, `process`, `input`, `what`).
+             */
+            part: string;
+            /**
+             * Text
+             * @description In words, e.g. `parameter temperature 0.2 -> 0.7`.
+             */
+            text: string;
+            /**
+             * Name
+             * @description The parameter, argument or tool; a message's role.
+             */
+            name: string | null;
+            /**
+             * Index
+             * @description The message's index in the request.
+             */
+            index: number | null;
+            /**
+             * Old
+             * @description The recorded value (for a message: what happened to it).
+             */
+            old: unknown;
+            /**
+             * New
+             * @description The new value.
+             */
+            new: unknown;
         };
         /** Run */
         Run: {
@@ -434,6 +545,26 @@ export interface components {
             /** Rerun Cost Usd */
             rerun_cost_usd: string;
         };
+        /** RunVerification */
+        RunVerification: {
+            /** Run Id */
+            run_id: string;
+            /**
+             * Ok
+             * @description No mismatch.
+             */
+            ok: boolean;
+            /** Steps */
+            steps: number;
+            /** Verified */
+            verified: number;
+            /** Unverifiable */
+            unverifiable: number;
+            /** Mismatch */
+            mismatch: number;
+            /** Checks */
+            checks: components["schemas"]["StepCheck"][];
+        };
         /** SendMessageRequest */
         SendMessageRequest: {
             /**
@@ -478,6 +609,38 @@ export interface components {
              * @description Deprecated spelling of `idempotency_key`, accepted until 0.3.0; the response then carries `Deprecation: true` and a `Warning` header.
              */
             idempotencyKey?: string | null;
+        };
+        /**
+         * StepCheck
+         * @description The verdict on one recorded step's digest (see docs/digest.md).
+         */
+        StepCheck: {
+            /** Seq */
+            seq: number;
+            /** Stream */
+            stream: string;
+            /** Position */
+            position: number;
+            /** Generation */
+            generation: number;
+            /** Kind */
+            kind: string | null;
+            /** Event Type */
+            event_type: string;
+            /**
+             * Verdict
+             * @enum {string}
+             */
+            verdict: "verified" | "unverifiable" | "mismatch";
+            /** Recorded Digest */
+            recorded_digest: string | null;
+            /** Derived Digest */
+            derived_digest: string | null;
+            /**
+             * Note
+             * @description Why it cannot be verified, what does not match, or how a 0.1 log was read.
+             */
+            note: string | null;
         };
         /**
          * StreamFinding
@@ -526,6 +689,11 @@ export interface components {
              * @description Recorded cost of the suffix (decimal string).
              */
             suffix_cost_usd: string;
+            /**
+             * Changes
+             * @description Which parts of the request differ (empty for `stream_ended`).
+             */
+            changes?: components["schemas"]["RequestChange"][];
         };
         /** Usage */
         Usage: {
@@ -818,6 +986,140 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["EventList"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    verify_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunVerification"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    list_invalidations: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InvalidationList"];
                 };
             };
             /** @description unauthorized */
