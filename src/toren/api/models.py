@@ -120,6 +120,11 @@ class Usage(BaseModel):
     steps: int
 
 
+class Lineage(BaseModel):
+    run_id: str = Field(description="The source run.")
+    at: str = Field(description="The fork point, `STREAM:POSITION` (e.g. `main:5`).")
+
+
 class Run(BaseModel):
     id: str
     agent: str
@@ -140,6 +145,34 @@ class Run(BaseModel):
     code_version: str | None = None
     lease_recoveries: int
     invalidations: int
+    retries: int = Field(default=0, description="How many times the run was retried.")
+    forked_from: Lineage | None = Field(
+        default=None, description="The run and step this run was forked from, if forked."
+    )
+
+
+class RetryRunRequest(BaseModel):
+    """Both limits are optional: a retry may raise them for this run, never lower them
+    (the agent's own limit wins when it is higher; an agent without the limit has none)."""
+
+    max_steps: int | None = Field(default=None, gt=0, description="Raise limits.max_steps.")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, description="Raise limits.max_cost_usd (USD)."
+    )
+
+
+class ForkRunRequest(BaseModel):
+    at: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}:[0-9]{1,9}$",
+        description="The fork point, `STREAM:POSITION`: the steps of that stream before "
+        "the position (and everything they depend on) replay from the source run; the "
+        "step at the position runs live.",
+        examples=["main:2"],
+    )
+    input: RunInput = Field(
+        default=None,
+        description="The new run's input; the source run's input when the field is absent.",
+    )
 
 
 class RunList(BaseModel):
