@@ -132,6 +132,8 @@ def test_cli_retry_after_fixing_a_tool_pays_nothing_again(
     three_replies(fake)
     started = invoke(runner, "run", "desk", "open the desk", *where)
     assert started.exit_code == 1, started.output  # failed
+    assert "NameError" in started.output and "in file_report" in started.output  # traceback
+    assert "toren runs retry run_" in started.output  # the hint
     assert fake.openai.served == 3 and len(outbox(tmp_path)) == 2
     listed = invoke(runner, "runs", "list", "--json", *where)
     run_id = json.loads(listed.stdout)[0]["id"]
@@ -142,6 +144,7 @@ def test_cli_retry_after_fixing_a_tool_pays_nothing_again(
     fix_tools(root)
     retried = invoke(runner, "runs", "retry", run_id, *where)
     assert retried.exit_code == 0, retried.output
+    assert "↻ retry 1" in retried.output and "completed" in retried.output
     assert fake.openai.served == 3  # 0 new requests for the three recorded calls
     assert [m["body"] for m in outbox(tmp_path)] == ["reply 0", "reply 1"]  # not re-sent
     final = json.loads(invoke(runner, "runs", "show", run_id, "--json", *where).stdout)
@@ -205,6 +208,7 @@ def test_cli_fork_with_an_edited_prompt_sees_exactly_the_requests_from_the_fork(
     fake.openai.script(*(Completion(text=f"detailed {i}") for i in range(4)))
     forked = invoke(runner, "runs", "fork", source, "--at", "main:2", *where)
     assert forked.exit_code == 0, forked.output
+    assert "⑂ forked" in forked.output
     bodies = [r.body["messages"] for r in fake.openai.requests]
     assert len(bodies) == 4  # exactly positions 2-5
     for n, messages in enumerate(bodies, start=2):

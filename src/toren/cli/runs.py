@@ -265,6 +265,13 @@ def exit_code(run: dict[str, Any], reach: str = "") -> int:
             "'toren dev' or 'toren worker' continues it by itself)"
         )
         return EXIT_WAITING
+    if run.get("status") == "failed":
+        how = f"toren runs retry {run.get('id')}{reach}"
+        err().print(
+            f"[dim]hint:[/] fix the cause, then continue the run from its log with "
+            f"[bold]{escape(how)}[/] (recorded steps are not paid again)",
+            highlight=False,
+        )
     return STATUS_EXIT.get(str(run.get("status")), EXIT_OK)
 
 

@@ -202,9 +202,31 @@ class RunView:
             f"[bold red]✘ failed[/]  {escape(str(error.get('type', 'Error')))}: "
             f"{escape(str(error.get('message', '')))}"
         )
+        trace = str(error.get("traceback") or "").rstrip()
+        if trace:  # the agent's frames only; the last ones say where
+            lines = trace.splitlines()
+            shown = lines if len(lines) <= 12 else ["  ...", *lines[-11:]]
+            self.print("[dim]" + escape("\n".join(shown)) + "[/]")
 
     def _on_RunCancelled(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
         self.print(f"[bold yellow]■ cancelled[/]  {escape(str(p.get('reason') or ''))}")
+
+    def _on_RunRetried(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+        retried = len(p.get("retried_seqs") or ())
+        what = f"{retried} failed step{'s' if retried != 1 else ''} run again" if retried else ""
+        raised = ", ".join(f"{k}={v}" for k, v in (p.get("raise_limits") or {}).items())
+        detail = "; ".join(x for x in (what, f"limits raised: {raised}" if raised else "") if x)
+        self.print(
+            f"[bold cyan]↻ retry {p.get('attempt', 1)}[/] under code version "
+            f"{escape(str(p.get('code_version') or '?'))}: the recorded steps replay"
+            + (f" ({escape(detail)})" if detail else "")
+        )
+
+    def _on_RunForked(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+        self.print(
+            f"[bold cyan]⑂ forked[/] from run {escape(str(p.get('source_run')))} at "
+            f"{escape(str(p.get('stream')))}:{p.get('position')}: the steps before it replay"
+        )
 
     # -- the end --------------------------------------------------------------------------
 
