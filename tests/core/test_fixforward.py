@@ -399,3 +399,65 @@ async def test_fork_inside_a_child_stream(store: Store) -> None:
         e for e in await store.load_events(fork.id) if isinstance(e.payload, ToolCallRecorded)
     ]
     assert copied[0].payload.reused_from_seq is None
+
+
+class Outage:
+    """A provider that is down (fails every call, as after its retries) until restored."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.down = True
+        self.calls = 0
+
+    async def complete(self, request: Any, *, on_delta: Any = None) -> Any:
+        from toren.errors import ModelCallFailed
+        from toren.providers.base import ModelResponse
+
+        self.calls += 1
+        if self.down:
+            raise ModelCallFailed("upstream 503 after 3 retries", status=503)
+        return ModelResponse(text="back")
+
+
+async def test_a_model_call_that_failed_after_its_retries_runs_again(store: Store) -> None:
+    outage = Outage()
+    scripted = ScriptedProvider()
+    reg = toren.Registry()
+
+    async def two_models(ctx: toren.Context, input: Any) -> Any:
+        first = await ctx.model("scripted:echo", [{"role": "user", "content": "one"}])
+        second = await ctx.model("flaky:m", [{"role": "user", "content": first.text}])
+        return second.text
+
+    reg.add("two", two_models)
+    both = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": scripted, "flaky": outage}
+    )  # type: ignore[dict-item]
+    run = await toren.start_run(store, reg, "two")
+    failed = await toren.tick(run.id, both)
+    assert failed.status == "failed" and failed.error["type"] == "ModelCallFailed"  # type: ignore[index]
+    assert (scripted.served, outage.calls) == (1, 1)
+    outage.down = False
+    await retry_run(store, reg, run.id)
+    done = await toren.tick(run.id, both)
+    assert done.status == "completed" and done.output == "back"
+    assert (scripted.served, outage.calls) == (1, 2)  # only the failed call again
+
+
+async def test_two_retries_at_once_make_one(store: Store) -> None:
+    import asyncio
+
+    desk = Desk()
+    reg = toren.Registry()
+    reg.add("desk", emails_then_report, tools=desk.tools())
+    run = await toren.start_run(store, reg, "desk")
+    await toren.tick(run.id, deps(store, reg, ScriptedProvider()))
+    outcomes = await asyncio.gather(
+        retry_run(store, reg, run.id), retry_run(store, reg, run.id), return_exceptions=True
+    )
+    assert sorted(type(o).__name__ for o in outcomes) == ["RunNotRetryable", "RunRecord"]
+    events = await store.load_events(run.id)
+    assert [e.type for e in events].count("RunRetried") == 1
+    stored = await store.get_run(run.id)
+    assert stored is not None and stored.retries == 1

@@ -157,7 +157,7 @@ class RetryRunRequest(BaseModel):
 
     max_steps: int | None = Field(default=None, gt=0, description="Raise limits.max_steps.")
     max_cost_usd: float | None = Field(
-        default=None, gt=0, description="Raise limits.max_cost_usd (USD)."
+        default=None, gt=0, allow_inf_nan=False, description="Raise limits.max_cost_usd (USD)."
     )
 
 

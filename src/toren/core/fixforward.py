@@ -24,6 +24,7 @@ is a fork too: Toren never rewinds a run's log.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -131,7 +132,8 @@ def _limits(**values: Any) -> dict[str, Any]:
     for name, value in values.items():
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
             raise InvalidInput(f"{name} must be a positive number, got {value!r}", field=name)
         if name == "max_steps" and not float(value).is_integer():
             raise InvalidInput(f"max_steps must be a whole number, got {value!r}", field=name)
