@@ -11,6 +11,7 @@ speaks the OpenAI wire format (through the real ``openai`` SDK), counting every 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from toren.api import create_app
 from toren.api.server import running_server
 from toren.client import AsyncTorenClient, TorenAPIError
 from toren.runtime import close_runtime, open_runtime
+from toren.store.sql import EVENT_COLUMNS
 
 DESK_AGENT = '''\
 """Three model calls, an email after each of the first two, then a report."""
@@ -82,6 +84,22 @@ async def main(ctx, input):
         messages.append(reply.message())
     return {"answer": reply.text}
 """
+
+
+def raw_log(db_url: str, run_id: str) -> list[tuple[Any, ...]]:
+    """A run's log rows exactly as stored (payload text included), and its run row."""
+
+    async def read() -> list[tuple[Any, ...]]:
+        store = await toren.connect(db_url)
+        try:
+            sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? ORDER BY seq"
+            rows = await store._event_rows(sql, (run_id,))  # type: ignore[attr-defined]
+            run = await store.get_run(run_id)
+            return [tuple(r) for r in rows] + [(run,)]
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
 
 
 def write_agents(root: Path) -> Path:
@@ -202,6 +220,7 @@ def test_cli_fork_with_an_edited_prompt_sees_exactly_the_requests_from_the_fork(
     source = json.loads(invoke(runner, "runs", "list", "--json", *where).stdout)[0]["id"]
     before = invoke(runner, "runs", "events", source, "--json", *where).stdout
     shown_before = json.loads(invoke(runner, "runs", "show", source, "--json", *where).stdout)
+    stored_before = raw_log(db_url, source)
 
     (root / "six" / "prompts" / "system.md").write_text("Answer in great detail.\n")
     fake.openai.reset()
@@ -229,3 +248,4 @@ def test_cli_fork_with_an_edited_prompt_sees_exactly_the_requests_from_the_fork(
     assert invoke(runner, "runs", "events", source, "--json", *where).stdout == before
     after = json.loads(invoke(runner, "runs", "show", source, "--json", *where).stdout)
     assert after == shown_before
+    assert raw_log(db_url, source) == stored_before  # byte for byte, as stored

@@ -18,6 +18,7 @@ from toren.errors import InvalidInput, RunNotRetryable
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
+from toren.store.sql import EVENT_COLUMNS
 
 
 class Desk:
@@ -66,11 +67,12 @@ def deps(store: Store, reg: toren.Registry, provider: ScriptedProvider, **kw: An
 
 
 async def log_bytes(store: Store, run_id: str) -> list[tuple[Any, ...]]:
-    """A run's log as stored, every column (the payload as its JSON text)."""
-    return [
-        (*(v for k, v in e.to_dict().items() if k != "payload"), e.payload_json())
-        for e in await store.load_events(run_id)
-    ]
+    """A run's log exactly as stored: every column of every row, the payload as the text
+    in the database (not parsed and written again)."""
+    sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? ORDER BY seq"
+    rows = await store._event_rows(sql, (run_id,))  # type: ignore[attr-defined]
+    assert rows and all(isinstance(r[12], str) for r in rows)
+    return [tuple(r) for r in rows]
 
 
 async def test_a_failed_tool_is_retried_under_fixed_code_without_paying_again(
