@@ -150,7 +150,8 @@ def test_cli_retry_after_fixing_a_tool_pays_nothing_again(
     three_replies(fake)
     started = invoke(runner, "run", "desk", "open the desk", *where)
     assert started.exit_code == 1, started.output  # failed
-    assert "NameError" in started.output and "in file_report" in started.output  # traceback
+    assert "name 'QUEUE' is not defined" in started.output and "tools.py:" in started.output
+    assert "in file_report; the traceback: toren runs show" in started.output
     assert "toren runs retry run_" in started.output  # the hint
     assert fake.openai.served == 3 and len(outbox(tmp_path)) == 2
     listed = invoke(runner, "runs", "list", "--json", *where)

@@ -8,6 +8,7 @@ elsewhere (a pipe, a CI log) it prints one line per step and nothing transient.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from decimal import Decimal
@@ -202,11 +203,13 @@ class RunView:
             f"[bold red]✘ failed[/]  {escape(str(error.get('type', 'Error')))}: "
             f"{escape(str(error.get('message', '')))}"
         )
-        trace = str(error.get("traceback") or "").rstrip()
-        if trace:  # the agent's frames only; the last ones say where
-            lines = trace.splitlines()
-            shown = lines if len(lines) <= 12 else ["  ...", *lines[-11:]]
-            self.print("[dim]" + escape("\n".join(shown)) + "[/]")
+        where = _raised_at(str(error.get("traceback") or ""))
+        if where:  # the whole (agent-only) traceback is in `toren runs show`
+            run_id = event.get("run_id", "")
+            self.print(
+                f"  [dim]raised at {escape(where)}; the traceback: toren runs show "
+                f"{escape(str(run_id))}[/]"
+            )
 
     def _on_RunCancelled(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
         self.print(f"[bold yellow]■ cancelled[/]  {escape(str(p.get('reason') or ''))}")
@@ -277,3 +280,15 @@ def _status_line(run: Mapping[str, Any], activity: str = "working") -> str:
             return f"held by worker {owner}: waiting for its lease ({left:.0f}s)"
         return activity
     return str(status)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+
+
+def _raised_at(traceback: str) -> str:
+    """``file:line in function`` of the innermost frame of a stored traceback, or ''."""
+    found = [m for line in traceback.splitlines() if (m := _FRAME.match(line))]
+    if not found:
+        return ""
+    path, line, fn = found[-1].groups()
+    return f"{path}:{line} in {fn}"
