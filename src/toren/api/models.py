@@ -161,9 +161,22 @@ class RetryRunRequest(BaseModel):
     )
 
 
+def _fork_point(value: str) -> str:
+    from toren.core.fixforward import parse_at
+
+    try:
+        parse_at(value)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+    return value
+
+
 class ForkRunRequest(BaseModel):
-    at: str = Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,199}:[0-9]{1,9}$",
+    at: Annotated[str, AfterValidator(_fork_point)] = Field(
+        max_length=300,
+        # In the schema for clients and fuzzers; checked by _fork_point, whose message
+        # says what a fork point is.
+        json_schema_extra={"pattern": "^.+:[0-9]{1,9}$"},
         description="The fork point, `STREAM:POSITION`: the steps of that stream before "
         "the position (and everything they depend on) replay from the source run; the "
         "step at the position runs live.",

@@ -169,7 +169,7 @@ async def _get(store: Store, run_id: str) -> RunRecord:
 def parse_at(at: str) -> tuple[str, int]:
     """``STREAM:POSITION`` (``main:5``, ``main/3:0``) as (stream, position)."""
     stream, sep, pos = at.rpartition(":") if isinstance(at, str) else ("", "", "")
-    if not sep or not stream or not pos.isdigit():
+    if not sep or not stream or not (pos.isascii() and pos.isdigit()) or len(pos) > 9:
         raise InvalidInput(
             f"fork point {at!r} is not STREAM:POSITION; expected e.g. 'main:5' (the step at "
             "position 5 of stream main runs live; the steps before it replay)",
@@ -245,9 +245,10 @@ def _check_point(log: RunLog, run: RunRecord, stream: str, position: int) -> Non
         )
     length = view.length if view is not None else 0
     if position > length:
+        steps = f"{length} steps (positions 0-{length - 1})" if length else "no steps yet"
         raise InvalidInput(
-            f"stream {stream!r} of run {run.id!r} has {length} steps (positions 0-"
-            f"{max(length - 1, 0)}); fork at a position from 0 to {length}",
+            f"stream {stream!r} of run {run.id!r} has {steps}; fork at a position from 0 "
+            f"to {length} (the step there runs live)",
             field="at",
         )
     parts = stream.split("/")
