@@ -8,6 +8,7 @@ what the new code genuinely changes.
 from toren.config import Settings
 from toren.core.clock import ManualClock, SystemClock
 from toren.core.context import Context, RunUsage
+from toren.core.fixforward import fork_run, retry_run
 from toren.core.live import LiveHub
 from toren.core.program import AgentProgram, Limits, Registry, ToolDef, tool
 from toren.core.runs import send_message, start_run, wait_for_run
@@ -22,6 +23,7 @@ from toren.errors import (
     ModelCallFailed,
     RunCancelledSignal,
     RunNotFound,
+    RunNotRetryable,
     StepFailed,
     ToolFailed,
     TorenError,
@@ -45,6 +47,7 @@ __all__ = [
     "Registry",
     "RunCancelledSignal",
     "RunNotFound",
+    "RunNotRetryable",
     "RunUsage",
     "Settings",
     "StepFailed",
@@ -56,7 +59,9 @@ __all__ = [
     "TorenError",
     "__version__",
     "connect",
+    "fork_run",
     "open_store",
+    "retry_run",
     "send_message",
     "start_run",
     "tick",

@@ -6,7 +6,8 @@
     │   ├── AgentNotFound          no agent (or process) by that name
     │   ├── InvalidInput           a run input, message or argument of the wrong shape
     │   ├── IdempotencyConflict    an idempotency key reused with different arguments
-    │   └── RunNotFound            no run with that id
+    │   ├── RunNotFound            no run with that id
+    │   └── RunNotRetryable        a retry of a run that is not failed (cancelled, ...)
     ├── StepFailed                 a recorded step ended in an error; replay re-raises it
     │   ├── ModelCallFailed        the provider refused or failed after retries
     │   └── ToolFailed             the tool raised
@@ -65,6 +66,13 @@ class IdempotencyConflict(UserError):
 
 class RunNotFound(UserError):
     code = "run_not_found"
+
+
+class RunNotRetryable(UserError):
+    """Only a failed run can be retried: a cancelled run is final, a completed one has
+    nothing to retry (fork those), a queued, running or waiting one is still going."""
+
+    code = "run_not_retryable"
 
 
 class StepFailed(TorenError):

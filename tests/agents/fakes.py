@@ -65,6 +65,7 @@ class FakeContext:
     usage: FakeUsage = field(default_factory=FakeUsage)
     model_calls: list[ModelCall] = field(default_factory=list)
     steps: list[tuple[str, str]] = field(default_factory=list)
+    raised_limits: dict[str, Any] = field(default_factory=dict)
 
     async def model(
         self,

@@ -36,7 +36,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from toren.agents.config import HumanConfig
-from toren.core.program import AgentFn, Limits
+from toren.core.program import AgentFn, Limits, raised
 from toren.errors import InvalidInput, LimitExceeded, ToolFailed
 from toren.providers.base import ModelResponse, ToolCall, ToolSpec
 
@@ -183,7 +183,7 @@ class _Loop:
         return tool_result_text(reply)
 
     def _check_limits(self, *, next_steps: int) -> None:
-        limits = self.spec.limits
+        limits = raised(self.spec.limits, self.ctx.raised_limits)  # a retry may raise them
         where = f"agent {self.spec.agent!r} process {self.spec.process!r}"
         if limits.max_steps is not None and self.steps + next_steps > limits.max_steps:
             raise LimitExceeded(

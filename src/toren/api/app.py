@@ -26,6 +26,8 @@ from toren.api.middleware import Auth, BodyLimit, CatchAll
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
+from toren.core.fixforward import fork_run as core_fork_run
+from toren.core.fixforward import retry_run as core_retry_run
 from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
@@ -491,6 +493,54 @@ async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
     run = await state.store.request_cancel(run_id, now=time.time())
     if state.runtime is not None:
         state.runtime.cancel_local(run_id)
+    return _run(state, run)
+
+
+@_route(
+    "POST",
+    "/runs/{run_id}/retry",
+    status_code=202,
+    response_model=models.Run,
+    tags=["runs"],
+    summary="Retry a failed run under the code now deployed",
+    description="The run continues from its log: every recorded successful step replays "
+    "for free; the recorded failure that ended it (a tool that raised, a model call that "
+    "failed after its retries, a failed child) runs again live, as does agent code that "
+    "raised. The body is optional. 409 `run_not_retryable` for a run that is not failed "
+    "(a cancelled run is final; fork a completed one).",
+    responses=_errors(404, 409, 415, 422),
+)
+async def retry_run(
+    run_id: str, state: State, body: models.RetryRunRequest | None = None
+) -> dict[str, Any]:
+    await _run_or_404(state, run_id)
+    limits = body or models.RetryRunRequest()
+    run = await core_retry_run(
+        state.store,
+        state.agents,
+        run_id,
+        max_steps=limits.max_steps,
+        max_cost_usd=limits.max_cost_usd,
+    )
+    return _run(state, run)
+
+
+@_route(
+    "POST",
+    "/runs/{run_id}/fork",
+    status_code=201,
+    response_model=models.Run,
+    tags=["runs"],
+    summary="Fork a run from one of its steps",
+    description="A new run whose steps before `at` replay from this run's log without "
+    "being paid again, and which runs live from there under the code now deployed. The "
+    "source run is not changed. The new run's `forked_from` names the source and `at`.",
+    responses=_errors(404, 415, 422),
+)
+async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> dict[str, Any]:
+    await _run_or_404(state, run_id)
+    extra = {"input": body.input} if "input" in body.model_fields_set else {}
+    run = await core_fork_run(state.store, state.agents, run_id, at=body.at, **extra)
     return _run(state, run)
 
 

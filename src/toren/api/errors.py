@@ -23,6 +23,7 @@ from toren.errors import (
     IdempotencyConflict,
     InvalidInput,
     RunNotFound,
+    RunNotRetryable,
     TorenError,
     UserError,
 )
@@ -82,7 +83,7 @@ def status_for(exc: TorenError) -> int:
         return 404
     if isinstance(exc, InvalidInput):
         return 422
-    if isinstance(exc, IdempotencyConflict):
+    if isinstance(exc, IdempotencyConflict | RunNotRetryable):
         return 409
     if isinstance(exc, UserError):
         return 400

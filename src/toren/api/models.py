@@ -120,6 +120,11 @@ class Usage(BaseModel):
     steps: int
 
 
+class Lineage(BaseModel):
+    run_id: str = Field(description="The source run.")
+    at: str = Field(description="The fork point, `STREAM:POSITION` (e.g. `main:5`).")
+
+
 class Run(BaseModel):
     id: str
     agent: str
@@ -140,6 +145,47 @@ class Run(BaseModel):
     code_version: str | None = None
     lease_recoveries: int
     invalidations: int
+    retries: int = Field(default=0, description="How many times the run was retried.")
+    forked_from: Lineage | None = Field(
+        default=None, description="The run and step this run was forked from, if forked."
+    )
+
+
+class RetryRunRequest(BaseModel):
+    """Both limits are optional: a retry may raise them for this run, never lower them
+    (the agent's own limit wins when it is higher; an agent without the limit has none)."""
+
+    max_steps: int | None = Field(default=None, gt=0, description="Raise limits.max_steps.")
+    max_cost_usd: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Raise limits.max_cost_usd (USD)."
+    )
+
+
+def _fork_point(value: str) -> str:
+    from toren.core.fixforward import parse_at
+
+    try:
+        parse_at(value)
+    except InvalidInput as exc:
+        raise ValueError(exc.message) from None
+    return value
+
+
+class ForkRunRequest(BaseModel):
+    at: Annotated[str, AfterValidator(_fork_point)] = Field(
+        max_length=300,
+        # In the schema for clients and fuzzers; checked by _fork_point, whose message
+        # says what a fork point is.
+        json_schema_extra={"pattern": "^.+:[0-9]{1,9}$"},
+        description="The fork point, `STREAM:POSITION`: the steps of that stream before "
+        "the position (and everything they depend on) replay from the source run; the "
+        "step at the position runs live.",
+        examples=["main:2"],
+    )
+    input: RunInput = Field(
+        default=None,
+        description="The new run's input; the source run's input when the field is absent.",
+    )
 
 
 class RunList(BaseModel):

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from toren.cli._common import RunFinished
+from toren.core.fixforward import fork_run, retry_run
 from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
 from toren.core.worker import LocalWorkerRuntime
@@ -31,6 +32,7 @@ from toren.store.base import Lease, Release, Store
 from toren.store.urls import shown_url
 
 Item = tuple[str, dict[str, Any]]
+UNSET: Any = object()  # a fork without --input: the source run's input
 
 # A run waiting for a message whose timeout is further away than this is "parked":
 # ``toren run`` stops following it and says how to send the message.
@@ -79,6 +81,10 @@ class Backend(Protocol):
     async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]: ...
     async def send(self, run_id: str, name: str, payload: Any) -> None: ...
     async def cancel(self, run_id: str) -> dict[str, Any]: ...
+    async def retry(
+        self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
+    ) -> dict[str, Any]: ...
+    async def fork(self, run_id: str, *, at: str, input: Any) -> dict[str, Any]: ...
     def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]: ...
     async def close(self) -> None: ...
 
@@ -156,6 +162,22 @@ class EmbeddedBackend:
         if run.terminal:  # as the HTTP API answers (409 run_finished)
             raise RunFinished(f"run {run_id!r} is {run.status}; it takes no more messages")
         await send_message(self.store, run_id, name, payload)
+
+    async def retry(
+        self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
+    ) -> dict[str, Any]:
+        await self._run(run_id)
+        resolver = self.runtime.resolver
+        await retry_run(
+            self.store, resolver, run_id, max_steps=max_steps, max_cost_usd=max_cost_usd
+        )
+        return await self.get_run(run_id)
+
+    async def fork(self, run_id: str, *, at: str, input: Any) -> dict[str, Any]:
+        await self._run(run_id)
+        extra = {} if input is UNSET else {"input": input}
+        run = await fork_run(self.store, self.runtime.resolver, run_id, at=at, **extra)
+        return await self.get_run(run.id)
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
         run = await self.store.request_cancel(run_id, now=time.time())
@@ -280,6 +302,16 @@ class RemoteBackend:
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
         return run_dict(await self.client.cancel(run_id))
+
+    async def retry(
+        self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
+    ) -> dict[str, Any]:
+        run = await self.client.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
+        return run_dict(run)
+
+    async def fork(self, run_id: str, *, at: str, input: Any) -> dict[str, Any]:
+        extra = {} if input is UNSET else {"input": input}
+        return run_dict(await self.client.fork(run_id, at=at, **extra))
 
     async def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]:
         """Events and token deltas over SSE (the client resumes a dropped stream)."""

@@ -21,6 +21,7 @@ from toren.cli._common import (
     report,
     setup_logging,
 )
+from toren.cli.fixforward import fork, retry
 from toren.cli.plan import plan
 from toren.cli.project import init
 from toren.cli.runs import run, runs
@@ -125,6 +126,8 @@ cli.add_command(dev)
 cli.add_command(run)
 cli.add_command(runs)
 runs.add_command(verify)
+runs.add_command(retry)
+runs.add_command(fork)
 cli.add_command(worker)
 cli.add_command(serve)
 cli.add_command(plan)

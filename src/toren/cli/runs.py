@@ -265,6 +265,13 @@ def exit_code(run: dict[str, Any], reach: str = "") -> int:
             "'toren dev' or 'toren worker' continues it by itself)"
         )
         return EXIT_WAITING
+    if run.get("status") == "failed":
+        how = f"toren runs retry {run.get('id')}{reach}"
+        err().print(
+            f"[dim]hint:[/] fix the cause, then continue the run from its log with "
+            f"[bold]{escape(how)}[/] (recorded steps are not paid again)",
+            highlight=False,
+        )
     return STATUS_EXIT.get(str(run.get("status")), EXIT_OK)
 
 
@@ -557,6 +564,15 @@ def show(
     if found.get("error"):
         error = found["error"]
         rows.append(("error", escape(f"{error.get('type')}: {error.get('message')}")))
+        if error.get("traceback"):
+            rows.append(("traceback", escape(str(error["traceback"]).rstrip())))
+        if found.get("status") == "failed":
+            rows.append(("retry", escape(f"fix it, then: toren runs retry {found.get('id')}")))
+    if found.get("forked_from"):
+        lineage = found["forked_from"]
+        rows.append(("forked from", escape(f"run {lineage.get('run_id')} at {lineage.get('at')}")))
+    if found.get("retries"):
+        rows.append(("retries", str(found["retries"])))
     if found.get("waiting_for"):
         rows.append(("waiting for", escape(", ".join(found["waiting_for"]))))
     rows += [

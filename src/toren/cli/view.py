@@ -8,6 +8,7 @@ elsewhere (a pipe, a CI log) it prints one line per step and nothing transient.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from decimal import Decimal
@@ -202,9 +203,33 @@ class RunView:
             f"[bold red]✘ failed[/]  {escape(str(error.get('type', 'Error')))}: "
             f"{escape(str(error.get('message', '')))}"
         )
+        where = _raised_at(str(error.get("traceback") or ""))
+        if where:  # the whole (agent-only) traceback is in `toren runs show`
+            run_id = event.get("run_id", "")
+            self.print(
+                f"  [dim]raised at {escape(where)}; the traceback: toren runs show "
+                f"{escape(str(run_id))}[/]"
+            )
 
     def _on_RunCancelled(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
         self.print(f"[bold yellow]■ cancelled[/]  {escape(str(p.get('reason') or ''))}")
+
+    def _on_RunRetried(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+        retried = len(p.get("retried_seqs") or ())
+        what = f"{retried} failed step{'s' if retried != 1 else ''} run again" if retried else ""
+        raised = ", ".join(f"{k}={v}" for k, v in (p.get("raise_limits") or {}).items())
+        detail = "; ".join(x for x in (what, f"limits raised: {raised}" if raised else "") if x)
+        self.print(
+            f"[bold cyan]↻ retry {p.get('attempt', 1)}[/] under code version "
+            f"{escape(str(p.get('code_version') or '?'))}: the recorded steps replay"
+            + (f" ({escape(detail)})" if detail else "")
+        )
+
+    def _on_RunForked(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+        self.print(
+            f"[bold cyan]⑂ forked[/] from run {escape(str(p.get('source_run')))} at "
+            f"{escape(str(p.get('stream')))}:{p.get('position')}: the steps before it replay"
+        )
 
     # -- the end --------------------------------------------------------------------------
 
@@ -255,3 +280,15 @@ def _status_line(run: Mapping[str, Any], activity: str = "working") -> str:
             return f"held by worker {owner}: waiting for its lease ({left:.0f}s)"
         return activity
     return str(status)
+
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+
+
+def _raised_at(traceback: str) -> str:
+    """``file:line in function`` of the innermost frame of a stored traceback, or ''."""
+    found = [m for line in traceback.splitlines() if (m := _FRAME.match(line))]
+    if not found:
+        return ""
+    path, line, fn = found[-1].groups()
+    return f"{path}:{line} in {fn}"

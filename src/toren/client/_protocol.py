@@ -86,6 +86,21 @@ def cancel(run_id: str) -> Call[Run]:
     return Call("POST", _run_path(run_id, "/cancel"), Run.from_json)
 
 
+def retry(run_id: str, max_steps: int | None, max_cost_usd: float | None) -> Call[Run]:
+    body = _drop_none({"max_steps": max_steps, "max_cost_usd": max_cost_usd})
+    return Call("POST", _run_path(run_id, "/retry"), Run.from_json, json=body, has_body=True)
+
+
+UNSET: Any = object()  # fork without ``input``: the source run's input
+
+
+def fork(run_id: str, at: str, input: Any) -> Call[Run]:
+    body: dict[str, Any] = {"at": at}
+    if input is not UNSET:
+        body["input"] = input
+    return Call("POST", _run_path(run_id, "/fork"), Run.from_json, json=body, has_body=True)
+
+
 def agents() -> Call[list[Agent]]:
     return Call("GET", "/v1/agents", lambda d: [Agent.from_json(a) for a in d["agents"]])
 

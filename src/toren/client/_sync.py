@@ -96,6 +96,18 @@ class TorenClient:
     def cancel(self, run_id: str) -> Run:
         return self._send(p.cancel(run_id))
 
+    def retry(
+        self, run_id: str, *, max_steps: int | None = None, max_cost_usd: float | None = None
+    ) -> Run:
+        """Retry a failed run under the code now deployed (``POST /v1/runs/{id}/retry``);
+        the limits, if given, are raised for this run."""
+        return self._send(p.retry(run_id, max_steps, max_cost_usd))
+
+    def fork(self, run_id: str, *, at: str, input: Any = p.UNSET) -> Run:
+        """A new run forked from ``run_id`` at ``at`` (``"main:5"``); without ``input``,
+        the source's input (``POST /v1/runs/{id}/fork``)."""
+        return self._send(p.fork(run_id, at, input))
+
     def agents(self) -> list[Agent]:
         return self._send(p.agents())
 

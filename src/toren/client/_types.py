@@ -56,6 +56,8 @@ class Run:
     code_version: str | None = None
     lease_recoveries: int = 0
     invalidations: int = 0
+    retries: int = 0
+    forked_from: dict[str, Any] | None = None  # {"run_id": ..., "at": "main:5"}
 
     @property
     def terminal(self) -> bool:

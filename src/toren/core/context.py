@@ -61,6 +61,13 @@ class Context:
         decides on it (a budget) takes the same branch on every replay."""
         return self._runner.usage()
 
+    @property
+    def raised_limits(self) -> Mapping[str, Any]:
+        """Limits a retry of this run raised (``toren runs retry --max-steps 50``):
+        ``max_steps`` and ``max_cost_usd``, when set. Agent code that enforces agent.yaml's
+        limits itself applies them with :func:`toren.core.program.raised`."""
+        return self._runner.log.raised_limits
+
     def _position(self) -> int:
         pos = self._next
         self._next += 1

@@ -198,6 +198,43 @@ class RunCompleted(Payload):
 class RunFailed(Payload):
     TYPE: ClassVar[str] = "RunFailed"
     error: dict[str, Any] = field(default_factory=dict)
+    # The seqs of the recorded step failures that ended the run (the failed step, and for
+    # a failed child the child's failed step too): what a retry runs again. Empty when
+    # the run ended in agent code or on a limit, with no failed step behind it.
+    failed_seqs: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RunRetried(Payload):
+    """A failed run continues under the code now deployed (``toren runs retry``). Folding
+    it makes the run unfinished again and takes the failures in ``retried_seqs`` out of
+    their streams' views, so those steps run again live; every other step replays. Limits
+    in ``raise_limits`` (``max_steps``, ``max_cost_usd``) apply to this run from now on,
+    never below the deployed agent's own."""
+
+    TYPE: ClassVar[str] = "RunRetried"
+    attempt: int = 1
+    failed_seq: int | None = None  # the RunFailed this retry answers
+    error: dict[str, Any] | None = None  # its error, for the record
+    retried_seqs: list[int] = field(default_factory=list)
+    raise_limits: dict[str, Any] = field(default_factory=dict)
+    code_version: str = ""
+
+
+@dataclass(frozen=True)
+class RunForked(Payload):
+    """This run was forked from ``source_run`` at ``stream``:``position``. The source's
+    steps before that point were copied into this log (generation 0, fresh slots); they
+    replay whatever the digest the current code asks for, as the history the fork starts
+    from: ``pins`` maps each copied stream to the number of leading positions pinned."""
+
+    TYPE: ClassVar[str] = "RunForked"
+    source_run: str = ""
+    stream: str = ""
+    position: int = 0
+    source_seq: int = 0  # the source log's last seq when it was copied
+    pins: dict[str, int] = field(default_factory=dict)
+    input_changed: bool = False
 
 
 @dataclass(frozen=True)
@@ -231,6 +268,8 @@ EVENT_TYPES: dict[str, type[Payload]] = {
         RunCompleted,
         RunFailed,
         RunCancelled,
+        RunRetried,
+        RunForked,
     )
 }
 TERMINAL_TYPES = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})

@@ -42,6 +42,18 @@ class Limits:
     step_timeout: float | None = None
 
 
+def raised(limits: Limits, raises: Mapping[str, Any]) -> Limits:
+    """``limits`` with each of ``raises`` (``max_steps``, ``max_cost_usd``, as a retry
+    records them) applied where it is higher. A limit is never lowered (a check that
+    passed when a step was recorded must pass on replay), and an unset one stays unset."""
+    changes: dict[str, Any] = {}
+    for name in ("max_steps", "max_cost_usd"):
+        current, wanted = getattr(limits, name), raises.get(name)
+        if current is not None and wanted is not None and wanted > current:
+            changes[name] = type(current)(wanted)
+    return replace(limits, **changes) if changes else limits
+
+
 @dataclass(frozen=True)
 class AgentProgram:
     """One process of one agent, ready to run."""

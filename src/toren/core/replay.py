@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from toren.core.events import (
     ROOT,
@@ -18,6 +19,8 @@ from toren.core.events import (
     ChildStarted,
     Event,
     MessageReceived,
+    RunForked,
+    RunRetried,
     RunStarted,
     StreamInvalidated,
     TimerScheduled,
@@ -42,9 +45,19 @@ _ONE_PHASE = frozenset(
 )
 
 
-def step_slot(stream: str, generation: int, position: int, done: bool = False) -> str:
-    """The unique key of a step event: a second writer of the same slot is a conflict."""
-    return f"{stream}#{generation}:{position}" + (":done" if done else "")
+def step_slot(
+    stream: str, generation: int, position: int, done: bool = False, attempt: int = 0
+) -> str:
+    """The unique key of a step event: a second writer of the same slot is a conflict.
+    After the n-th retry (``RunRetried``) the key ends in ``~n``: a retried step writes
+    again at a position whose failure is still in the log."""
+    slot = f"{stream}#{generation}:{position}" + (":done" if done else "")
+    return f"{slot}~{attempt}" if attempt else slot
+
+
+def end_slot(attempt: int = 0) -> str:
+    """The unique key of a run's terminal event (``~n`` after the n-th retry)."""
+    return f"run:end~{attempt}" if attempt else "run:end"
 
 
 def invalidation_slot(stream: str, generation: int) -> str:
@@ -80,6 +93,9 @@ class StreamView:
     steps: dict[int, Step] = field(default_factory=dict)
     superseded: list[Step] = field(default_factory=list)
     invalidations: int = 0
+    # Leading positions that replay whatever digest the code asks for (the history a
+    # forked run starts from: see ``RunForked``); a different kind still invalidates.
+    pinned: int = 0
 
     def apply(self, event: Event) -> None:
         if event.type == "StreamInvalidated":
@@ -102,7 +118,18 @@ class StreamView:
         removed = [self.steps.pop(p) for p in sorted(p for p in self.steps if p >= from_pos)]
         self.superseded.extend(removed)
         self.generation += 1
+        self.pinned = min(self.pinned, from_pos)
         return removed
+
+    def retry(self, seqs: set[int]) -> None:
+        """A retry (``RunRetried``): a one-phase step whose recorded failure is in ``seqs``
+        leaves the view (its position runs again live); a child whose failed completion
+        is in ``seqs`` is open again (its stream resumes, replaying what it recorded)."""
+        for pos, step in list(self.steps.items()):
+            if step.first.seq in seqs and step.first.type in _ONE_PHASE:
+                del self.steps[pos]
+            elif step.done is not None and step.done.seq in seqs:
+                step.done = None
 
     @property
     def length(self) -> int:
@@ -129,6 +156,10 @@ class RunLog:
     # A child stream that replaces a superseded identical spawn -> the stream it continues.
     continues: dict[str, str] = field(default_factory=dict)
     last_seq: int = 0
+    retries: int = 0  # RunRetried events folded: new step slots end in ``~retries``
+    # Limits raised by retries (``max_steps``, ``max_cost_usd``): the highest asked for.
+    raised_limits: dict[str, Any] = field(default_factory=dict)
+    forked: RunForked | None = None
 
     def stream(self, name: str) -> StreamView:
         view = self.streams.get(name)
@@ -143,6 +174,12 @@ class RunLog:
                 self.started = event.payload
             elif event.type in TERMINAL_TYPES:
                 self.terminal = event
+            elif isinstance(event.payload, RunRetried):
+                self._retry(event.payload)
+            elif isinstance(event.payload, RunForked):
+                self.forked = event.payload
+                for name, pinned in event.payload.pins.items():
+                    self.stream(name).pinned = pinned
             return
         payload = event.payload
         if isinstance(payload, ToolCallRecorded) and payload.reused_from_seq:
@@ -150,6 +187,16 @@ class RunLog:
         elif isinstance(payload, ChildStarted) and payload.continues:
             self.continues[payload.child_stream] = payload.continues
         self.stream(event.stream).apply(event)
+
+    def _retry(self, retried: RunRetried) -> None:
+        self.terminal = None
+        self.retries += 1
+        seqs = set(retried.retried_seqs)
+        for view in self.streams.values():
+            view.retry(seqs)
+        for name, value in retried.raise_limits.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.raised_limits[name] = max(value, self.raised_limits.get(name, value))
 
     @classmethod
     def fold(cls, run_id: str, events: Iterable[Event]) -> RunLog:
@@ -195,7 +242,7 @@ def decide(view: StreamView, position: int, kind: str, digest: str) -> Decision:
     step = view.steps.get(position)
     if step is None:
         return _LIVE
-    if step.kind == kind and step.digest == digest:
+    if step.kind == kind and (step.digest == digest or position < view.pinned):
         return Replay(step)
     return Invalidate(view.name, position, step, kind, digest)
 

@@ -31,6 +31,7 @@ from toren.core.events import (
     ToolCallRecorded,
     ValueRecorded,
 )
+from toren.core.failures import failure_dict, tagged
 from toren.core.program import AgentProgram, ToolDef
 from toren.core.replay import (
     Replay,
@@ -83,13 +84,15 @@ class Steps(TickState):
     async def _replay_model(self, stream: str, step: Step, hashed: HashedRequest) -> ModelResponse:
         payload = step.first.payload
         assert isinstance(payload, ModelCallRecorded)
-        if payload.message_list is not None:
+        if step.digest != hashed.digest:  # a fork's pinned step, recorded for other messages
+            self._lists.pop(stream, None)
+        elif payload.message_list is not None:
             self._lists[stream] = (hashed.messages, payload.message_list)
         self.replayed += 1
         if self._interrupted:
             self._pending.saved += to_nano(payload.cost_usd)
         if payload.error is not None:
-            raise recorded_error(ModelCallFailed, payload.error)
+            raise tagged(recorded_error(ModelCallFailed, payload.error), step.first.seq)
         return ModelResponse.from_dict(payload.response or {})
 
     def _provider(self, name: str, program: AgentProgram) -> ModelProvider:
@@ -103,7 +106,7 @@ class Steps(TickState):
         return provider
 
     def _check_budget(self, program: AgentProgram) -> None:
-        limit = program.limits.max_cost_usd
+        limit = self.limits(program).max_cost_usd
         if limit is not None and self._usage_by_seq.spent()[2] >= to_nano(limit):
             raise LimitExceeded(
                 f"run {self.run_id!r} has spent ${self.usage().cost_usd} of its "
@@ -166,7 +169,7 @@ class Steps(TickState):
                 latency_ms=round(latency, 3),
             )
             nano = to_nano(cost) if cost else 0
-            await self._write(
+            stored = await self._write(
                 [self._event(ctx.stream, pos, gen, hashed.digest, payload)],
                 blobs=blobs,
                 delta=frozen(
@@ -194,7 +197,7 @@ class Steps(TickState):
                     cost_usd=cost,
                 )
             if error is not None:
-                raise recorded_error(ModelCallFailed, error)
+                raise tagged(recorded_error(ModelCallFailed, error), stored[-1].seq)
             assert response is not None
             return response
 
@@ -262,7 +265,8 @@ class Steps(TickState):
         assert isinstance(payload, ToolCallRecorded)
         self.replayed += 1
         if payload.error is not None:
-            raise recorded_error(ToolFailed, payload.error, f"tool {payload.name!r} failed: ")
+            failed = recorded_error(ToolFailed, payload.error, f"tool {payload.name!r} failed: ")
+            raise tagged(failed, step.first.seq)
         return payload.result
 
     async def _live_tool(
@@ -296,7 +300,7 @@ class Steps(TickState):
                     result = await self._timed(_call_tool(tooldef, args), ctx.program, "tool call")
                     result = json_value(result, f"the result of tool {name!r}")
                 except Exception as exc:
-                    error = error_dict(exc)
+                    error = failure_dict(exc)
             payload = ToolCallRecorded(
                 name=name,
                 args=args,
@@ -305,7 +309,7 @@ class Steps(TickState):
                 latency_ms=round((time.perf_counter() - started) * 1000, 3),
                 reused_from_seq=reuse.first.seq if reuse is not None else None,
             )
-            await self._write(
+            stored = await self._write(
                 [self._event(ctx.stream, pos, gen, digest, payload)],
                 delta=RunDelta(steps=1, code_version=self.code_version),
             )
@@ -321,7 +325,8 @@ class Steps(TickState):
                     error=None if error is None else error["message"],
                 )
             if error is not None:
-                raise recorded_error(ToolFailed, error, f"tool {name!r} failed: ")
+                failed = recorded_error(ToolFailed, error, f"tool {name!r} failed: ")
+                raise tagged(failed, stored[-1].seq)
             return result
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
@@ -360,7 +365,7 @@ class Steps(TickState):
                 return _done(None)
             payload = step.first.payload
             assert isinstance(payload, TimerScheduled)
-            return self._await_timer(ctx, pos, step.first.generation, digest, payload.fire_at)
+            return self._await_timer(ctx, pos, step.first.generation, step.digest, payload.fire_at)
         return self._start_timer(ctx, pos, gen, digest, seconds)
 
     async def _start_timer(
@@ -420,7 +425,9 @@ class Steps(TickState):
                 return _done(payload.payload if isinstance(payload, MessageReceived) else None)
             first = step.first.payload
             assert isinstance(first, TimerScheduled)
-            return self._await_message(ctx, pos, step.first.generation, digest, name, first.fire_at)
+            return self._await_message(
+                ctx, pos, step.first.generation, step.digest, name, first.fire_at
+            )
         return self._start_message_wait(ctx, pos, gen, digest, name, timeout)
 
     async def _start_message_wait(
@@ -496,9 +503,11 @@ class Steps(TickState):
                 done = step.done.payload
                 assert isinstance(done, ChildCompleted)
                 if done.error is not None:
-                    return _fail(recorded_error(StepFailed, done.error))
+                    return _fail(tagged(recorded_error(StepFailed, done.error), step.done.seq))
                 return _done(done.output)
-            return self._run_child(ctx, pos, step.first.generation, digest, process, input, False)
+            return self._run_child(
+                ctx, pos, step.first.generation, step.digest, process, input, False
+            )
         continues = continued_child(self.log, ctx.stream, digest)
         if continues is not None:  # claimed now, in call order
             self.log.continues[f"{ctx.stream}/{pos}"] = continues
@@ -529,13 +538,13 @@ class Steps(TickState):
             self._end_stream(child)
             output = json_value(output, f"the output of child stream {child_stream!r}")
         except (Exception, LimitExceeded) as exc:
-            err = error_dict(exc)
+            err = failure_dict(exc)
             async with self._busy():
-                await self._write(
+                stored = await self._write(
                     [self._event(ctx.stream, pos, gen, digest, ChildCompleted(error=err), True)]
                 )
             prefix = f"child process {process!r} (stream {child_stream!r}) failed: "
-            raise recorded_error(StepFailed, err, prefix) from exc
+            raise tagged(recorded_error(StepFailed, err, prefix), stored[-1].seq) from exc
         async with self._busy():
             await self._write(
                 [self._event(ctx.stream, pos, gen, digest, ChildCompleted(output=output), True)]

@@ -24,6 +24,7 @@ from toren.core.events import (
     RunFailed,
     RunWaiting,
 )
+from toren.core.failures import failed_seqs, failure_dict
 from toren.core.replay import (
     RunLog,
 )
@@ -113,6 +114,8 @@ class TickRunner(Steps):
             self.lease.recovered
             or self.lease.previous_status == "running"
             or (run.code_version is not None and run.code_version != self.code_version)
+            # A fork's first tick replays the history it was copied: that is saved too.
+            or (self.log.forked is not None and self.lease.previous_status == "queued")
         )
         if self.log.terminal is not None:  # finished, but the row was not updated
             return await self._finish_from_log()
@@ -243,10 +246,11 @@ class TickRunner(Steps):
             return self._result("completed", output=output)
         if isinstance(exc, InfrastructureError):
             return self._infrastructure_error(exc)
-        err = error_dict(exc)
+        err = failure_dict(exc)
         if not isinstance(exc, TorenError):
             log.warning("run %s failed in agent code", self.run_id, exc_info=exc)
-        await self._release(Release("failed", error=err, events=[self._run_event(RunFailed(err))]))
+        failed = RunFailed(err, failed_seqs=failed_seqs(exc))
+        await self._release(Release("failed", error=err, events=[self._run_event(failed)]))
         return self._result("failed", error=err)
 
     def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:

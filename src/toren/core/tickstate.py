@@ -33,7 +33,7 @@ from toren.core.events import (
     ValueRecorded,
     make_event,
 )
-from toren.core.program import AgentResolver, Pricing
+from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
 from toren.core.replay import (
     Invalidate,
     Live,
@@ -42,6 +42,7 @@ from toren.core.replay import (
     Step,
     decide,
     descendants,
+    end_slot,
     invalidation_slot,
     step_slot,
 )
@@ -408,6 +409,11 @@ class TickState:
         i, o, c, s = self._usage_by_seq.at(self._seen_seq)
         return RunUsage(i, o, Decimal(c) / Decimal(10**9), s)
 
+    def limits(self, program: AgentProgram) -> Limits:
+        """The program's limits, raised where a retry of this run raised them (never
+        lowered, and a limit the agent does not set stays unset)."""
+        return raised(program.limits, self.log.raised_limits)
+
     # -- writing --------------------------------------------------------------------------
 
     async def _write(
@@ -467,7 +473,7 @@ class TickState:
             stream=stream,
             position=pos,
             generation=gen,
-            slot=step_slot(stream, gen, pos, done),
+            slot=step_slot(stream, gen, pos, done, self.log.retries),
             digest=digest,
             code_version=self.code_version,
             worker_id=self.deps.worker_id,
@@ -479,7 +485,7 @@ class TickState:
         return make_event(
             self.run_id,
             payload,
-            slot="run:end" if terminal else None,
+            slot=end_slot(self.log.retries) if terminal else None,
             code_version=self.code_version,
             worker_id=self.deps.worker_id,
             created_at=self.clock.now(),

@@ -52,6 +52,9 @@ class RunRecord:
     code_version: str | None = None
     lease_recoveries: int = 0
     invalidations: int = 0
+    retries: int = 0  # how many times the run was retried (RunRetried)
+    forked_from: str | None = None  # the run this one was forked from (RunForked)
+    forked_at: str | None = None  # ... at this point of it, "STREAM:POSITION"
 
     @property
     def cost_usd(self) -> Decimal:
@@ -91,6 +94,12 @@ class RunRecord:
             "code_version": self.code_version,
             "lease_recoveries": self.lease_recoveries,
             "invalidations": self.invalidations,
+            "retries": self.retries,
+            "forked_from": (
+                None
+                if self.forked_from is None
+                else {"run_id": self.forked_from, "at": self.forked_at}
+            ),
         }
 
 
@@ -103,6 +112,11 @@ class NewRun:
     idempotency_key: str | None
     created_at: float
     started_event: Event
+    # A fork: the events that follow RunStarted (RunForked, the copied steps) and its
+    # lineage, written in the same transaction as the run.
+    events: Sequence[Event] = ()
+    forked_from: str | None = None
+    forked_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +228,7 @@ class Store(Protocol):
     async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int: ...
     async def next_message(self, run_id: str, names: Sequence[str]) -> InboxMessage | None: ...
     async def request_cancel(self, run_id: str, *, now: float) -> RunRecord: ...
+    async def retry_run(self, run_id: str, event: Event, *, now: float) -> RunRecord: ...
 
     async def register_worker(self, info: WorkerInfo) -> None: ...
     async def heartbeat_worker(self, worker_id: str, *, now: float, draining: bool) -> None: ...

@@ -542,6 +542,8 @@ class PostgresStore(SqlStore):
         """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a run
         that already exists (its idempotency key was used) takes the general path, which
         returns it or names the conflict."""
+        if run.events or run.forked_from is not None:  # a fork: the general path
+            return await super().create_run(run)
         params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
         if rows:

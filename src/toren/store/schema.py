@@ -160,6 +160,10 @@ SCHEMA: tuple[Migration, ...] = (
     AddColumn("workers", _c("pid", "int")),
     CreateIndex("runs_created", "runs", ("created_at",)),
     CreateIndex("runs_agent", "runs", ("agent", "created_at")),
+    # --- after 0.1: retry and fork (runs.retries, lineage) ---------------------------
+    AddColumn("runs", _c("retries", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("forked_from", "text")),
+    AddColumn("runs", _c("forked_at", "text")),
 )
 
 

@@ -19,7 +19,13 @@ from typing import Any, TypeVar
 
 from toren.core.events import Event, parse_payload
 from toren.core.jsontext import dumps
-from toren.errors import CorruptEventLog, IdempotencyConflict, LeaseLost, RunNotFound
+from toren.errors import (
+    CorruptEventLog,
+    IdempotencyConflict,
+    LeaseLost,
+    RunNotFound,
+    RunNotRetryable,
+)
 from toren.providers.base import frozen
 from toren.store.base import (
     TERMINAL_STATUSES,
@@ -39,7 +45,7 @@ RUN_COLUMNS = (
     "id, agent, process, status, input, output, error, idempotency_key, created_at, "
     "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
-    "code_version, lease_recoveries, invalidations"
+    "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -100,6 +106,9 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         code_version=row[21],
         lease_recoveries=row[22],
         invalidations=row[23],
+        retries=row[24],
+        forked_from=row[25],
+        forked_at=row[26],
     )
 
 
@@ -199,6 +208,13 @@ class SqlStore:
                 new_run_values(run),
             )
             self._x(cur, INSERT_EVENT, event_params(run.started_event))
+            if run.events or run.forked_from is not None:
+                self._insert_events(cur, run.events)
+                self._x(
+                    cur,
+                    "UPDATE runs SET forked_from = ?, forked_at = ? WHERE id = ?",
+                    (run.forked_from, run.forked_at, run.id),
+                )
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run.id,))
             return run_from_row(row.fetchone()), True
 
@@ -588,6 +604,46 @@ class SqlStore:
             return run_from_row(found)
 
         run = await self._run(tx)
+        await self.notify()
+        return run
+
+    async def retry_run(self, run_id: str, event: Event, *, now: float) -> RunRecord:
+        """Queue the failed run ``run_id`` again, appending ``event`` (its RunRetried), in
+        one transaction: only a failed run nobody holds is retried; anything else (a
+        concurrent retry got there first, say) is a :class:`RunNotRetryable`."""
+
+        def tx(cur: Any) -> RunRecord:
+            cur = self._x(
+                cur,
+                "UPDATE runs SET status = 'queued', error = NULL, output = NULL, "
+                "waiting_for = NULL, not_before = ?, cancel_requested = 0, "
+                "retries = retries + 1, updated_at = ? "
+                "WHERE id = ? AND status = 'failed' AND lease_owner IS NULL",
+                (now, now, run_id),
+            )
+            if cur.rowcount != 1:
+                row = self._x(cur, "SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+                if row is None:
+                    raise RunNotFound(f"no run with id {run_id!r}")
+                raise RunNotRetryable(
+                    f"run {run_id!r} is {row[0]}, not failed; only a failed run can be "
+                    "retried (was it retried at the same moment?)",
+                    run_id=run_id,
+                    status=row[0],
+                )
+            self._insert_events(cur, [event])
+            found = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
+            return run_from_row(found.fetchone())
+
+        try:
+            run = await self._run(tx)
+        except Exception as exc:
+            if self._is_conflict(exc):
+                raise RunNotRetryable(
+                    f"run {run_id!r} was retried by someone else at the same moment",
+                    run_id=run_id,
+                ) from None
+            raise
         await self.notify()
         return run
 

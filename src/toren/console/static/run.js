@@ -26,6 +26,7 @@ function fold() {
   };
   for (const e of events) {
     if (e.stream === "") {
+      if (e.type === "RunRetried") retryFold(streams, e.payload.retried_seqs || []);
       if (e.type === "RunWaiting") root.waiting = e;
       else if (e.type !== "RunStarted") root.waiting = null;
       continue;
@@ -47,6 +48,17 @@ function fold() {
     }
   }
   return { streams, root };
+}
+
+// A retry takes the failures it retries out of the view (toren.core.replay.StreamView.retry).
+function retryFold(streams, seqs) {
+  const retried = new Set(seqs);
+  for (const s of streams.values()) {
+    for (const [pos, step] of [...s.steps]) {
+      if (retried.has(step.first.seq) && !step.first.type.startsWith("Child") && step.first.type !== "TimerScheduled") s.steps.delete(pos);
+      else if (step.done && retried.has(step.done.seq)) step.done = null;
+    }
+  }
 }
 
 // -- rendering steps -----------------------------------------------------------------------
@@ -349,7 +361,9 @@ function renderRun() {
     h("time", { datetime: new Date(run.created_at * 1000).toISOString() }, stamp(run.created_at)),
     ` · updated ${ago(run.updated_at)}`,
     run.idempotency_key ? ` · key ${run.idempotency_key}` : "",
-    run.lease_recoveries ? ` · recovered from a dead worker ${run.lease_recoveries}×` : "");
+    run.lease_recoveries ? ` · recovered from a dead worker ${run.lease_recoveries}×` : "",
+    run.retries ? ` · retried ${run.retries}×` : "",
+    ...(run.forked_from ? [" · forked from run ", h("a", { href: `/runs/${encodeURIComponent(run.forked_from.run_id)}`, id: "forked-from" }, run.forked_from.run_id), ` at ${run.forked_from.at}`] : []));
   $("s-steps").textContent = num(u.steps);
   $("s-tokens").textContent = `${num(u.input_tokens)} · ${num(u.output_tokens)}`;
   $("s-cost").textContent = usd(u.cost_usd);
@@ -364,7 +378,8 @@ function renderRun() {
     out.replaceChildren(...[text !== null ? h("p", { class: "output-text" }, text) : null, pre(o)].filter(Boolean));
   } else if (run.status === "failed") {
     const e = run.error || {};
-    out.replaceChildren(h("div", { class: "run-error-box" }, h("strong", {}, e.type || e.code || "Failed"), ": ", e.message || ""), ...(e.details ? [pre(e.details)] : []));
+    out.replaceChildren(h("div", { class: "run-error-box" }, h("strong", {}, e.type || e.code || "Failed"), ": ", e.message || ""), ...(e.details ? [pre(e.details)] : []),
+      ...(e.traceback ? [h("h4", {}, "Traceback"), h("pre", { class: "json traceback", id: "run-traceback", tabindex: "0" }, e.traceback)] : []));
   } else if (run.status === "cancelled") {
     out.replaceChildren(h("p", { class: "empty" }, "Cancelled before finishing."));
   } else {
@@ -372,6 +387,8 @@ function renderRun() {
   }
   const live = !TERMINAL.has(run.status);
   $("controls").hidden = !live;
+  $("retry-zone").hidden = run.status !== "failed";
+  if (!$("fork-at").value) $("fork-at").value = `${run.process}:0`;
   const waitingFor = run.waiting_for || [];
   $("waiting-hint").textContent = run.status === "waiting" && waitingFor.length
     ? `The run is waiting for ${waitingFor.map((n) => `“${n}”`).join(" or ")}.`
@@ -401,6 +418,8 @@ function refreshSoon() {
 function onMessage(message) {
   if (message.event === "event") {
     const e = message.data;
+    if (e.seq <= lastSeq) return; // a stream followed again after a retry
+    lastSeq = e.seq;
     events.push(e);
     if (e.position !== null && e.position !== undefined) deltas.delete(`${e.stream}:${e.position}`);
     if (e.type === "StreamInvalidated") announce(`Stream ${e.stream} invalidated from step ${e.payload.from_pos}`);
@@ -484,8 +503,65 @@ function setupControls() {
   });
 }
 
+let lastSeq = 0;
+
+async function follow() {
+  await followStream(`/v1/runs/${runId}/stream?after=${lastSeq}`, {
+    onMessage,
+    onState: (state) => {
+      streamState = state;
+      schedule();
+    },
+  }).catch((err) => showError($("run-error"), err));
+  streamState = "ended";
+  schedule();
+}
+
+function setupFixForward() {
+  const retry = $("retry");
+  retry.addEventListener("click", async () => {
+    retry.disabled = true;
+    const status = $("retry-status");
+    try {
+      run = await api(`/v1/runs/${runId}/retry`, { method: "POST", body: {} });
+      status.textContent = "Retrying under the code now deployed.";
+      status.className = "status-line ok";
+      renderRun();
+      if (streamState === "ended") follow();
+    } catch (err) {
+      status.textContent = err.message;
+      status.className = "status-line bad";
+    } finally {
+      retry.disabled = false;
+    }
+  });
+  $("fork-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const status = $("fork-status");
+    const body = { at: $("fork-at").value.trim() };
+    const text = $("fork-input").value.trim();
+    if (text) {
+      try {
+        body.input = JSON.parse(text);
+      } catch (_) {
+        body.input = text; // plain text is an input too
+      }
+    }
+    try {
+      const forked = await api(`/v1/runs/${runId}/fork`, { method: "POST", body });
+      status.textContent = `Forked as ${forked.id}.`;
+      status.className = "status-line ok";
+      window.location.assign(`/runs/${encodeURIComponent(forked.id)}`);
+    } catch (err) {
+      status.textContent = err.message;
+      status.className = "status-line bad";
+    }
+  });
+}
+
 async function init() {
   setupControls();
+  setupFixForward();
   try {
     run = await api(`/v1/runs/${runId}`);
   } catch (err) {
@@ -498,15 +574,7 @@ async function init() {
     return;
   }
   renderRun();
-  await followStream(`/v1/runs/${runId}/stream`, {
-    onMessage,
-    onState: (state) => {
-      streamState = state;
-      schedule();
-    },
-  }).catch((err) => showError($("run-error"), err));
-  streamState = "ended";
-  schedule();
+  await follow();
 }
 
 init();
