@@ -151,6 +151,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/runs/{run_id}/retry": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Retry a failed run under the code now deployed
+         * @description The run continues from its log: every recorded successful step replays for free; the recorded failure that ended it (a tool that raised, a model call that failed after its retries, a failed child) runs again live, as does agent code that raised. The body is optional. 409 `run_not_retryable` for a run that is not failed (a cancelled run is final; fork a completed one).
+         */
+        post: operations["retry_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/runs/{run_id}/fork": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Fork a run from one of its steps
+         * @description A new run whose steps before `at` replay from this run's log without being paid again, and which runs live from there under the code now deployed. The source run is not changed. The new run's `forked_from` names the source and `at`.
+         */
+        post: operations["fork_run"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents": {
         parameters: {
             query?: never;
@@ -338,6 +378,20 @@ export interface components {
              */
             next_after: number | null;
         };
+        /** ForkRunRequest */
+        ForkRunRequest: {
+            /**
+             * At
+             * @description The fork point, `STREAM:POSITION`: the steps of that stream before the position (and everything they depend on) replay from the source run; the step at the position runs live.
+             * @example main:2
+             */
+            at: string;
+            /**
+             * Input
+             * @description The new run's input; the source run's input when the field is absent.
+             */
+            input?: unknown;
+        };
         /** HTTPValidationError */
         HTTPValidationError: {
             /** Detail */
@@ -378,6 +432,19 @@ export interface components {
         InvalidationList: {
             /** Invalidations */
             invalidations: components["schemas"]["InvalidationExplained"][];
+        };
+        /** Lineage */
+        Lineage: {
+            /**
+             * Run Id
+             * @description The source run.
+             */
+            run_id: string;
+            /**
+             * At
+             * @description The fork point, `STREAM:POSITION` (e.g. `main:5`).
+             */
+            at: string;
         };
         /** MessageAccepted */
         MessageAccepted: {
@@ -451,6 +518,23 @@ export interface components {
              */
             new: unknown;
         };
+        /**
+         * RetryRunRequest
+         * @description Both limits are optional: a retry may raise them for this run, never lower them
+         *     (the agent's own limit wins when it is higher; an agent without the limit has none).
+         */
+        RetryRunRequest: {
+            /**
+             * Max Steps
+             * @description Raise limits.max_steps.
+             */
+            max_steps?: number | null;
+            /**
+             * Max Cost Usd
+             * @description Raise limits.max_cost_usd (USD).
+             */
+            max_cost_usd?: number | null;
+        };
         /** Run */
         Run: {
             /** Id */
@@ -500,6 +584,14 @@ export interface components {
             lease_recoveries: number;
             /** Invalidations */
             invalidations: number;
+            /**
+             * Retries
+             * @description How many times the run was retried.
+             * @default 0
+             */
+            retries: number;
+            /** @description The run and step this run was forked from, if forked. */
+            forked_from?: components["schemas"]["Lineage"] | null;
         };
         /** RunList */
         RunList: {
@@ -1385,6 +1477,175 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    retry_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["RetryRunRequest"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Run"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    fork_run: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRunRequest"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Run"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
             /** @description internal_error */
