@@ -23,6 +23,7 @@ from toren.cli._common import (
 )
 from toren.cli.plan import plan
 from toren.cli.project import init
+from toren.cli.retention import export_command, import_command, prune_command
 from toren.cli.runs import run, runs
 from toren.cli.servers import dev, serve, worker
 
@@ -123,6 +124,9 @@ cli.add_command(init)
 cli.add_command(dev)
 cli.add_command(run)
 cli.add_command(runs)
+runs.add_command(prune_command)
+runs.add_command(export_command)
+runs.add_command(import_command)
 cli.add_command(worker)
 cli.add_command(serve)
 cli.add_command(plan)
