@@ -394,6 +394,7 @@ def _uvicorn_level() -> str:
 )
 @click.option(
     "--retention",
+    envvar="TOREN_RETENTION",
     default=None,
     help="Prune runs that finished this long ago (30d, 12h, ...), a small batch at a "
     "time, while working (default: keep every run). [env: TOREN_RETENTION]",
@@ -422,7 +423,7 @@ def worker(
         concurrency=concurrency,
         drain_window=drain_window,
     )
-    if retention is not None:
+    if retention is not None and retention.strip().lower() not in ("", "off", "none"):
         try:
             after = parse_duration(retention)
         except InvalidInput as exc:
