@@ -301,3 +301,22 @@ async def test_a_body_stored_again_by_another_run_outlives_its_first_writer(
     )
     await prune(store, before=time.time() + 1)
     assert await rows(store, "SELECT hash FROM blobs WHERE hash = ?", (h,)) == [(h,)]
+
+
+async def test_a_worker_keeps_a_bounded_number_of_tick_results(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that ticks runs for a month must not keep every run's result."""
+    from toren.core import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "RESULTS_KEPT", 2)
+    reg = registry()
+    async with toren.LocalWorkerRuntime(deps(store, reg)) as worker:
+        runs = [await toren.start_run(store, reg, "chat", {"who": f"w{i}"}) for i in range(5)]
+        for run in runs:
+            assert (await toren.wait_for_run(store, run.id, timeout=30)).status == "completed"
+        deadline = time.monotonic() + 10
+        while worker.metrics.ticks["completed"] < 5 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    assert worker.metrics.ticks["completed"] == 5
+    assert len(worker.results) == 2  # 5 without the bound

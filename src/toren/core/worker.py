@@ -10,6 +10,7 @@ ticks get up to the drain window to finish, then the rest give their runs back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -23,6 +24,7 @@ from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_ve
 from toren.store.base import Lease, WorkerInfo
 
 log = logging.getLogger("toren.worker")
+RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
 
 
 @dataclass
@@ -52,7 +54,9 @@ class LocalWorkerRuntime:
         )
         self.deps.worker_id = self.worker_id
         self.metrics = WorkerMetrics()
-        self.results: dict[str, TickResult] = {}
+        # The last tick's result of recently ticked runs, newest last: bounded, so a worker
+        # that ticks runs for a month does not keep every output it ever produced.
+        self.results: collections.OrderedDict[str, TickResult] = collections.OrderedDict()
         self._active: dict[str, tuple[TickRunner, asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
         self._capacity = asyncio.Event()
@@ -160,6 +164,9 @@ class LocalWorkerRuntime:
         try:
             result = await runner.run()
             self.results[runner.run_id] = result
+            self.results.move_to_end(runner.run_id)
+            while len(self.results) > RESULTS_KEPT:
+                self.results.popitem(last=False)
             self.metrics.ticks[result.status] += 1
             self.metrics.invalidations += result.invalidations
             self.metrics.steps_replayed += result.replayed
