@@ -477,6 +477,23 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+LIST_FILTERS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "status=completed": {"status": "completed"},
+    "status=failed": {"status": "failed"},
+    "status=waiting": {"status": "waiting"},
+    "agent=billing": {"agent": "billing"},
+    "agent=billing&status=failed": {"agent": "billing", "status": "failed"},
+    "agent=support&status=waiting": {"agent": "support", "status": "waiting"},
+    "process=main": {"process": "main"},
+    "agent=triage&process=main&status=completed": {
+        "agent": "triage",
+        "process": "main",
+        "status": "completed",
+    },
+}
+
+
 async def queries(url: str, repeat: int = 30) -> dict[str, Any]:
     store = await toren.connect(url)
     app = create_app(store, registry(), console=False)
@@ -492,21 +509,7 @@ async def queries(url: str, repeat: int = 30) -> dict[str, Any]:
                 assert r.status_code == 200, r.text
                 return elapsed, r.json()
 
-            filters: dict[str, dict[str, Any]] = {
-                "none": {},
-                "status=completed": {"status": "completed"},
-                "status=failed": {"status": "failed"},
-                "status=waiting": {"status": "waiting"},
-                "agent=billing": {"agent": "billing"},
-                "agent=billing&status=failed": {"agent": "billing", "status": "failed"},
-                "agent=support&status=waiting": {"agent": "support", "status": "waiting"},
-                "process=main": {"process": "main"},
-                "agent=triage&process=main&status=completed": {
-                    "agent": "triage",
-                    "process": "main",
-                    "status": "completed",
-                },
-            }
+            filters = LIST_FILTERS
             for name, params in filters.items():
                 base = {**params, "limit": 50}
                 first = [(await get("/v1/runs", base))[0] for _ in range(repeat)]
@@ -568,6 +571,44 @@ async def queries(url: str, repeat: int = 30) -> dict[str, Any]:
     return out
 
 
+def explain_lists(url: str) -> dict[str, Any]:
+    """PostgreSQL's own execution time and plan of each listing's query (first and deep
+    page): what the database spends, apart from the HTTP app's serialisation."""
+    import psycopg
+
+    from toren.store.sql import RUN_COLUMNS
+
+    out: dict[str, Any] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, params in LIST_FILTERS.items():
+            where = [f"{k} = %s" for k in params]
+            values: list[Any] = list(params.values())
+            deep = conn.execute(
+                f"SELECT id FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} "
+                "ORDER BY id LIMIT 1 OFFSET 100",
+                values,
+            ).fetchone()
+            for page, cursor in (("first", None), ("deep", deep[0] if deep else None)):
+                cond = where + (["id < %s"] if cursor else [])
+                sql = (
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT {RUN_COLUMNS} FROM runs "
+                    f"{'WHERE ' + ' AND '.join(cond) if cond else ''} ORDER BY id DESC LIMIT 51"
+                )
+                times, node = [], ""
+                for _ in range(5):
+                    plan = conn.execute(sql, [*values, *([cursor] if cursor else [])]).fetchone()[
+                        0
+                    ][0]
+                    times.append(plan["Execution Time"])
+                    inner = plan["Plan"].get("Plans", [plan["Plan"]])[0]
+                    node = f"{inner['Node Type']} {inner.get('Index Name', '')}".strip()
+                out[f"{name} {page}"] = {
+                    "db_ms_median": round(statistics.median(times), 3),
+                    "plan": node,
+                }
+    return out
+
+
 async def _deep_cursor(store: Any, params: dict[str, Any]) -> str | None:
     """The id of a matching run with ~100 older matching runs behind it."""
     sql_store: Any = store
@@ -607,11 +648,14 @@ def _db_size(url: str) -> int:
         return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
 
 
-def _vacuum(url: str) -> None:
+def _vacuum(url: str, full: bool = False) -> None:
+    """Plain VACUUM makes the pruned rows' space reusable (new rows fill it; the files keep
+    their size); VACUUM FULL rewrites the tables and gives it back to the file system
+    (it locks them: an operator runs it in a quiet hour, the bench after the workers stop)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM")
+        conn.execute("VACUUM FULL" if full else "VACUUM")
 
 
 async def _live_rate(
@@ -681,7 +725,7 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
         sweep_s = time.perf_counter() - t
         after = await _live_rate(url, 10.0, live_ids)
         touched = [r for r in [await store.get_run(i) for i in live_ids] if r is None]
-        parked = await store.list_runs(status="waiting", limit=200)
+        parked = (await store.stats())["runs_by_status"].get("waiting", 0)
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
@@ -689,6 +733,8 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
         size_pruned = _db_size(url)
         _vacuum(url)
         size_vacuumed = _db_size(url)
+        _vacuum(url, full=True)
+        size_full = _db_size(url)
         return {
             "pruned": result.to_dict(),
             "prune_seconds": round(prune_s, 1),
@@ -698,11 +744,12 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
             "live_steps_per_s_during": _spread(during),
             "live_steps_per_s_after": _spread(after),
             "live_runs_lost": len(touched),
-            "parked_runs_left": len(parked),
+            "parked_runs_left": parked,
             "db_bytes": {
                 "before": size_before,
                 "after_prune": size_pruned,
                 "after_vacuum": size_vacuumed,
+                "after_vacuum_full": size_full,
             },
         }
     finally:
@@ -738,6 +785,8 @@ def one_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         result["fill"] = fill(url, args.runs, args.events_per_run, args.in_flight)
         print(json.dumps(result["fill"]), flush=True)
         result["queries"] = asyncio.run(queries(url))
+        if kind == "postgres":
+            result["queries"]["explain"] = explain_lists(url)
         print(json.dumps(result["queries"]), flush=True)
         if args.prune and kind == "postgres":
             result["prune"] = asyncio.run(prune_under_load(url, args.live_runs))

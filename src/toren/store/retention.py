@@ -205,35 +205,26 @@ async def prune_batch(
         clause, params = _in(store, deleted)
         events = _x(store, cur, f"DELETE FROM events WHERE run_id {clause}", params).rowcount
         inbox = _x(store, cur, f"DELETE FROM inbox WHERE run_id {clause}", params).rowcount
-        blobs = _x(store, cur, _delete_blobs(store, clause), params).rowcount
+        if _postgres(store):
+            # Every body the deleted runs stored first, locked at once in hash order (the
+            # order in which steps lock the rows they store again), so the statements
+            # below take no further lock and cannot deadlock with a step. A step that
+            # counted a body as shared meanwhile has committed when the lock is granted.
+            _x(
+                store,
+                cur,
+                f"SELECT hash FROM blobs WHERE run_id {clause} ORDER BY hash FOR UPDATE",
+                params,
+            )
+        blobs = _x(
+            store, cur, f"DELETE FROM blobs WHERE run_id {clause} AND shares = 0", params
+        ).rowcount
         # A body the deleted runs stored first but others stored too may still be
         # referenced: it loses its owner and waits for the next sweep_blobs.
-        _x(store, cur, _orphan_shared(store, clause), params)
+        _x(store, cur, f"UPDATE blobs SET run_id = NULL WHERE run_id {clause}", params)
         return PruneResult(len(deleted), events, inbox, blobs, 1, deleted)
 
     return await _bulk(store, tx)
-
-
-def _delete_blobs(store: Store, clause: str) -> str:
-    """The bodies only the deleted runs stored. PostgreSQL locks them in hash order first,
-    as writers lock the rows they store again, so the two cannot deadlock; a row a writer
-    counted as shared meanwhile no longer matches (``shares = 0`` is checked again on the
-    row as committed) and stays."""
-    if _postgres(store):
-        return (
-            "DELETE FROM blobs WHERE hash IN (SELECT hash FROM blobs WHERE run_id "
-            f"{clause} AND shares = 0 ORDER BY hash FOR UPDATE) AND shares = 0"
-        )
-    return f"DELETE FROM blobs WHERE run_id {clause} AND shares = 0"
-
-
-def _orphan_shared(store: Store, clause: str) -> str:
-    if _postgres(store):
-        return (
-            "UPDATE blobs SET run_id = NULL WHERE hash IN (SELECT hash FROM blobs WHERE "
-            f"run_id {clause} ORDER BY hash FOR UPDATE)"
-        )
-    return f"UPDATE blobs SET run_id = NULL WHERE run_id {clause}"
 
 
 async def sweep_blobs(store: Store, *, page: int = 200) -> int:
