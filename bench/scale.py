@@ -23,7 +23,7 @@
    finished before 10 days ago in batches of 200; live steps/s is sampled each second
    before and during the prune; then the database size before and after ``VACUUM``.
 
-Results go to ``bench/scale-results.json`` and are summarised in ``bench/RESULTS.md``.
+Results go to ``bench/scale-results.json`` (``--out``) and are summarised in ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations
