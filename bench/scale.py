@@ -23,6 +23,9 @@
    finished before 10 days ago in batches of 200; live steps/s is sampled each second
    before and during the prune; then the database size before and after ``VACUUM``.
 
+4. **Parked runs** (``--parked N``, PostgreSQL, instead of the rest): N runs parked on a
+   message beside one worker: its RSS and idle CPU, and message-to-next-step latency.
+
 Results go to ``bench/scale-results.json`` (``--out``) and are summarised in ``bench/RESULTS.md``.
 """
 
@@ -770,6 +773,132 @@ def _spread(xs: list[float]) -> dict[str, float]:
     }
 
 
+# -- parked runs ---------------------------------------------------------------------------
+
+
+async def approval_agent(ctx: toren.Context, input: Any) -> Any:
+    answer = await ctx.wait_for_message("approval")
+    reply = await ctx.model(MODEL, [{"role": "user", "content": f"approved: {answer}"}])
+    return {"answer": reply.text[:40]}
+
+
+class TimedProvider(ScriptedProvider):
+    """The scripted model, noting when each run's first model call starts."""
+
+    def __init__(self) -> None:
+        super().__init__({"default": {"text": "ok"}})
+        self.started: dict[str, float] = {}
+
+    async def complete(self, request: Any, *, on_delta: Any = None) -> Any:
+        text = str(request.messages[-1].get("content", ""))
+        self.started.setdefault(text.removeprefix("approved: "), time.perf_counter())
+        return await super().complete(request, on_delta=on_delta)
+
+
+def _fill_parked(url: str, count: int) -> None:
+    """``count`` runs parked on a message, as the engine leaves them: the run row waiting
+    (no lease, no not_before) and its log (RunStarted, RunWaiting)."""
+    import psycopg
+
+    from toren.core.events import RunWaiting
+
+    now = time.time()
+    with psycopg.connect(url) as conn, conn.cursor() as cur:
+        for start in range(0, count, 5000):
+            rows, events = [], []
+            for i in range(start, min(count, start + 5000)):
+                run_id = new_run_id(now - count + i)
+                rows.append((run_id, "approval", "main", "waiting", "{}", now, now, '["approval"]'))
+                for payload, slot in (
+                    (RunStarted(agent="approval", process="main", input={}), "run:start"),
+                    (RunWaiting(messages=["approval"]), None),
+                ):
+                    ev = make_event(
+                        run_id, payload, slot=slot, code_version="bench-v1", created_at=now
+                    )
+                    events.append(
+                        (
+                            run_id,
+                            "",
+                            None,
+                            0,
+                            slot,
+                            ev.type,
+                            None,
+                            "bench-v1",
+                            "gen",
+                            now,
+                            1,
+                            ev.payload_json(),
+                        )
+                    )
+            with cur.copy(
+                "COPY runs (id, agent, process, status, input, created_at, updated_at, "
+                "waiting_for) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    copy.write_row(row)
+            with cur.copy(f"COPY events ({EVENT_INSERT_COLS}) FROM STDIN") as copy:
+                for ev_row in events:
+                    copy.write_row(ev_row)
+            conn.commit()
+        conn.execute("ANALYZE")
+
+
+async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
+    """A worker beside ``count`` parked runs: its RSS and CPU while idle, then the time
+    from sending a message to one of them to its next step (the model call) starting."""
+    import resource
+
+    await _migrate(url)
+    t = time.perf_counter()
+    _fill_parked(url, count)
+    fill_s = time.perf_counter() - t
+    store = await toren.connect(url)
+    sender = await toren.connect(url)
+    reg = toren.Registry()
+    reg.add("approval", approval_agent, code_version="bench-v1")
+    model = TimedProvider()
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": model}, settings=settings()
+    )
+    try:
+        async with toren.LocalWorkerRuntime(deps, concurrency=100) as worker:
+            await asyncio.sleep(3.0)
+            cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            await asyncio.sleep(10.0)
+            cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            idle_cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / (t1 - t0)
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            ids = [r.id for r in await sender.list_runs(status="waiting", limit=messages)]
+            latencies = []
+            for n, run_id in enumerate(ids):
+                sent = time.perf_counter()
+                await sender.send_message(run_id, "approval", f"m{n}", now=time.time())
+                deadline = time.monotonic() + 30
+                while f"m{n}" not in model.started and time.monotonic() < deadline:
+                    await asyncio.sleep(0.001)
+                latencies.append((model.started.get(f"m{n}", float("inf")) - sent) * 1000)
+                await asyncio.sleep(0.02)
+            held = len(worker.active_runs)
+    finally:
+        await sender.close()
+        await store.close()
+    return {
+        "parked_runs": count,
+        "fill_seconds": round(fill_s, 1),
+        "worker_idle_cpu_fraction_of_one_core": round(idle_cpu, 4),
+        "process_max_rss_mb": round(rss_mb, 1),
+        "message_to_next_step_ms": {
+            "p50": round(_pct(latencies, 0.5), 1),
+            "p99": round(_pct(latencies, 0.99), 1),
+            "max": round(max(latencies), 1),
+            "samples": len(latencies),
+        },
+        "runs_held_by_the_worker_after": held,
+    }
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
@@ -807,8 +936,24 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--prune", action="store_true")
     parser.add_argument("--live-runs", type=int, default=1000)
+    parser.add_argument(
+        "--parked",
+        type=int,
+        default=0,
+        help="Instead of the rest: a worker beside this many runs parked on a message "
+        "(PostgreSQL): idle RSS and CPU, message-to-next-step latency.",
+    )
     parser.add_argument("--out", default=str(Path(__file__).with_name("scale-results.json")))
     args = parser.parse_args()
+    if args.parked:
+        backend = Backend.fresh("postgres", "parked")
+        try:
+            result = asyncio.run(parked(backend.pg_dsn, args.parked))
+        finally:
+            backend.drop()
+        print(json.dumps(result))
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return
     kinds = ("postgres", "sqlite") if args.backend == "both" else (args.backend,)
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
