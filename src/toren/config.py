@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
+from toren.durations import parse_duration
 from toren.errors import InvalidInput
 
 
@@ -18,6 +19,20 @@ from toren.errors import InvalidInput
 class LeaseSettings:
     ttl: float = 30.0  # seconds a claim stays valid without a heartbeat
     heartbeat: float = 5.0  # seconds between lease renewals (and cancel checks)
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """Pruning finished runs from a worker (off by default: nothing is ever deleted unless
+    asked). See docs/storage.md#retention."""
+
+    finished_after: float | None = None  # seconds after finishing that a run is pruned
+    batch: int = 100  # runs deleted per transaction
+    interval: float = 60.0  # seconds between batches while nothing is left to prune
+    pause: float = 1.0  # seconds between batches while catching up
+    # Seconds between sweeps of shared message bodies no remaining run references (a
+    # sweep reads the whole log; it runs after a prune round, at most this often).
+    sweep_interval: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +51,7 @@ class Settings:
     # During rolling deploys, never invalidate a suffix written by a newer live code
     # version (back off instead). Off only to demonstrate the storm it prevents.
     storm_guard: bool = True
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -49,7 +65,7 @@ class Settings:
         floats = {f.name for f in fields(cls) if f.type in ("float", float)}
         for f in fields(cls):
             raw = env.get(f"TOREN_{f.name.upper()}")
-            if raw is None or f.name in ("lease", "storm_guard"):
+            if raw is None or f.name in ("lease", "storm_guard", "retention"):
                 continue
             try:
                 if f.name == "concurrency":
@@ -72,4 +88,33 @@ class Settings:
                     raise InvalidInput(
                         f"environment variable TOREN_LEASE_{key.upper()}={raw!r} is not a number"
                     ) from None
+        changes["retention"] = _retention_from_env(env, base.retention)
         return replace(base, lease=lease, **changes)  # type: ignore[arg-type]
+
+
+def _retention_from_env(env: Mapping[str, str], base: RetentionSettings) -> RetentionSettings:
+    """``TOREN_RETENTION`` (a duration: ``30d``; ``off`` or empty: keep everything),
+    ``TOREN_RETENTION_BATCH``, ``TOREN_RETENTION_INTERVAL``."""
+    changes: dict[str, object] = {}
+    raw = env.get("TOREN_RETENTION")
+    if raw is not None and raw.strip().lower() not in ("", "off", "none"):
+        try:
+            changes["finished_after"] = parse_duration(raw)
+        except InvalidInput as exc:
+            raise InvalidInput(f"environment variable TOREN_RETENTION: {exc}") from None
+    for key, kind in (("batch", int), ("interval", float)):
+        value = env.get(f"TOREN_RETENTION_{key.upper()}")
+        if value is None:
+            continue
+        try:
+            number = kind(value)
+        except ValueError:
+            raise InvalidInput(
+                f"environment variable TOREN_RETENTION_{key.upper()}={value!r} is not a number"
+            ) from None
+        if number <= 0:
+            raise InvalidInput(
+                f"environment variable TOREN_RETENTION_{key.upper()}={value!r} must be positive"
+            )
+        changes[key] = number
+    return replace(base, **changes)  # type: ignore[arg-type]

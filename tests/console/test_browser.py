@@ -296,3 +296,59 @@ async def test_narrow_screen_and_accessible_markup(sqlite_store: Store, chromium
         await page.keyboard.press("Enter")
         await expect(page.locator("#start-panel")).to_have_attribute("open", "")
         await expect(page.locator("#start-agent")).to_have_value("support")
+
+
+async def test_a_run_of_ten_thousand_steps_renders_only_a_window(
+    sqlite_store: Store, chromium: Any
+) -> None:
+    """The timeline of a 10,000-step run shows its newest 200 steps and a button for
+    earlier ones, not 10,000 list items; the button shows 200 more each time."""
+    import time
+
+    from toren.core.events import RunCompleted, ValueRecorded, make_event
+    from toren.core.replay import step_slot
+    from toren.core.runs import start_run
+    from toren.store.sql import INSERT_EVENT, event_params
+
+    from .support import registry
+
+    run = await start_run(sqlite_store, registry(), "writer", {"topic": "long"})
+    now = time.time()
+    events = [
+        make_event(
+            run.id,
+            ValueRecorded(what="random", value=i),
+            stream="main",
+            position=i,
+            slot=step_slot("main", 0, i),
+            digest=f"{i:064x}",
+            created_at=now,
+        )
+        for i in range(10_000)
+    ]
+    events.append(make_event(run.id, RunCompleted(output={"n": 10_000}), slot="run:end"))
+    sql_store: Any = sqlite_store
+
+    def write(cur: Any) -> None:
+        cur.executemany(INSERT_EVENT, [event_params(e) for e in events])
+        cur.execute(
+            "UPDATE runs SET status = 'completed', output = ?, steps = ? WHERE id = ?",
+            ('{"n": 10000}', 10_000, run.id),
+        )
+
+    await sql_store._run(write)
+    async with serve(sqlite_store) as server:
+        page = await page_with_token(chromium, server)
+        await page.goto(f"{server.url}/runs/{run.id}")
+        main = page.locator('.stream[data-stream="main"]')
+        await expect(main.locator("h3")).to_contain_text("10000 steps", timeout=60_000)
+        await expect(page.locator("#timeline-legend")).to_contain_text("10002 events")
+        await expect(main.locator(".step[data-kind]")).to_have_count(200)
+        earlier = main.locator(".step.earlier")
+        await expect(earlier).to_contain_text("9800 earlier steps not shown")
+        await expect(main.locator(".step[data-kind] .pos").last).to_have_text("#9999")
+        await expect(main.locator(".step[data-kind] .pos").first).to_have_text("#9800")
+        await earlier.get_by_role("button", name="Show 200 earlier steps").click()
+        await expect(main.locator(".step[data-kind]")).to_have_count(400)
+        await expect(main.locator(".step[data-kind] .pos").first).to_have_text("#9600")
+        await expect(earlier).to_contain_text("9600 earlier steps not shown")

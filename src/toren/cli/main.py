@@ -24,6 +24,7 @@ from toren.cli._common import (
 from toren.cli.fixforward import fork, retry
 from toren.cli.plan import plan
 from toren.cli.project import init
+from toren.cli.retention import export_command, import_command, prune_command
 from toren.cli.runs import run, runs
 from toren.cli.servers import dev, serve, worker
 from toren.cli.verify import verify
@@ -128,6 +129,9 @@ cli.add_command(runs)
 runs.add_command(verify)
 runs.add_command(retry)
 runs.add_command(fork)
+runs.add_command(prune_command)
+runs.add_command(export_command)
+runs.add_command(import_command)
 cli.add_command(worker)
 cli.add_command(serve)
 cli.add_command(plan)

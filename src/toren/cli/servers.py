@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +31,8 @@ from toren.cli._common import (
     setup_logging,
 )
 from toren.core.worker import LocalWorkerRuntime
-from toren.errors import TorenError
+from toren.durations import parse_duration
+from toren.errors import InvalidInput, TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
 from toren.store.urls import shown_url
 
@@ -390,6 +392,13 @@ def _uvicorn_level() -> str:
     "for their leases to expire. Never give two live workers the same id. "
     "[env: TOREN_WORKER_ID]",
 )
+@click.option(
+    "--retention",
+    envvar="TOREN_RETENTION",
+    default=None,
+    help="Prune runs that finished this long ago (30d, 12h, ...), a small batch at a "
+    "time, while working (default: keep every run). [env: TOREN_RETENTION]",
+)
 @log_level_option("info")
 def worker(
     agents_root: Path,
@@ -399,6 +408,7 @@ def worker(
     drain_timeout_deprecated: float | None,
     code_version: str | None,
     worker_id: str | None,
+    retention: str | None,
     log_level: str,
 ) -> None:
     if drain_timeout_deprecated is not None:
@@ -413,6 +423,12 @@ def worker(
         concurrency=concurrency,
         drain_window=drain_window,
     )
+    if retention is not None and retention.strip().lower() not in ("", "off", "none"):
+        try:
+            after = parse_duration(retention)
+        except InvalidInput as exc:
+            raise click.BadParameter(str(exc), param_hint="'--retention'") from None
+        settings = settings.with_(retention=replace(settings.retention, finished_after=after))
     run_async(lambda: _worker(root, settings, worker_id))
 
 

@@ -10,6 +10,7 @@ ticks get up to the drain window to finish, then the rest give their runs back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -23,6 +24,7 @@ from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_ve
 from toren.store.base import Lease, WorkerInfo
 
 log = logging.getLogger("toren.worker")
+RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
 
 
 @dataclass
@@ -33,6 +35,7 @@ class WorkerMetrics:
     invalidations: int = 0
     steps_replayed: int = 0
     steps_executed: int = 0
+    pruned_runs: int = 0
 
 
 class LocalWorkerRuntime:
@@ -51,7 +54,9 @@ class LocalWorkerRuntime:
         )
         self.deps.worker_id = self.worker_id
         self.metrics = WorkerMetrics()
-        self.results: dict[str, TickResult] = {}
+        # The last tick's result of recently ticked runs, newest last: bounded, so a worker
+        # that ticks runs for a month does not keep every output it ever produced.
+        self.results: collections.OrderedDict[str, TickResult] = collections.OrderedDict()
         self._active: dict[str, tuple[TickRunner, asyncio.Task[None]]] = {}
         self._stopping = asyncio.Event()
         self._capacity = asyncio.Event()
@@ -92,6 +97,8 @@ class LocalWorkerRuntime:
             asyncio.ensure_future(self._claim_loop()),
             asyncio.ensure_future(self._heartbeat_loop()),
         ]
+        if self.settings.retention.finished_after is not None:
+            self._loops.append(asyncio.ensure_future(self._retention_loop()))
 
     async def __aenter__(self) -> LocalWorkerRuntime:
         await self.start()
@@ -157,6 +164,9 @@ class LocalWorkerRuntime:
         try:
             result = await runner.run()
             self.results[runner.run_id] = result
+            self.results.move_to_end(runner.run_id)
+            while len(self.results) > RESULTS_KEPT:
+                self.results.popitem(last=False)
             self.metrics.ticks[result.status] += 1
             self.metrics.invalidations += result.invalidations
             self.metrics.steps_replayed += result.replayed
@@ -169,6 +179,39 @@ class LocalWorkerRuntime:
         finally:
             self._active.pop(runner.run_id, None)
             self._capacity.set()
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def _retention_loop(self) -> None:
+        """Prune runs finished longer ago than the retention setting, one small batch at a
+        time: a batch, then ``pause`` while there is more, ``interval`` once caught up.
+        Workers pruning at once split the work (see toren.store.retention)."""
+        from toren.store.retention import prune_batch, sweep_blobs
+
+        retention = self.settings.retention
+        assert retention.finished_after is not None
+        swept_at, pruned_since = self.deps.clock.now(), 0
+        while not self._stopping.is_set():
+            wait = retention.interval
+            try:
+                now = self.deps.clock.now()
+                done = await prune_batch(
+                    self.deps.store, before=now - retention.finished_after, limit=retention.batch
+                )
+                self.metrics.pruned_runs += done.runs
+                pruned_since += done.runs
+                if done.runs:
+                    log.info("worker %s pruned %d finished runs", self.worker_id, done.runs)
+                if done.runs >= retention.batch:
+                    wait = retention.pause
+                elif pruned_since and now - swept_at >= retention.sweep_interval:
+                    swept_at, pruned_since = now, 0
+                    swept = await sweep_blobs(self.deps.store)
+                    log.info("worker %s swept %d unreferenced bodies", self.worker_id, swept)
+            except Exception:
+                log.exception("worker %s: prune failed; retrying later", self.worker_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), wait)
 
     # -- heartbeats -----------------------------------------------------------------------
 

@@ -82,20 +82,27 @@ FENCE_RELEASE = (
 )
 
 
+# A message body another run stored first: counted as shared (see sql.INSERT_BLOBS).
+SHARED = (
+    "ON CONFLICT (hash) DO UPDATE SET shares = blobs.shares + 1 "
+    "WHERE blobs.run_id IS NULL OR blobs.run_id <> excluded.run_id"
+)
+
+
 @functools.lru_cache(maxsize=64)
 def _append_sql(n_blobs: int, n_events: int, fence: str) -> str:
     """One statement: check the lease (``fence``), insert the blobs and the events only if
     it holds, return the new sequence numbers (in the order of the VALUES list, which is
     the order nextval assigns them), or with no events the fenced run's id."""
-    blob_rows = ", ".join("(%s, %s, %s::bigint)" for _ in range(n_blobs))
+    blob_rows = ", ".join("(%s, %s, %s::bigint, %s)" for _ in range(n_blobs))
     event_rows = ", ".join(
         "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
         for _ in range(n_events)
     )
     blobs = (
-        ", b AS (INSERT INTO blobs (hash, body, size) SELECT v.hash, v.body, v.size "
-        f"FROM (VALUES {blob_rows}) AS v (hash, body, size) "
-        "WHERE EXISTS (SELECT 1 FROM fence) ON CONFLICT (hash) DO NOTHING)"
+        ", b AS (INSERT INTO blobs (hash, body, size, run_id) SELECT v.hash, v.body, v.size, "
+        f"v.run_id FROM (VALUES {blob_rows}) AS v (hash, body, size, run_id) "
+        f"WHERE EXISTS (SELECT 1 FROM fence) {SHARED})"
         if n_blobs
         else ""
     )
@@ -177,10 +184,14 @@ APPEND_MANY = (
     "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version) "
     "FROM l WHERE l.totals AND r.id = l.id AND r.id IN (SELECT id FROM lk)), "
     "fence AS (SELECT id FROM lk), "
-    "b AS (INSERT INTO blobs (hash, body, size) SELECT DISTINCT ON (v.hash) v.hash, v.body, "
-    "v.size FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[]) "
+    "b AS (INSERT INTO blobs (hash, body, size, run_id, shares) SELECT v.hash, min(v.body), "
+    "min(v.size), min(v.run_id), count(DISTINCT v.run_id) - 1 "
+    "FROM unnest(%b::text[], %b::text[], %b::text[], %b::bigint[]) "
     "AS v (run_id, hash, body, size) WHERE v.run_id IN (SELECT id FROM fence) "
-    "ORDER BY v.hash ON CONFLICT (hash) DO NOTHING) "
+    "GROUP BY v.hash ORDER BY v.hash ON CONFLICT (hash) DO UPDATE SET shares = blobs.shares "
+    "+ excluded.shares + CASE WHEN blobs.run_id IS NULL OR blobs.run_id <> excluded.run_id "
+    "THEN 1 ELSE 0 END WHERE excluded.shares > 0 OR blobs.run_id IS NULL "
+    "OR blobs.run_id <> excluded.run_id) "
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
     "code_version, worker_id, created_at, format_version, payload) "
     "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
@@ -256,7 +267,8 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
         for col, value in zip(runs, row, strict=True):
             col.append(value)
         # Every run's own copy: a blob two runs share must land if either's lease holds
-        # (the statement keeps one per hash after the lease filter).
+        # (the statement keeps one per hash after the lease filter, its first writer the
+        # lowest run id, and counts the others as shares).
         for key, body in job.blobs.items():
             blob: tuple[Any, ...] = (lease.run_id, key, body, len(body))
             for col, value in zip(blob_cols, blob, strict=True):
@@ -280,7 +292,7 @@ def _append_statement(
     params: list[Any] = [] if delta is None else _totals_params(delta, now)
     params += (lease.run_id, lease.worker_id, lease.epoch)
     for key, body in sorted(blobs.items()):  # hash order, as the batch inserts them
-        params += (key, body, len(body))
+        params += (key, body, len(body), lease.run_id)
     for event in events:
         params += event_params(event)
     return sql, params

@@ -164,6 +164,21 @@ SCHEMA: tuple[Migration, ...] = (
     AddColumn("runs", _c("retries", "int", not_null=True, default="0")),
     AddColumn("runs", _c("forked_from", "text")),
     AddColumn("runs", _c("forked_at", "text")),
+    # --- retention and big databases (docs/storage.md#retention) ------------------------
+    # A message body's first writer (``run_id``; NULL on rows stored before this) and how
+    # many times another run stored it again (``shares``): prune deletes the bodies only a
+    # pruned run ever stored without a full scan of the log.
+    AddColumn("blobs", _c("run_id", "text")),
+    AddColumn("blobs", _c("shares", "int", not_null=True, default="0")),
+    CreateIndex("blobs_run", "blobs", ("run_id",)),
+    # Listing newest first by every documented filter walks an index in id order (keyset
+    # pagination: ``id < cursor``), whatever the table's size; prune finds finished runs
+    # by status and finish time.
+    CreateIndex("runs_status_id", "runs", ("status", "id")),
+    CreateIndex("runs_agent_id", "runs", ("agent", "id")),
+    CreateIndex("runs_agent_status_id", "runs", ("agent", "status", "id")),
+    CreateIndex("runs_process_id", "runs", ("process", "id")),
+    CreateIndex("runs_finished", "runs", ("status", "updated_at")),
 )
 
 

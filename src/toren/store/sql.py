@@ -63,13 +63,26 @@ INSERT_EVENT_FENCED = (
     "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
     "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock})"
 )
-INSERT_BLOBS = "INSERT INTO blobs (hash, body, size) VALUES {rows} ON CONFLICT (hash) DO NOTHING"
+# A body another run stored first is counted as shared (``shares``), never left as it is:
+# prune deletes a pruned run's bodies that no other run stored (``shares = 0``), and this
+# update (it waits for, or makes wait, the prune's delete of the same row) is what stops a
+# step that stores a body at that very moment from losing it (docs/storage.md#retention).
+INSERT_BLOBS = (
+    "INSERT INTO blobs (hash, body, size, run_id) VALUES {rows} ON CONFLICT (hash) DO UPDATE "
+    "SET shares = blobs.shares + 1 WHERE blobs.run_id IS NULL OR blobs.run_id <> excluded.run_id"
+)
 
 
 @functools.lru_cache(maxsize=64)
 def insert_blobs_sql(count: int) -> str:
     """The insert of ``count`` message bodies (made once per count: a step stores two)."""
-    return INSERT_BLOBS.format(rows=", ".join("(?, ?, ?)" for _ in range(count)))
+    return INSERT_BLOBS.format(rows=", ".join("(?, ?, ?, ?)" for _ in range(count)))
+
+
+def blob_params(run_id: str, blobs: Mapping[str, str]) -> list[Any]:
+    """The parameters of :func:`insert_blobs_sql` for one run's bodies, in hash order (as
+    every writer inserts them, so two statements cannot deadlock on them)."""
+    return [v for key, body in sorted(blobs.items()) for v in (key, body, len(body), run_id)]
 
 
 CLAIMABLE = (
@@ -434,8 +447,7 @@ class SqlStore:
             if not fenced:
                 self._fence(cur, lease, now, delta)
             if blobs:
-                params = [v for key, body in blobs.items() for v in (key, body, len(body))]
-                self._x(cur, insert_blobs_sql(len(blobs)), params)
+                self._x(cur, insert_blobs_sql(len(blobs)), blob_params(lease.run_id, blobs))
             stored = self._insert_events(cur, events, lease if fenced else None)
             if consume_inbox is not None:
                 cur = self._x(

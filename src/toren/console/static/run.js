@@ -10,6 +10,10 @@ const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const events = [];
 const deltas = new Map(); // "stream:pos" -> streamed text of a model call in flight
 const requests = new Map(); // seq -> loaded request messages of a model call
+// A stream shows its newest WINDOW steps; "Show earlier steps" adds WINDOW more. A run of
+// 10,000 steps then renders a few hundred list items, not 10,000, on every live update.
+const WINDOW = 200;
+const shown = new Map(); // stream -> how many of its newest positions are rendered
 let run = null;
 let streamState = "connecting";
 let scheduled = false;
@@ -287,7 +291,11 @@ function streamBox(s, ctx) {
     const [stream, pos] = splitKey(key);
     if (stream === s.name && !s.steps.has(pos)) positions.add(pos);
   }
-  for (const pos of [...positions].sort((a, b) => a - b)) {
+  const sorted = [...positions].sort((a, b) => a - b);
+  const limit = shown.get(s.name) || WINDOW;
+  const hidden = Math.max(0, sorted.length - limit);
+  if (hidden) items.push(earlierItem(s.name, hidden, limit));
+  for (const pos of sorted.slice(hidden)) {
     for (const inv of s.invalidations.filter((i) => i.from === pos)) items.push(invalidationItem(inv, ctx));
     if (s.steps.has(pos)) items.push(stepItem(s.steps.get(pos), ctx, false));
     else if (deltas.has(`${s.name}:${pos}`)) items.push(pendingItem(s.name, pos, deltas.get(`${s.name}:${pos}`)));
@@ -298,6 +306,17 @@ function streamBox(s, ctx) {
     h("h3", {}, "Stream ", h("span", { class: "mono" }, s.name),
       h("span", { class: "sub" }, `${s.steps.size} step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}`)),
     items.length ? h("ol", { class: "steps" }, ...items) : h("p", { class: "empty" }, "No steps yet."));
+}
+
+function earlierItem(stream, hidden, limit) {
+  const more = Math.min(WINDOW, hidden);
+  return h("li", { class: "step earlier", dataset: { earlier: String(hidden) } },
+    h("button", {
+      type: "button",
+      class: "more",
+      onclick: () => { shown.set(stream, limit + WINDOW); schedule(); },
+    }, `Show ${more} earlier step${more === 1 ? "" : "s"}`),
+    h("span", { class: "sub" }, ` ${hidden} earlier step${hidden === 1 ? "" : "s"} not shown`));
 }
 
 function splitKey(key) {

@@ -1,0 +1,966 @@
+"""A month of production traffic (issue 24): a big database, its queries, and retention.
+
+    python -m bench.scale [--backend postgres|sqlite|both] [--runs 100000]
+                          [--events-per-run 50] [--in-flight 1000] [--prune]
+                          [--live-runs 1000]
+
+1. **Fill** a fresh database quickly: ``--runs`` runs (all but ``--in-flight`` of them
+   finished, their finish times spread over the last 60 days), each a tool-calling
+   conversation of ``--events-per-run`` events (RunStarted, alternating model and tool
+   calls, the end event) written by bulk insert (PostgreSQL COPY, SQLite executemany):
+   real event payloads, real request digests, message bodies and list nodes stored as the
+   engine stores them (one body per new message, one node per call; the agent's system
+   prompt and tool spec shared by every run of the agent). The ``--in-flight`` runs are
+   written by the engine itself (real ticks with the scripted model, the same agent code
+   and shapes), parked waiting for a message: what ``toren plan`` replays.
+2. **Queries**: ``GET /v1/runs`` through the HTTP app (every documented filter: none,
+   status, agent, process and their combinations; the first page, the 10th page by
+   cursor, and a deep page near the oldest runs), p50/p95 of 30 requests each; a run's
+   first page of events (``GET /v1/runs/{id}/events``); ``toren plan`` over the in-flight
+   runs (``plan_report``).
+3. **Prune** (``--prune``, PostgreSQL): 2 worker processes step ``--live-runs`` live runs
+   (200-step conversations with the scripted model) while ``prune`` deletes every run that
+   finished before 10 days ago in batches of 200; live steps/s is sampled each second
+   before and during the prune; then the database size before and after ``VACUUM``.
+
+4. **Parked runs** (``--parked N``, PostgreSQL, instead of the rest): N runs parked on a
+   message beside one worker: its RSS and idle CPU, and message-to-next-step latency.
+
+Results go to ``bench/scale-results.json`` (``--out``) and are summarised in ``bench/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import toren
+from bench.common import Backend
+from toren.api.app import create_app
+from toren.config import LeaseSettings
+from toren.core.digest import canonical_json, message_hash, request_digest, tool_spec_hash
+from toren.core.digest import message_list_node as list_node
+from toren.core.events import (
+    ModelCallRecorded,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ToolCallRecorded,
+    make_event,
+)
+from toren.core.plan import plan_report
+from toren.core.replay import step_slot
+from toren.core.runs import new_run_id
+from toren.providers.base import ModelResponse, ToolSpec, Usage
+from toren.providers.scripted import ScriptedProvider
+from toren.store.retention import prune, sweep_blobs
+
+REPO = Path(__file__).parents[1]
+AGENTS = ("support", "triage", "research", "billing", "summarize")
+MODEL = "scripted:bench"
+DAY = 86400.0
+_FILLER = (
+    "Answer precisely and briefly. Use the lookup tool for any order, customer or "
+    "document id the user mentions; never invent one. Quote amounts with their currency. "
+)
+SYSTEM = {
+    a: {"role": "system", "content": f"You are the {a} agent. " + _FILLER * 3} for a in AGENTS
+}
+LOOKUP = ToolSpec(
+    "lookup",
+    "Look up an order, a customer or a document by id.",
+    {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]},
+)
+REPLY = (
+    "I looked the record up: the order shipped on the 3rd from the Leeds warehouse and is "
+    "due on the 6th; the customer was charged 41.20 EUR including VAT. Next I check the "
+    "refund policy for damaged items before answering."
+)
+
+
+def lookup(id: str) -> dict[str, Any]:
+    return {"id": id, "status": "shipped", "amount": "41.20", "currency": "EUR", "items": 3}
+
+
+# -- the agent (engine-written runs) -------------------------------------------------------
+
+
+def make_agent(name: str) -> Any:
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        messages: list[Any] = [SYSTEM[name], {"role": "user", "content": input["question"]}]
+        reply = None
+        for k in range(int(input["turns"])):
+            reply = await ctx.model(MODEL, messages, tools=[LOOKUP])
+            messages.append(reply.message())
+            result = await ctx.tool("lookup", {"id": f"{input['n']}-{k}"})
+            messages.append(
+                {"role": "tool", "tool_call_id": f"call_{k}", "content": json.dumps(result)}
+            )
+        if input.get("park"):
+            await ctx.wait_for_message("approval")
+        return {"answer": reply.text[:60] if reply else ""}
+
+    return agent
+
+
+def registry() -> toren.Registry:
+    reg = toren.Registry()
+    for name in AGENTS:
+        reg.add(
+            name,
+            make_agent(name),
+            tools={"lookup": toren.ToolDef("lookup", lookup, LOOKUP)},
+            code_version="bench-v1",
+        )
+    return reg
+
+
+def provider() -> ScriptedProvider:
+    # Every reply differs (the run's question, the turn), as real ones do.
+    return ScriptedProvider({"default": {"text": REPLY + " [{turn}] {last_user}"}})
+
+
+def settings() -> toren.Settings:
+    return toren.Settings(lease=LeaseSettings(ttl=30, heartbeat=5), poll_interval=0.1)
+
+
+# -- the generator (bulk-inserted runs) ----------------------------------------------------
+
+
+def _question(n: int) -> str:
+    return f"Customer {n} asks where order A-{n:07d} is and whether it can be refunded."
+
+
+class Generator:
+    """Builds a run's rows exactly as the engine writes them (see make_agent): the same
+    payload types, digests, body and node hashes. Shared bodies (system prompts, the tool
+    spec) are stored once, first written by the first run of each agent."""
+
+    def __init__(self, seed: int = 24) -> None:
+        self.rng = random.Random(seed)
+        self.tool_hash = tool_spec_hash(LOOKUP)
+        self.tool_body = canonical_json(LOOKUP.to_dict()).decode()
+        self.shared: dict[str, tuple[str, str]] = {}  # hash -> (body, first writer)
+        self.shares: dict[str, int] = {}
+
+    def run(
+        self, n: int, agent: str, turns: int, created: float, status: str
+    ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        run_id = new_run_id(created) if n >= 0 else ""
+        question = _question(n)
+        input_ = {"n": n, "question": question, "turns": turns}
+        t = created
+        events: list[tuple[Any, ...]] = []
+        blobs: list[tuple[Any, ...]] = []
+
+        def add(payload: Any, **env: Any) -> None:
+            ev = make_event(
+                run_id, payload, code_version="bench-v1", worker_id="gen", created_at=t, **env
+            )
+            events.append(
+                (
+                    ev.run_id,
+                    ev.stream,
+                    ev.position,
+                    ev.generation,
+                    ev.slot,
+                    ev.type,
+                    ev.digest,
+                    ev.code_version,
+                    ev.worker_id,
+                    ev.created_at,
+                    ev.format_version,
+                    ev.payload_json(),
+                )
+            )
+
+        def share(h: str, body: str) -> None:
+            if h not in self.shared:
+                self.shared[h] = (body, run_id)
+                self.shares[h] = 0
+            else:
+                self.shares[h] += 1
+
+        add(RunStarted(agent=agent, process="main", input=input_), slot="run:start")
+        system, user = SYSTEM[agent], {"role": "user", "content": question}
+        sys_hash = message_hash(system)
+        share(sys_hash, canonical_json(system).decode())
+        share(self.tool_hash, self.tool_body)
+        hashes = [sys_hash]
+        new = [(message_hash(user), canonical_json(user).decode())]
+        prev = None
+        tokens_in = tokens_out = 0
+        for k in range(turns):
+            pos = 2 * k
+            hashes += [h for h, _ in new]
+            blobs += [(h, b, len(b), run_id) for h, b in new]
+            node, node_body = list_node(
+                prev, [sys_hash, *(h for h, _ in new)] if k == 0 else [h for h, _ in new]
+            )
+            blobs.append((node, node_body, len(node_body), run_id))
+            prev = node
+            usage = Usage(input_tokens=180 + 95 * k, output_tokens=60)
+            tokens_in += usage.input_tokens
+            tokens_out += usage.output_tokens
+            text = f"{REPLY} [{k}] {question}"  # as the scripted reply in provider()
+            response = ModelResponse(text=text, usage=usage, model=MODEL.split(":")[1])
+            body = {
+                "messages": list(hashes),
+                "model": "bench",
+                "params": {},
+                "provider": "scripted",
+                "tools": [self.tool_hash],
+            }
+            t += self.rng.uniform(0.4, 2.5)
+            add(
+                ModelCallRecorded(
+                    provider="scripted",
+                    model="bench",
+                    message_list=node,
+                    message_count=len(hashes),
+                    tools=[self.tool_hash],
+                    params={},
+                    response=response.to_dict(),
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                    cost_usd="0",
+                    latency_ms=round(self.rng.uniform(300, 2500), 3),
+                ),
+                stream="main",
+                position=pos,
+                slot=step_slot("main", 0, pos),
+                digest=request_digest("model", body),
+            )
+            args = {"id": f"{n}-{k}"}
+            t += self.rng.uniform(0.01, 0.2)
+            add(
+                ToolCallRecorded(name="lookup", args=args, result=lookup(**args), latency_ms=12.5),
+                stream="main",
+                position=pos + 1,
+                slot=step_slot("main", 0, pos + 1),
+                digest=request_digest("tool", {"name": "lookup", "args": args}),
+            )
+            assistant = response.message()
+            tool_msg = {
+                "role": "tool",
+                "tool_call_id": f"call_{k}",
+                "content": json.dumps(lookup(**args)),
+            }
+            new = [
+                (message_hash(assistant), canonical_json(assistant).decode()),
+                (message_hash(tool_msg), canonical_json(tool_msg).decode()),
+            ]
+        t += 0.01
+        if status == "failed":
+            add(
+                RunFailed(
+                    error={
+                        "type": "ToolFailed",
+                        "code": "tool_failed",
+                        "message": "lookup timed out",
+                    }
+                ),
+                slot="run:end",
+            )
+        else:
+            add(RunCompleted(output={"answer": REPLY[:60]}), slot="run:end")
+        output = None if status == "failed" else json.dumps({"answer": REPLY[:60]})
+        error = (
+            json.dumps({"type": "ToolFailed", "code": "tool_failed", "message": "lookup timed out"})
+            if status == "failed"
+            else None
+        )
+        row = (
+            run_id,
+            agent,
+            "main",
+            status,
+            json.dumps(input_),
+            output,
+            error,
+            created,
+            t,
+            0,
+            None,
+            2 * turns,
+            tokens_in,
+            tokens_out,
+            "bench-v1",
+        )
+        return row, events, blobs
+
+
+RUN_INSERT_COLS = (
+    "id, agent, process, status, input, output, error, created_at, updated_at, "
+    "lease_epoch, not_before, steps, input_tokens, output_tokens, code_version"
+)
+EVENT_INSERT_COLS = (
+    "run_id, stream, position, generation, slot, type, digest, code_version, worker_id, "
+    "created_at, format_version, payload"
+)
+BLOB_COLS = "hash, body, size, run_id, shares"
+
+
+def plan_rows(runs: int, in_flight: int, seed: int = 7) -> Iterator[tuple[int, str, float, str]]:
+    """(n, agent, created_at, status) of the bulk runs, oldest first."""
+    rng = random.Random(seed)
+    now = time.time()
+    start = now - 60 * DAY
+    bulk = runs - in_flight
+    for n in range(bulk):
+        created = start + (now - 2 * 3600 - start) * n / max(bulk, 1)
+        agent = AGENTS[rng.randrange(len(AGENTS))] if rng.random() < 0.8 else AGENTS[0]
+        status = rng.choices(("completed", "failed", "cancelled"), (90, 8, 2))[0]
+        yield n, agent, created, status
+
+
+def fill(url: str, runs: int, events_per_run: int, in_flight: int) -> dict[str, Any]:
+    """Bulk-insert the finished runs; the engine writes the in-flight ones."""
+    turns = max(1, (events_per_run - 2) // 2)
+    asyncio.run(_migrate(url))
+    gen = Generator()
+    t0 = time.perf_counter()
+    if url.startswith("postgresql"):
+        counts = _fill_pg(url, gen, runs, turns, in_flight)
+    else:
+        counts = _fill_sqlite(url, gen, runs, turns, in_flight)
+    bulk_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    asyncio.run(_engine_runs(url, in_flight, turns))
+    return {
+        **counts,
+        "turns": turns,
+        "bulk_seconds": round(bulk_s, 1),
+        "engine_seconds": round(time.perf_counter() - t1, 1),
+    }
+
+
+def _shared_rows(gen: Generator) -> list[tuple[Any, ...]]:
+    return [(h, b, len(b), owner, gen.shares[h]) for h, (b, owner) in gen.shared.items()]
+
+
+def _fill_pg(url: str, gen: Generator, runs: int, turns: int, in_flight: int) -> dict[str, int]:
+    import psycopg
+
+    n_events = n_blobs = 0
+    with psycopg.connect(url, autocommit=False) as conn:
+        batch: list[Any] = []
+        for item in plan_rows(runs, in_flight):
+            batch.append(gen.run(item[0], item[1], turns, item[2], item[3]))
+            if len(batch) >= 500:
+                n_events, n_blobs = _copy_pg(conn, batch, n_events, n_blobs)
+                batch = []
+        n_events, n_blobs = _copy_pg(conn, batch, n_events, n_blobs)
+        with conn.cursor().copy(f"COPY blobs ({BLOB_COLS}) FROM STDIN") as copy:
+            for row in _shared_rows(gen):
+                copy.write_row(row)
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE")
+    return {
+        "bulk_runs": runs - in_flight,
+        "bulk_events": n_events,
+        "bulk_blobs": n_blobs + len(gen.shared),
+    }
+
+
+def _copy_pg(conn: Any, batch: list[Any], n_events: int, n_blobs: int) -> tuple[int, int]:
+    cur = conn.cursor()
+    with cur.copy(f"COPY runs ({RUN_INSERT_COLS}) FROM STDIN") as copy:
+        for row, _, _ in batch:
+            copy.write_row(row)
+    with cur.copy(f"COPY events ({EVENT_INSERT_COLS}) FROM STDIN") as copy:
+        for _, events, _ in batch:
+            for ev in events:
+                copy.write_row(ev)
+            n_events += len(events)
+    with cur.copy("COPY blobs (hash, body, size, run_id) FROM STDIN") as copy:
+        for _, _, blobs in batch:
+            for b in blobs:
+                copy.write_row(b)
+            n_blobs += len(blobs)
+    conn.commit()
+    return n_events, n_blobs
+
+
+def _fill_sqlite(url: str, gen: Generator, runs: int, turns: int, in_flight: int) -> dict[str, int]:
+    import sqlite3
+
+    from toren.store.sqlite import parse_sqlite_url
+
+    path, _ = parse_sqlite_url(url)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous=NORMAL")
+    n_events = n_blobs = 0
+    marks = lambda cols: ", ".join("?" for _ in cols.split(","))  # noqa: E731
+    conn.execute("BEGIN")
+    for i, item in enumerate(plan_rows(runs, in_flight)):
+        row, events, blobs = gen.run(item[0], item[1], turns, item[2], item[3])
+        conn.execute(f"INSERT INTO runs ({RUN_INSERT_COLS}) VALUES ({marks(RUN_INSERT_COLS)})", row)
+        conn.executemany(
+            f"INSERT INTO events ({EVENT_INSERT_COLS}) VALUES ({marks(EVENT_INSERT_COLS)})", events
+        )
+        conn.executemany("INSERT INTO blobs (hash, body, size, run_id) VALUES (?, ?, ?, ?)", blobs)
+        n_events += len(events)
+        n_blobs += len(blobs)
+        if i % 2000 == 1999:
+            conn.execute("COMMIT")
+            conn.execute("BEGIN")
+    conn.executemany(f"INSERT INTO blobs ({BLOB_COLS}) VALUES (?, ?, ?, ?, ?)", _shared_rows(gen))
+    conn.execute("COMMIT")
+    conn.execute("ANALYZE")
+    conn.close()
+    return {
+        "bulk_runs": runs - in_flight,
+        "bulk_events": n_events,
+        "bulk_blobs": n_blobs + len(gen.shared),
+    }
+
+
+async def _migrate(url: str) -> None:
+    store = await toren.connect(url)
+    await store.close()
+
+
+async def _engine_runs(url: str, count: int, turns: int) -> None:
+    """``count`` runs written by the engine, parked on a message (in flight)."""
+    store = await toren.connect(url)
+    reg = registry()
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": provider()}, settings=settings()
+    )
+    try:
+        async with toren.LocalWorkerRuntime(deps, concurrency=100):
+            ids = [
+                (
+                    await toren.start_run(
+                        store,
+                        reg,
+                        AGENTS[i % len(AGENTS)],
+                        {
+                            "n": 10_000_000 + i,
+                            "question": _question(10_000_000 + i),
+                            "turns": turns,
+                            "park": True,
+                        },
+                    )
+                ).id
+                for i in range(count)
+            ]
+            for run_id in ids:
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    run = await store.get_run(run_id)
+                    if run is not None and run.status == "waiting" and run.lease_owner is None:
+                        break
+                    await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+
+
+# -- queries -------------------------------------------------------------------------------
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+LIST_FILTERS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "status=completed": {"status": "completed"},
+    "status=failed": {"status": "failed"},
+    "status=waiting": {"status": "waiting"},
+    "agent=billing": {"agent": "billing"},
+    "agent=billing&status=failed": {"agent": "billing", "status": "failed"},
+    "agent=support&status=waiting": {"agent": "support", "status": "waiting"},
+    "process=main": {"process": "main"},
+    "agent=triage&process=main&status=completed": {
+        "agent": "triage",
+        "process": "main",
+        "status": "completed",
+    },
+}
+
+
+async def queries(url: str, repeat: int = 30) -> dict[str, Any]:
+    store = await toren.connect(url)
+    app = create_app(store, registry(), console=False)
+    out: dict[str, Any] = {"list": {}}
+    transport = httpx.ASGITransport(app=app)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+
+            async def get(path: str, params: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+                t = time.perf_counter()
+                r = await client.get(path, params=params)
+                elapsed = (time.perf_counter() - t) * 1000
+                assert r.status_code == 200, r.text
+                return elapsed, r.json()
+
+            filters = LIST_FILTERS
+            for name, params in filters.items():
+                base = {**params, "limit": 50}
+                first = [(await get("/v1/runs", base))[0] for _ in range(repeat)]
+                # The 10th page, by following cursors.
+                cursor = None
+                for _ in range(9):
+                    _, page = await get(
+                        "/v1/runs", {**base, **({"cursor": cursor} if cursor else {})}
+                    )
+                    cursor = page["next_cursor"]
+                    if cursor is None:
+                        break
+                tenth = (
+                    [(await get("/v1/runs", {**base, "cursor": cursor}))[0] for _ in range(repeat)]
+                    if cursor
+                    else []
+                )
+                # A deep page: the cursor near the oldest matching runs.
+                deep_cursor = await _deep_cursor(store, params)
+                deep = (
+                    [
+                        (await get("/v1/runs", {**base, "cursor": deep_cursor}))[0]
+                        for _ in range(repeat)
+                    ]
+                    if deep_cursor
+                    else []
+                )
+                out["list"][name] = {
+                    page: {
+                        "p50_ms": round(_pct(xs, 0.5), 2),
+                        "p95_ms": round(_pct(xs, 0.95), 2),
+                        "max_ms": round(max(xs), 2),
+                    }
+                    for page, xs in (("first", first), ("10th", tenth), ("deep", deep))
+                    if xs
+                }
+            # A run's first page of events: a finished bulk run and an engine-written one.
+            some = (await store.list_runs(status="completed", limit=1))[0].id
+            parked = (await store.list_runs(status="waiting", limit=1))[0].id
+            for label, run_id in (("finished", some), ("in_flight", parked)):
+                xs = [
+                    (await get(f"/v1/runs/{run_id}/events", {"limit": 100}))[0]
+                    for _ in range(repeat)
+                ]
+                out[f"events_first_page_{label}"] = {
+                    "p50_ms": round(_pct(xs, 0.5), 2),
+                    "p95_ms": round(_pct(xs, 0.95), 2),
+                }
+        t = time.perf_counter()
+        report = await plan_report(store, registry(), code_version="bench-v1", limit=100_000)
+        out["plan"] = {
+            "seconds": round(time.perf_counter() - t, 2),
+            "runs": report["runs"],
+            "invalidated": report["invalidated"],
+            "problems": report["problems"],
+        }
+    finally:
+        await store.close()
+    return out
+
+
+def explain_lists(url: str) -> dict[str, Any]:
+    """PostgreSQL's own execution time and plan of each listing's query (first and deep
+    page): what the database spends, apart from the HTTP app's serialisation."""
+    import psycopg
+
+    from toren.store.sql import RUN_COLUMNS
+
+    out: dict[str, Any] = {}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name, params in LIST_FILTERS.items():
+            where = [f"{k} = %s" for k in params]
+            values: list[Any] = list(params.values())
+            deep = conn.execute(
+                f"SELECT id FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} "
+                "ORDER BY id LIMIT 1 OFFSET 100",
+                values,
+            ).fetchone()
+            for page, cursor in (("first", None), ("deep", deep[0] if deep else None)):
+                cond = where + (["id < %s"] if cursor else [])
+                sql = (
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) SELECT {RUN_COLUMNS} FROM runs "
+                    f"{'WHERE ' + ' AND '.join(cond) if cond else ''} ORDER BY id DESC LIMIT 51"
+                )
+                times, node = [], ""
+                for _ in range(5):
+                    plan = conn.execute(sql, [*values, *([cursor] if cursor else [])]).fetchone()[
+                        0
+                    ][0]
+                    times.append(plan["Execution Time"])
+                    inner = plan["Plan"].get("Plans", [plan["Plan"]])[0]
+                    node = f"{inner['Node Type']} {inner.get('Index Name', '')}".strip()
+                out[f"{name} {page}"] = {
+                    "db_ms_median": round(statistics.median(times), 3),
+                    "plan": node,
+                }
+    return out
+
+
+async def _deep_cursor(store: Any, params: dict[str, Any]) -> str | None:
+    """The id of a matching run with ~100 older matching runs behind it."""
+    sql_store: Any = store
+    where = " AND ".join(f"{k} = ?" for k in params) or "1 = 1"
+
+    def tx(cur: Any) -> str | None:
+        row = sql_store._x(
+            cur,
+            f"SELECT id FROM runs WHERE {where} ORDER BY id LIMIT 1 OFFSET 100",
+            tuple(params.values()),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    result: str | None = await sql_store._run(tx, write=False)
+    return result
+
+
+# -- prune with live workers ---------------------------------------------------------------
+
+
+async def serve_worker(url: str) -> None:
+    store = await toren.connect(url)
+    deps = toren.TickDeps(
+        store=store, agents=registry(), providers={"scripted": provider()}, settings=settings()
+    )
+    worker = toren.LocalWorkerRuntime(deps, concurrency=500)
+    await worker.start()
+    worker.install_signal_handlers()
+    await worker.wait_stopped()
+    await store.close()
+
+
+def _db_size(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])
+
+
+def _vacuum(url: str, full: bool = False) -> None:
+    """Plain VACUUM makes the pruned rows' space reusable (new rows fill it; the files keep
+    their size); VACUUM FULL rewrites the tables and gives it back to the file system
+    (it locks them: an operator runs it in a quiet hour, the bench after the workers stop)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM FULL" if full else "VACUUM")
+
+
+async def _live_rate(
+    url: str, seconds: float, live_ids: list[str], rates: list[float] | None = None
+) -> list[float]:
+    """Live steps per second, sampled each second (events of the live runs), appended to
+    ``rates`` as they come (so a cancelled sampler keeps what it measured)."""
+    import psycopg
+
+    rates = [] if rates is None else rates
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+
+        async def count() -> int:
+            cur = await conn.execute(
+                "SELECT COUNT(seq) FROM events WHERE run_id = ANY(%s)", (live_ids,)
+            )
+            row = await cur.fetchone()
+            return int(row[0]) if row else 0
+
+        last, t_last = await count(), time.perf_counter()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            await asyncio.sleep(1.0)
+            now_count, now = await count(), time.perf_counter()
+            rates.append((now_count - last) / (now - t_last))
+            last, t_last = now_count, now
+    return rates
+
+
+async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
+    store = await toren.connect(url)
+    reg = registry()
+    cutoff = time.time() - 10 * DAY
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.scale", "worker", url],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"},
+        )
+        for _ in range(2)
+    ]
+    try:
+        size_before = _db_size(url)
+        live_ids = [
+            (
+                await toren.start_run(
+                    store,
+                    reg,
+                    AGENTS[i % len(AGENTS)],
+                    {"n": 20_000_000 + i, "question": _question(20_000_000 + i), "turns": 100},
+                )
+            ).id
+            for i in range(live_runs)
+        ]
+        await asyncio.sleep(5.0)  # the workers claim and reach a steady state
+        baseline = await _live_rate(url, 15.0, live_ids)
+        during: list[float] = []
+        sampler = asyncio.ensure_future(_live_rate(url, 10_000, live_ids, during))
+        t = time.perf_counter()
+        result = await prune(store, before=cutoff, batch=200)
+        prune_s = time.perf_counter() - t
+        sampler.cancel()
+        with contextlib.suppress(BaseException):
+            await sampler
+        t = time.perf_counter()
+        swept = await sweep_blobs(store)
+        sweep_s = time.perf_counter() - t
+        after = await _live_rate(url, 10.0, live_ids)
+        touched = [r for r in [await store.get_run(i) for i in live_ids] if r is None]
+        parked = (await store.stats())["runs_by_status"].get("waiting", 0)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(120)
+        size_pruned = _db_size(url)
+        _vacuum(url)
+        size_vacuumed = _db_size(url)
+        _vacuum(url, full=True)
+        size_full = _db_size(url)
+        return {
+            "pruned": result.to_dict(),
+            "prune_seconds": round(prune_s, 1),
+            "sweep_seconds": round(sweep_s, 1),
+            "swept_blobs": swept,
+            "live_steps_per_s_before": _spread(baseline),
+            "live_steps_per_s_during": _spread(during),
+            "live_steps_per_s_after": _spread(after),
+            "live_runs_lost": len(touched),
+            "parked_runs_left": parked,
+            "db_bytes": {
+                "before": size_before,
+                "after_prune": size_pruned,
+                "after_vacuum": size_vacuumed,
+                "after_vacuum_full": size_full,
+            },
+        }
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        await store.close()
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {}
+    return {
+        "median": round(statistics.median(xs), 1),
+        "min": round(min(xs), 1),
+        "max": round(max(xs), 1),
+        "samples": len(xs),
+    }
+
+
+# -- parked runs ---------------------------------------------------------------------------
+
+
+async def approval_agent(ctx: toren.Context, input: Any) -> Any:
+    answer = await ctx.wait_for_message("approval")
+    reply = await ctx.model(MODEL, [{"role": "user", "content": f"approved: {answer}"}])
+    return {"answer": reply.text[:40]}
+
+
+class TimedProvider(ScriptedProvider):
+    """The scripted model, noting when each run's first model call starts."""
+
+    def __init__(self) -> None:
+        super().__init__({"default": {"text": "ok"}})
+        self.started: dict[str, float] = {}
+
+    async def complete(self, request: Any, *, on_delta: Any = None) -> Any:
+        text = str(request.messages[-1].get("content", ""))
+        self.started.setdefault(text.removeprefix("approved: "), time.perf_counter())
+        return await super().complete(request, on_delta=on_delta)
+
+
+def _fill_parked(url: str, count: int) -> None:
+    """``count`` runs parked on a message, as the engine leaves them: the run row waiting
+    (no lease, no not_before) and its log (RunStarted, RunWaiting)."""
+    import psycopg
+
+    from toren.core.events import RunWaiting
+
+    now = time.time()
+    with psycopg.connect(url) as conn, conn.cursor() as cur:
+        for start in range(0, count, 5000):
+            rows, events = [], []
+            for i in range(start, min(count, start + 5000)):
+                run_id = new_run_id(now - count + i)
+                rows.append((run_id, "approval", "main", "waiting", "{}", now, now, '["approval"]'))
+                for payload, slot in (
+                    (RunStarted(agent="approval", process="main", input={}), "run:start"),
+                    (RunWaiting(messages=["approval"]), None),
+                ):
+                    ev = make_event(
+                        run_id, payload, slot=slot, code_version="bench-v1", created_at=now
+                    )
+                    events.append(
+                        (
+                            run_id,
+                            "",
+                            None,
+                            0,
+                            slot,
+                            ev.type,
+                            None,
+                            "bench-v1",
+                            "gen",
+                            now,
+                            1,
+                            ev.payload_json(),
+                        )
+                    )
+            with cur.copy(
+                "COPY runs (id, agent, process, status, input, created_at, updated_at, "
+                "waiting_for) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    copy.write_row(row)
+            with cur.copy(f"COPY events ({EVENT_INSERT_COLS}) FROM STDIN") as copy:
+                for ev_row in events:
+                    copy.write_row(ev_row)
+            conn.commit()
+        conn.execute("ANALYZE")
+
+
+async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
+    """A worker beside ``count`` parked runs: its RSS and CPU while idle, then the time
+    from sending a message to one of them to its next step (the model call) starting."""
+    import resource
+
+    await _migrate(url)
+    t = time.perf_counter()
+    _fill_parked(url, count)
+    fill_s = time.perf_counter() - t
+    store = await toren.connect(url)
+    sender = await toren.connect(url)
+    reg = toren.Registry()
+    reg.add("approval", approval_agent, code_version="bench-v1")
+    model = TimedProvider()
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": model}, settings=settings()
+    )
+    try:
+        async with toren.LocalWorkerRuntime(deps, concurrency=100) as worker:
+            await asyncio.sleep(3.0)
+            cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            await asyncio.sleep(10.0)
+            cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            idle_cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / (t1 - t0)
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            ids = [r.id for r in await sender.list_runs(status="waiting", limit=messages)]
+            latencies = []
+            for n, run_id in enumerate(ids):
+                sent = time.perf_counter()
+                await sender.send_message(run_id, "approval", f"m{n}", now=time.time())
+                deadline = time.monotonic() + 30
+                while f"m{n}" not in model.started and time.monotonic() < deadline:
+                    await asyncio.sleep(0.001)
+                latencies.append((model.started.get(f"m{n}", float("inf")) - sent) * 1000)
+                await asyncio.sleep(0.02)
+            held = len(worker.active_runs)
+    finally:
+        await sender.close()
+        await store.close()
+    return {
+        "parked_runs": count,
+        "fill_seconds": round(fill_s, 1),
+        "worker_idle_cpu_fraction_of_one_core": round(idle_cpu, 4),
+        "process_max_rss_mb": round(rss_mb, 1),
+        "message_to_next_step_ms": {
+            "p50": round(_pct(latencies, 0.5), 1),
+            "p99": round(_pct(latencies, 0.99), 1),
+            "max": round(max(latencies), 1),
+            "samples": len(latencies),
+        },
+        "runs_held_by_the_worker_after": held,
+    }
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def one_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    backend = Backend.fresh(kind, "scale")
+    url = backend.pg_dsn if kind == "postgres" else f"sqlite:///{backend.sqlite_path}"
+    try:
+        result: dict[str, Any] = {
+            "backend": kind,
+            "runs": args.runs,
+            "events_per_run": args.events_per_run,
+        }
+        result["fill"] = fill(url, args.runs, args.events_per_run, args.in_flight)
+        print(json.dumps(result["fill"]), flush=True)
+        result["queries"] = asyncio.run(queries(url))
+        if kind == "postgres":
+            result["queries"]["explain"] = explain_lists(url)
+        print(json.dumps(result["queries"]), flush=True)
+        if args.prune and kind == "postgres":
+            result["prune"] = asyncio.run(prune_under_load(url, args.live_runs))
+            print(json.dumps(result["prune"]), flush=True)
+        return result
+    finally:
+        backend.drop()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        asyncio.run(serve_worker(sys.argv[2]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="both", choices=("postgres", "sqlite", "both"))
+    parser.add_argument("--runs", type=int, default=100_000)
+    parser.add_argument("--events-per-run", type=int, default=50)
+    parser.add_argument("--in-flight", type=int, default=1000)
+    parser.add_argument("--prune", action="store_true")
+    parser.add_argument("--live-runs", type=int, default=1000)
+    parser.add_argument(
+        "--parked",
+        type=int,
+        default=0,
+        help="Instead of the rest: a worker beside this many runs parked on a message "
+        "(PostgreSQL): idle RSS and CPU, message-to-next-step latency.",
+    )
+    parser.add_argument("--out", default=str(Path(__file__).with_name("scale-results.json")))
+    args = parser.parse_args()
+    if args.parked:
+        backend = Backend.fresh("postgres", "parked")
+        try:
+            result = asyncio.run(parked(backend.pg_dsn, args.parked))
+        finally:
+            backend.drop()
+        print(json.dumps(result))
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        return
+    kinds = ("postgres", "sqlite") if args.backend == "both" else (args.backend,)
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "results": [one_backend(k, args) for k in kinds],
+    }
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
