@@ -320,3 +320,25 @@ async def test_a_worker_keeps_a_bounded_number_of_tick_results(
             await asyncio.sleep(0.02)
     assert worker.metrics.ticks["completed"] == 5
     assert len(worker.results) == 2  # 5 without the bound
+
+
+async def test_a_fork_keeps_its_source_until_the_fork_is_gone(store: Store) -> None:
+    """A fork's copied steps reference the message bodies its source stored: prune keeps
+    the source while the fork exists, then takes it once the fork is pruned."""
+    reg = registry()
+    d = deps(store, reg)
+    source = await toren.start_run(store, reg, "chat", {"who": "source"})
+    assert (await toren.tick(source.id, d)).status == "completed"
+    fork = await toren.fork_run(store, reg, source.id, at="main:2")
+    assert (await toren.tick(fork.id, d)).status == "completed"
+    # Both finished: one pass takes the fork only; every body it references is still there.
+    first = await prune_batch(store, before=time.time() + 1, limit=1000)
+    assert first.run_ids == [fork.id]
+    assert await store.get_run(source.id) is not None
+    stored = {h for (h,) in await rows(store, "SELECT hash FROM blobs")}
+    assert await referenced_bodies(store) <= stored
+    # With the fork gone, the source goes too, and no body is left behind.
+    second = await prune_batch(store, before=time.time() + 1, limit=1000)
+    assert second.run_ids == [source.id]
+    await sweep_blobs(store)
+    assert await rows(store, "SELECT hash FROM blobs") == []

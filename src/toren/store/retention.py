@@ -124,7 +124,12 @@ def _in(store: Store, values: Sequence[Any]) -> tuple[str, list[Any]]:
 
 def _finished_where(statuses: Sequence[str]) -> str:
     marks = ", ".join("?" for _ in statuses)
-    return f"status IN ({marks}) AND updated_at < ? AND lease_owner IS NULL"
+    # A run another run was forked from stays while that fork exists: the fork's copied
+    # steps reference the message bodies the source stored (docs/storage.md#retention).
+    return (
+        f"status IN ({marks}) AND updated_at < ? AND lease_owner IS NULL "
+        "AND NOT EXISTS (SELECT 1 FROM runs AS fork WHERE fork.forked_from = runs.id)"
+    )
 
 
 # -- prune ------------------------------------------------------------------------------

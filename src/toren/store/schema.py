@@ -179,6 +179,8 @@ SCHEMA: tuple[Migration, ...] = (
     CreateIndex("runs_agent_status_id", "runs", ("agent", "status", "id")),
     CreateIndex("runs_process_id", "runs", ("process", "id")),
     CreateIndex("runs_finished", "runs", ("status", "updated_at")),
+    # Prune keeps a run while a fork of it exists (one lookup per candidate).
+    CreateIndex("runs_forked_from", "runs", ("forked_from",)),
 )
 
 
