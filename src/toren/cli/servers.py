@@ -401,6 +401,9 @@ def worker(
     worker_id: str | None,
     log_level: str,
 ) -> None:
+    # SIGTERM/SIGINT from here on ask for a clean stop, even before the event loop runs
+    # (a deploy may stop a worker that is still starting): noted, honoured once it can be.
+    early_stop = _EarlyStop.install()
     if drain_timeout_deprecated is not None:
         deprecated_flag("--drain-timeout")
         drain_window = drain_window if drain_window is not None else drain_timeout_deprecated
@@ -413,7 +416,25 @@ def worker(
         concurrency=concurrency,
         drain_window=drain_window,
     )
-    run_async(lambda: _worker(root, settings, worker_id))
+    run_async(lambda: _worker(root, settings, worker_id, early_stop))
+
+
+class _EarlyStop:
+    """SIGTERM/SIGINT before the worker's event loop installs its own handlers."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @classmethod
+    def install(cls) -> _EarlyStop:
+        early = cls()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread (embedded use)
+                signal.signal(sig, early._note)
+        return early
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.requested = True
 
 
 def _queue_metric(runtime: Runtime) -> Any:
@@ -430,10 +451,27 @@ def _queue_metric(runtime: Runtime) -> Any:
     return publisher
 
 
-async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> None:
-    runtime = await open_runtime(root, settings.database_url, settings)
+async def _worker(
+    root: Path, settings: Any, worker_id: str | None = None, early: _EarlyStop | None = None
+) -> None:
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)
+    if early is not None and early.requested:
+        stop.set()
+    log.info("worker starting: opening %s", shown_url(settings.database_url))
+    try:
+        runtime = await open_runtime(root, settings.database_url, settings)
+    except BaseException:
+        remove_handlers()
+        if stop.is_set():  # asked to stop while starting: nothing to drain, a clean exit
+            log.info("worker stopped while starting")
+            return
+        raise
+    if stop.is_set():
+        remove_handlers()
+        await close_runtime(runtime)
+        log.info("worker stopped while starting")
+        return
     try:
         names = runtime.resolver.names()
         if not names:
@@ -447,6 +485,9 @@ async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> No
             runtime.deps.worker_id = worker_id
         worker = LocalWorkerRuntime(runtime.deps)
         await worker.start()
+        if stop.is_set():  # asked to stop while registering: drain (nothing claimed yet)
+            await worker.stop()
+            return
         publisher = _queue_metric(runtime)
         log.info(
             "worker %s serving %s (code version %s) on %s, concurrency %d, drain window %.0fs",
