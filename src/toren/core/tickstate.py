@@ -46,6 +46,7 @@ from toren.core.replay import (
     invalidation_slot,
     step_slot,
 )
+from toren.core.text import repair, repair_text
 from toren.errors import (
     LeaseLost,
     RunCancelledSignal,
@@ -234,7 +235,7 @@ class _StoreFailed(_Abort):
 def error_dict(exc: BaseException) -> dict[str, Any]:
     code = exc.code if isinstance(exc, TorenError) else "agent_error"
     message = exc.message if isinstance(exc, TorenError) else str(exc)
-    return {"type": type(exc).__name__, "code": code, "message": message}
+    return {"type": type(exc).__name__, "code": code, "message": repair_text(message)}
 
 
 def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str = "") -> StepFailed:
@@ -244,8 +245,10 @@ def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str 
 
 
 def json_value(value: Any, what: str) -> Any:
+    """A plain JSON copy of a value produced by agent code or a tool, as it is recorded:
+    strings that are not valid Unicode repaired (see toren.core.text)."""
     try:
-        return json.loads(json.dumps(value))
+        return repair(json.loads(json.dumps(value)))
     except RecursionError:
         raise TypeError(
             f"{what} is nested too deeply to record (objects and arrays inside each other "
