@@ -195,12 +195,19 @@ async def test_sigterm_while_the_worker_starts_exits_0(db_url: str, tmp_path: Pa
                 "the worker to begin starting",
             )
             proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0)
+            # Held until the worker has taken the request in, still blocked in its start.
+            await until(
+                lambda: "stop requested" in log.read_text(),
+                60,
+                lambda: None if proc.poll() is None else pytest.fail(log.read_text()),
+                "the worker to take the stop in",
+            )
         except BaseException:
             proc.kill()
             raise
     assert proc.wait(timeout=60) == 0, log.read_text()
     assert "stopped while starting" in log.read_text()
+    assert " serving " not in log.read_text()  # it never went into service
 
     # And at seeded moments from start-up on: always a drain and exit 0.
     rng = random.Random(15)

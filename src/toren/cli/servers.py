@@ -458,21 +458,34 @@ async def _worker(
     remove_handlers = _stop_on_signals(stop)
     if early is not None and early.requested:
         stop.set()
-    log.info("worker starting: opening %s", shown_url(settings.database_url))
+    noted = asyncio.ensure_future(_log_stop_request(stop))
     try:
-        runtime = await open_runtime(root, settings.database_url, settings)
-    except BaseException:
+        await _serve_worker(root, settings, worker_id, stop)
+    except Exception as exc:
+        if not stop.is_set():
+            raise
+        # Asked to stop while starting (the database was still out of reach, say): the
+        # operator wants it gone, and nothing was claimed. A clean exit.
+        log.info("worker stopped while starting (%s)", exc)
+    finally:
+        noted.cancel()
         remove_handlers()
-        if stop.is_set():  # asked to stop while starting: nothing to drain, a clean exit
+
+
+async def _log_stop_request(stop: asyncio.Event) -> None:
+    await stop.wait()
+    log.info("worker: stop requested")
+
+
+async def _serve_worker(
+    root: Path, settings: Any, worker_id: str | None, stop: asyncio.Event
+) -> None:
+    log.info("worker starting: opening %s", shown_url(settings.database_url))
+    runtime = await open_runtime(root, settings.database_url, settings)
+    try:
+        if stop.is_set():
             log.info("worker stopped while starting")
             return
-        raise
-    if stop.is_set():
-        remove_handlers()
-        await close_runtime(runtime)
-        log.info("worker stopped while starting")
-        return
-    try:
         names = runtime.resolver.names()
         if not names:
             fail(
@@ -485,7 +498,8 @@ async def _worker(
             runtime.deps.worker_id = worker_id
         worker = LocalWorkerRuntime(runtime.deps)
         await worker.start()
-        if stop.is_set():  # asked to stop while registering: drain (nothing claimed yet)
+        if stop.is_set():  # asked to stop while registering: drain what it may have claimed
+            log.info("worker %s stopped while starting", worker.worker_id)
             await worker.stop()
             return
         publisher = _queue_metric(runtime)
@@ -504,5 +518,4 @@ async def _worker(
             await publisher.stop()
         await worker.stop()
     finally:
-        remove_handlers()
         await close_runtime(runtime)

@@ -256,7 +256,8 @@ class Steps(TickState):
             return self._replay_tool(decision.step)
         tooldef = ctx.program.tools.get(name)
         reuse = None
-        if tooldef is None or not tooldef.reexecute:
+        # Reuse guards side effects; a tool declared free of them runs again (fresh data).
+        if tooldef is None or (tooldef.side_effects and not tooldef.reexecute):
             reuse = reusable_tool(self.log, ctx.stream, digest)
             if reuse is not None:
                 self.log.reused_seqs.add(reuse.first.seq)  # claimed now, in call order
