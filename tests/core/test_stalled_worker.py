@@ -211,7 +211,6 @@ async def test_a_stalled_worker_pays_and_sends_nothing_after_it_thaws(
                 await w.ready()
             by_id = {w.id: w for w in workers}
             for rep in range(20):
-                t0 = time.monotonic()
                 tag = f"r{rep}x{rng.randrange(16**6):06x}"
                 run = await toren.start_run(
                     store, registry(), "mailer", {"tag": tag, "steps": 1, "pause": 0.5}
@@ -272,7 +271,6 @@ async def test_a_stalled_worker_pays_and_sends_nothing_after_it_thaws(
                 events = await store.load_events(run.id)
                 recorded_steps = [(e.type, e.position) for e in events if e.digest]
                 assert recorded_steps == [("ModelCallRecorded", 0), ("ToolCallRecorded", 1)]
-                print("rep", rep, target, round(time.monotonic() - t0, 2), file=sys.stderr)
     finally:
         await store.close()
     # The seeded freezes landed in both places the issue names.

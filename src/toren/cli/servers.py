@@ -41,7 +41,6 @@ log = logging.getLogger("toren.cli")
 # How long `toren dev` lets running steps finish before a reload takes their runs over.
 # Short on purpose: the point of a reload is to see the new code now. A step cut off
 # here was not recorded, so it simply runs again (under the new code).
-RELOAD_DRAIN = 0.5
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
@@ -232,6 +231,18 @@ async def _start_worker(runtime: Runtime) -> LocalWorkerRuntime:
     return worker
 
 
+async def _drain_for_reload(worker: LocalWorkerRuntime, runtime: Runtime) -> None:
+    """The drain a deploy gets: steps in flight (a model call already paid for) finish and
+    are recorded under the old code version, then the new worker replays them for free.
+    Cutting them off would send the identical request again and lose the first one's cost."""
+    if worker.active_runs:
+        out().print(
+            f"[dim]reloading: letting {len(worker.active_runs)} run(s) finish the step in "
+            f"flight (up to {runtime.settings.drain_window:.0f}s)…[/]"
+        )
+    await worker.stop(drain_window=runtime.settings.drain_window)
+
+
 async def _watch(
     root: Path,
     runtime: Runtime,
@@ -248,14 +259,14 @@ async def _watch(
         current = _agent_versions(runtime)
         if current is None:
             if switch.current is not None:
-                await switch.current.stop(drain_window=RELOAD_DRAIN)
+                await _drain_for_reload(switch.current, runtime)
                 switch.current = None
             continue
         if current == versions and switch.current is not None:
             continue
         started = time.monotonic()
         if switch.current is not None:
-            await switch.current.stop(drain_window=RELOAD_DRAIN)
+            await _drain_for_reload(switch.current, runtime)
         switch.current = await _start_worker(runtime)
         changed = [
             f"{n} {versions.get(n, '-')} → {v}" for n, v in current.items() if versions.get(n) != v
