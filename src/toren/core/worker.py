@@ -246,7 +246,8 @@ class LocalWorkerRuntime:
             if held:
                 return sent
             log.warning(
-                "worker %s: run %s is no longer this worker's after the database failure",
+                "worker %s: tick of run %s ended, lease lost: the run is another worker's "
+                "after the database failure",
                 self.worker_id,
                 lease.run_id,
             )
