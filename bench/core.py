@@ -29,6 +29,7 @@ from bench.common import Backend, fake_model, pg_available
 from toren.config import LeaseSettings
 from toren.core.digest import canonical_json, message_hash, message_list_node
 from toren.core.events import Event, ModelCallRecorded, make_event
+from toren.core.fencing import lease_clock
 from toren.core.replay import step_slot
 from toren.core.tick import TickRunner
 from toren.providers.base import ModelRequest, ModelResponse, Usage
@@ -78,9 +79,10 @@ async def replay_time(backend: Backend, steps: int, repeats: int = 3) -> dict[st
         await store._run(  # type: ignore[attr-defined]
             lambda cur: store._x(cur, "UPDATE runs SET not_before = 0 WHERE id = ?", (run.id,))  # type: ignore[attr-defined]
         )
+        granted_at = lease_clock()
         lease = (await store.claim("bench", 1, now=time.time(), ttl=60, only=run.id))[0]
         t0 = time.perf_counter()
-        result = await TickRunner(deps, lease).run()
+        result = await TickRunner(deps, lease, granted_at=granted_at).run()
         times.append(time.perf_counter() - t0)
         assert result.status == "waiting" and result.replayed == steps and result.executed == 0
     await store.close()

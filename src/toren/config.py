@@ -19,6 +19,16 @@ from toren.errors import InvalidInput
 class LeaseSettings:
     ttl: float = 30.0  # seconds a claim stays valid without a heartbeat
     heartbeat: float = 5.0  # seconds between lease renewals (and cancel checks)
+    # Before a live step starts, a lease with this many seconds or fewer left (on the
+    # worker's own clock) is renewed first, fenced by its epoch; None: a third of the TTL,
+    # at most ttl - 2 * heartbeat. See docs/storage.md, "Stalled workers".
+    margin: float | None = None
+
+    @property
+    def fence_margin(self) -> float:
+        if self.margin is not None:
+            return self.margin
+        return max(0.0, min(self.ttl / 3, self.ttl - 2 * self.heartbeat))
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,7 @@ class Settings:
                     f"environment variable TOREN_{f.name.upper()}={raw!r} is not a number"
                 ) from None
         lease = base.lease
-        for key in ("ttl", "heartbeat"):
+        for key in ("ttl", "heartbeat", "margin"):
             raw = env.get(f"TOREN_LEASE_{key.upper()}")
             if raw is not None:
                 try:

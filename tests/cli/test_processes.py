@@ -75,7 +75,13 @@ def test_dev_reloads_an_edited_prompt_mid_run(
     assert served.count("step 0") == 1  # replayed after the reload, not paid again
     assert served.count("step 1: Summarise politely.") == 1  # the old prompt, once
     assert served.count("step 1: Summarise briefly, v2.") == 1  # the new prompt, once
-    assert served.count("step 2 slow") == 1  # cut off by the reload: never served twice
+    # In flight at the reload: it finished and was recorded under the old version (the drain
+    # a deploy gets), then ran again only because step 1 changed its history: never the
+    # identical request twice, and both calls counted.
+    assert served.count("step 2 slow") == 2
+    step2 = [e for e in model_calls(events) if e.position == 2]
+    assert len(step2) == 2 and step2[0].digest != step2[1].digest
+    assert step2[0].code_version == first_version != step2[1].code_version
     assert served.count("step 3") == 1
 
     dev.send_signal(signal.SIGINT)

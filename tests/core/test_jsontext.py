@@ -104,9 +104,9 @@ def test_what_orjson_would_change_keeps_the_reference_behaviour() -> None:
     for value in (D(1), datetime.datetime(2026, 1, 1), {"s": {1}}):
         with pytest.raises(TypeError):
             dumps(value)
-    # A lone surrogate cannot be stored by either path.
-    with pytest.raises((TypeError, UnicodeEncodeError)):
-        dumps("\ud800").encode("utf-8")
+    # A lone surrogate cannot be stored as it is: it is stored repaired (toren.core.text),
+    # never a failed write.
+    assert dumps(["\ud800", "\ud83d\ude00"]) == '["\ufffd","\U0001f600"]'
 
 
 def test_a_cyclic_value_is_refused_not_walked_forever() -> None:

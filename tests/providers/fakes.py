@@ -135,6 +135,9 @@ class FakeEndpoint:
     render_error: Callable[[Failure], dict[str, Any]]
     error_event: ErrorEvent
     requests: list[RecordedRequest] = field(default_factory=list)
+    # Answers any request once the script is empty (many runs, many workers): called on
+    # the server's thread with the request body as it arrives.
+    responder: Callable[[dict[str, Any]], Reply] | None = None
     _script: deque[Reply] = field(default_factory=deque)
 
     def script(self, *replies: Reply) -> None:
@@ -155,6 +158,8 @@ class FakeEndpoint:
     async def handle(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(RecordedRequest(body=body, headers=dict(request.headers)))
+        if not self._script and self.responder is not None:
+            self._script.append(self.responder(body))
         if not self._script:
             # 418 is never retried, so an under-scripted test fails loudly, not slowly.
             return self._error(Failure(418, f"fake {self.name}: no scripted reply left"))

@@ -43,7 +43,6 @@ log = logging.getLogger("toren.cli")
 # How long `toren dev` lets running steps finish before a reload takes their runs over.
 # Short on purpose: the point of a reload is to see the new code now. A step cut off
 # here was not recorded, so it simply runs again (under the new code).
-RELOAD_DRAIN = 0.5
 
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
@@ -234,6 +233,18 @@ async def _start_worker(runtime: Runtime) -> LocalWorkerRuntime:
     return worker
 
 
+async def _drain_for_reload(worker: LocalWorkerRuntime, runtime: Runtime) -> None:
+    """The drain a deploy gets: steps in flight (a model call already paid for) finish and
+    are recorded under the old code version, then the new worker replays them for free.
+    Cutting them off would send the identical request again and lose the first one's cost."""
+    if worker.active_runs:
+        out().print(
+            f"[dim]reloading: letting {len(worker.active_runs)} run(s) finish the step in "
+            f"flight (up to {runtime.settings.drain_window:.0f}s)…[/]"
+        )
+    await worker.stop(drain_window=runtime.settings.drain_window)
+
+
 async def _watch(
     root: Path,
     runtime: Runtime,
@@ -250,14 +261,14 @@ async def _watch(
         current = _agent_versions(runtime)
         if current is None:
             if switch.current is not None:
-                await switch.current.stop(drain_window=RELOAD_DRAIN)
+                await _drain_for_reload(switch.current, runtime)
                 switch.current = None
             continue
         if current == versions and switch.current is not None:
             continue
         started = time.monotonic()
         if switch.current is not None:
-            await switch.current.stop(drain_window=RELOAD_DRAIN)
+            await _drain_for_reload(switch.current, runtime)
         switch.current = await _start_worker(runtime)
         changed = [
             f"{n} {versions.get(n, '-')} → {v}" for n, v in current.items() if versions.get(n) != v
@@ -411,6 +422,9 @@ def worker(
     retention: str | None,
     log_level: str,
 ) -> None:
+    # SIGTERM/SIGINT from here on ask for a clean stop, even before the event loop runs
+    # (a deploy may stop a worker that is still starting): noted, honoured once it can be.
+    early_stop = _EarlyStop.install()
     if drain_timeout_deprecated is not None:
         deprecated_flag("--drain-timeout")
         drain_window = drain_window if drain_window is not None else drain_timeout_deprecated
@@ -429,7 +443,25 @@ def worker(
         except InvalidInput as exc:
             raise click.BadParameter(str(exc), param_hint="'--retention'") from None
         settings = settings.with_(retention=replace(settings.retention, finished_after=after))
-    run_async(lambda: _worker(root, settings, worker_id))
+    run_async(lambda: _worker(root, settings, worker_id, early_stop))
+
+
+class _EarlyStop:
+    """SIGTERM/SIGINT before the worker's event loop installs its own handlers."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @classmethod
+    def install(cls) -> _EarlyStop:
+        early = cls()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread (embedded use)
+                signal.signal(sig, early._note)
+        return early
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.requested = True
 
 
 def _queue_metric(runtime: Runtime) -> Any:
@@ -446,11 +478,41 @@ def _queue_metric(runtime: Runtime) -> Any:
     return publisher
 
 
-async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> None:
-    runtime = await open_runtime(root, settings.database_url, settings)
+async def _worker(
+    root: Path, settings: Any, worker_id: str | None = None, early: _EarlyStop | None = None
+) -> None:
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)
+    if early is not None and early.requested:
+        stop.set()
+    noted = asyncio.ensure_future(_log_stop_request(stop))
     try:
+        await _serve_worker(root, settings, worker_id, stop)
+    except Exception as exc:
+        if not stop.is_set():
+            raise
+        # Asked to stop while starting (the database was still out of reach, say): the
+        # operator wants it gone, and nothing was claimed. A clean exit.
+        log.info("worker stopped while starting (%s)", exc)
+    finally:
+        noted.cancel()
+        remove_handlers()
+
+
+async def _log_stop_request(stop: asyncio.Event) -> None:
+    await stop.wait()
+    log.info("worker: stop requested")
+
+
+async def _serve_worker(
+    root: Path, settings: Any, worker_id: str | None, stop: asyncio.Event
+) -> None:
+    log.info("worker starting: opening %s", shown_url(settings.database_url))
+    runtime = await open_runtime(root, settings.database_url, settings)
+    try:
+        if stop.is_set():
+            log.info("worker stopped while starting")
+            return
         names = runtime.resolver.names()
         if not names:
             fail(
@@ -463,6 +525,10 @@ async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> No
             runtime.deps.worker_id = worker_id
         worker = LocalWorkerRuntime(runtime.deps)
         await worker.start()
+        if stop.is_set():  # asked to stop while registering: drain what it may have claimed
+            log.info("worker %s stopped while starting", worker.worker_id)
+            await worker.stop()
+            return
         publisher = _queue_metric(runtime)
         log.info(
             "worker %s serving %s (code version %s) on %s, concurrency %d, drain window %.0fs",
@@ -479,5 +545,4 @@ async def _worker(root: Path, settings: Any, worker_id: str | None = None) -> No
             await publisher.stop()
         await worker.stop()
     finally:
-        remove_handlers()
         await close_runtime(runtime)

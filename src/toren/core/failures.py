@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from toren.core.text import repair_text
 from toren.errors import StepFailed, TorenError
 from toren.redact import Redactor, secrets_from_env
 
@@ -76,17 +77,17 @@ def failure_dict(exc: BaseException) -> dict[str, Any]:
     and traceback of code's own exception are redacted before they are recorded."""
     if isinstance(exc, TorenError):
         error: dict[str, Any] = {"type": type(exc).__name__, "code": exc.code}
-        error["message"] = exc.message
+        error["message"] = repair_text(exc.message)
         carried = exc.details.get("traceback") if isinstance(exc, StepFailed) else None
         if isinstance(carried, str) and carried:
             error["traceback"] = carried
         return error
     redactor = Redactor(secrets_from_env(os.environ))
-    message = redactor.text(str(exc))
+    message = repair_text(redactor.text(str(exc)))
     error = {"type": type(exc).__name__, "code": "agent_error", "message": message}
     text = trimmed_traceback(exc, redactor)
     if text:
-        error["traceback"] = text
+        error["traceback"] = repair_text(text)
     return error
 
 

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from toren.core.text import has_surrogates
 from toren.errors import InvalidInput
 
 __all__ = [
@@ -71,7 +72,10 @@ def json_data(value: Any, what: str, root: str) -> Any:
     check_depth(value, what, root)
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")  # lone surrogates cannot be stored
+        try:
+            text.encode("utf-8")  # lone surrogates cannot be stored
+        except UnicodeEncodeError:
+            raise InvalidInput(_not_unicode(value, what, root)) from None
         return json.loads(text)
     except RecursionError:
         # Not too deep (checked above): a value that contains itself, deeper than json
@@ -85,6 +89,33 @@ def json_data(value: Any, what: str, root: str) -> Any:
             f"{what} must be JSON data (objects, arrays, strings, numbers, booleans, null); "
             f"got a value that is not: {exc}"
         ) from None
+
+
+def _not_unicode(value: Any, what: str, root: str) -> str:
+    """The message refusing a value with a string that is not valid Unicode, naming where
+    (see toren.core.text: what comes from a caller is refused, before anything is paid)."""
+    stack: list[tuple[Any, tuple[Segment, ...]]] = [(value, ())]
+    where = root
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if has_surrogates(item):
+                where = format_path(root, path)
+                break
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if has_surrogates(k):
+                    where = format_path(root, path) + " (a key)"
+                    stack.clear()
+                    break
+                stack.append((v, (*path, k)))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, (*path, i)) for i, v in enumerate(item))
+    return (
+        f"{what} must be valid Unicode text: the string at {where} holds a lone surrogate "
+        "(half of a UTF-16 pair, e.g. '\\ud83d'), which cannot be stored; send the whole "
+        "character, or U+FFFD in its place"
+    )
 
 
 def loads(text: str, what: str, root: str) -> Any:

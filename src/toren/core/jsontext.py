@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from toren.core.text import has_surrogates, repair_text
 from toren.providers.base import FrozenList, Message
 
 NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS = 0, 1, 2
@@ -68,4 +69,8 @@ def dumps(value: Any) -> str:
             return orjson.dumps(value, option=_STRICT).decode("utf-8")
         except TypeError:  # an integer beyond 64 bits, or a lone surrogate
             pass
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    # Stored text is UTF-8: a string that is not valid Unicode is stored repaired
+    # (toren.core.text) rather than failing the write. Values from outside are repaired
+    # before they are recorded, so this only catches what slipped past (a request's params).
+    return repair_text(text) if has_surrogates(text) else text

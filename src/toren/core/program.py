@@ -24,9 +24,11 @@ Pricing = Callable[[str, Usage], Decimal]  # ("provider:model", usage) -> estima
 
 @dataclass(frozen=True)
 class ToolDef:
-    """A callable tool. ``reexecute=True`` opts out of result reuse after an invalidation
-    (for tools whose result must be fresh, such as reading a price); the default reuses the
-    recorded result of an identical call so a prompt edit never re-sends the email."""
+    """A callable tool. After an invalidation, an identical call of a tool with side effects
+    (the default) reuses the recorded result, so a prompt edit never re-sends the email.
+    ``side_effects=False`` (a read: looking up an order; MCP's ``readOnlyHint``) and
+    ``reexecute=True`` (a result that must be fresh even though the tool acts, such as
+    reading and reserving a price) opt out: the tool runs again."""
 
     name: str
     fn: Callable[..., Any]
@@ -138,7 +140,9 @@ def tool(
     """Mark a function in ``tools.py`` as a tool, with its durability options.
 
     ``@toren.tool`` or ``@toren.tool(reexecute=True)``. Undecorated public functions of
-    ``tools.py`` are tools too, with the defaults.
+    ``tools.py`` are tools too, with the defaults. ``side_effects=False`` declares a tool
+    that only reads: after an invalidation it runs again instead of reusing the superseded
+    result (see :class:`ToolDef`); every recorded step still replays from the log.
     """
 
     def mark(f: Callable[..., Any]) -> Callable[..., Any]:

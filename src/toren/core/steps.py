@@ -40,6 +40,7 @@ from toren.core.replay import (
     redeliverable_message,
     reusable_tool,
 )
+from toren.core.text import repair, repair_text
 from toren.errors import (
     LimitExceeded,
     ModelCallFailed,
@@ -127,6 +128,7 @@ class Steps(TickState):
             provider = self._provider(request.provider, ctx.program)
 
             def delta(text: str) -> None:
+                text = repair_text(text)  # half a pair at a chunk's edge: see core/text.py
                 self._publish(
                     {"type": "delta", "stream": ctx.stream, "position": pos, "text": text}
                 )
@@ -143,7 +145,10 @@ class Steps(TickState):
                 else:
                     response = await self._timed(call, ctx.program, "model call")
             except StepFailed as exc:
-                error = {**exc.details, **error_dict(exc)}
+                error = repair({**exc.details, **error_dict(exc)})
+            recorded = None
+            if response is not None:  # paid for: recorded whatever its strings hold
+                response, recorded = repaired_response(response)
             latency = (time.perf_counter() - started) * 1000
             # A call that failed after the provider reported usage (a stream that broke
             # mid-answer) was billed for it: count and price it like a response's.
@@ -161,7 +166,7 @@ class Steps(TickState):
                 message_count=len(hashed.messages),
                 tools=hashed.tools,
                 params=hashed.params,
-                response=response.to_dict() if response else None,
+                response=recorded,
                 error=error,
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,
@@ -254,7 +259,8 @@ class Steps(TickState):
             return self._replay_tool(decision.step)
         tooldef = ctx.program.tools.get(name)
         reuse = None
-        if tooldef is None or not tooldef.reexecute:
+        # Reuse guards side effects; a tool declared free of them runs again (fresh data).
+        if tooldef is None or (tooldef.side_effects and not tooldef.reexecute):
             reuse = reusable_tool(self.log, ctx.stream, digest)
             if reuse is not None:
                 self.log.reused_seqs.add(reuse.first.seq)  # claimed now, in call order
@@ -300,6 +306,7 @@ class Steps(TickState):
                     result = await self._timed(_call_tool(tooldef, args), ctx.program, "tool call")
                     result = json_value(result, f"the result of tool {name!r}")
                 except Exception as exc:
+                    result = None  # not the raw value json_value refused: it cannot be stored
                     error = failure_dict(exc)
             payload = ToolCallRecorded(
                 name=name,
@@ -550,6 +557,14 @@ class Steps(TickState):
                 [self._event(ctx.stream, pos, gen, digest, ChildCompleted(output=output), True)]
             )
         return output
+
+
+def repaired_response(response: ModelResponse) -> tuple[ModelResponse, dict[str, Any]]:
+    """The response with strings that are not valid Unicode repaired (core/text.py), so
+    that it can be recorded and replays as the agent saw it live; and its recorded form."""
+    data = response.to_dict()
+    fixed = repair(data)
+    return (response, data) if fixed is data else (ModelResponse.from_dict(fixed), fixed)
 
 
 async def _done(value: Any) -> Any:

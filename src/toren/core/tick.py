@@ -39,6 +39,7 @@ from toren.store.base import Lease, Release, RunDelta, RunRecord
 
 if TYPE_CHECKING:
     pass
+from toren.core.fencing import lease_clock
 from toren.core.steps import Steps
 from toren.core.tickstate import (
     FLUSH_INTERVAL,
@@ -353,7 +354,9 @@ class TickRunner(Steps):
 async def tick(run_id: str, deps: TickDeps, *, lease: Lease | None = None) -> TickResult:
     """Run one tick of ``run_id``. Without a lease, claim the run first (a run leased by a
     live worker, or not runnable yet, is left alone: status ``not_claimed``)."""
+    granted_at = None  # a lease passed in is proven (renewed) before its first step
     if lease is None:
+        granted_at = lease_clock()
         leases = await deps.store.claim(
             deps.worker_id,
             1,
@@ -366,4 +369,4 @@ async def tick(run_id: str, deps: TickDeps, *, lease: Lease | None = None) -> Ti
                 raise RunNotFound(f"no run with id {run_id!r}")
             return TickResult(run_id, "not_claimed")
         lease = leases[0]
-    return await TickRunner(deps, lease).run()
+    return await TickRunner(deps, lease, granted_at=granted_at).run()

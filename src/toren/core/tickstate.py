@@ -33,6 +33,7 @@ from toren.core.events import (
     ValueRecorded,
     make_event,
 )
+from toren.core.fencing import LeaseFence
 from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
 from toren.core.replay import (
     Invalidate,
@@ -46,6 +47,7 @@ from toren.core.replay import (
     invalidation_slot,
     step_slot,
 )
+from toren.core.text import repair, repair_text
 from toren.errors import (
     LeaseLost,
     RunCancelledSignal,
@@ -234,7 +236,7 @@ class _StoreFailed(_Abort):
 def error_dict(exc: BaseException) -> dict[str, Any]:
     code = exc.code if isinstance(exc, TorenError) else "agent_error"
     message = exc.message if isinstance(exc, TorenError) else str(exc)
-    return {"type": type(exc).__name__, "code": code, "message": message}
+    return {"type": type(exc).__name__, "code": code, "message": repair_text(message)}
 
 
 def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str = "") -> StepFailed:
@@ -244,8 +246,10 @@ def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str 
 
 
 def json_value(value: Any, what: str) -> Any:
+    """A plain JSON copy of a value produced by agent code or a tool, as it is recorded:
+    strings that are not valid Unicode repaired (see toren.core.text)."""
     try:
-        return json.loads(json.dumps(value))
+        return repair(json.loads(json.dumps(value)))
     except RecursionError:
         raise TypeError(
             f"{what} is nested too deeply to record (objects and arrays inside each other "
@@ -303,6 +307,8 @@ class _Busy:
         if s._draining:  # no new live work; wait here to be released
             s._wake.set()
             await asyncio.Future()
+        if s.fence.due():  # stalled near or past the lease: prove it before the effect
+            await s._prove_lease()
         s.end_replay()  # the first live step: replay is over
         s._inflight += 1
 
@@ -316,9 +322,13 @@ class _Busy:
 class TickState:
     """The state of one tick. Contexts call into it; :meth:`run` drives it."""
 
-    def __init__(self, deps: TickDeps, lease: Lease) -> None:
+    def __init__(self, deps: TickDeps, lease: Lease, *, granted_at: float | None = None) -> None:
         self.deps = deps
         self.lease = lease
+        # The lease's local deadline, checked before every live step (see fencing.py);
+        # ``granted_at``: a lease_clock() reading from before the claim was sent.
+        lease_settings = deps.settings.lease
+        self.fence = LeaseFence(lease, lease_settings.ttl, lease_settings.fence_margin, granted_at)
         self.run_id = lease.run_id
         self.store = deps.store
         self.clock = deps.clock
@@ -385,6 +395,12 @@ class TickState:
         """Hard drain (the drain window ran out): abandon steps still in flight; they have
         no event, so they run again elsewhere (at-least-once for those steps only)."""
         self._stop(_Drain("worker draining"))
+
+    async def _prove_lease(self) -> None:
+        try:
+            await self.fence.prove(self.store, self.clock)
+        except (LeaseLost, StorageError) as exc:
+            raise self._halt(exc) from None
 
     def _halt(self, exc: LeaseLost | StorageError) -> _Abort:
         """Stop the tick for a store call of a step that failed; the abort to raise into

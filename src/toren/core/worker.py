@@ -20,11 +20,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from toren.core.fencing import lease_clock
 from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
+from toren.errors import CorruptRow, StorageError
 from toren.store.base import Lease, WorkerInfo
 
 log = logging.getLogger("toren.worker")
 RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
+
+# Longest wait between attempts to re-assert a lease while the database is unreachable:
+# a run continues at most this long after the database is back.
+REASSERT_MAX_DELAY = 0.5
 
 
 @dataclass
@@ -126,6 +132,7 @@ class LocalWorkerRuntime:
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
             leases: list[Lease] = []
+            sent = lease_clock()
             if free > 0:
                 try:
                     leases = await store.claim(
@@ -136,7 +143,7 @@ class LocalWorkerRuntime:
                     await asyncio.sleep(self.settings.poll_interval)
                     continue
             for lease in leases:
-                self._launch(lease)
+                self._launch(lease, sent)
             if len(leases) == free and free > 0:
                 continue  # there may be more work waiting
             self._capacity.clear()
@@ -150,35 +157,112 @@ class LocalWorkerRuntime:
             for w in waits:
                 w.cancel()
 
-    def _launch(self, lease: Lease) -> None:
+    def _launch(self, lease: Lease, granted_at: float) -> None:
         if lease.recovered:
             self.metrics.lease_recoveries += 1
             log.info(
                 "worker %s recovered run %s from an expired lease", self.worker_id, lease.run_id
             )
-        runner = TickRunner(self.deps, lease)
+        stale = self._active.get(lease.run_id)
+        if stale is not None:  # this worker stalled past its own lease and claimed it anew
+            stale[0].lose_lease(f"run {lease.run_id!r} was claimed again (epoch {lease.epoch})")
+        runner = TickRunner(self.deps, lease, granted_at=granted_at)
         task = asyncio.ensure_future(self._tick(runner))
         self._active[lease.run_id] = (runner, task)
 
     async def _tick(self, runner: TickRunner) -> None:
         try:
+            while True:
+                failure = await self._tick_once(runner)
+                if failure is None or self._stopping.is_set():
+                    return
+                granted_at = await self._reassert(runner.lease, failure)
+                if granted_at is None:
+                    return
+                log.info(
+                    "worker %s: database back; run %s continues under its lease (epoch %d)",
+                    self.worker_id,
+                    runner.run_id,
+                    runner.lease.epoch,
+                )
+                task = asyncio.current_task()
+                assert task is not None
+                runner = TickRunner(self.deps, runner.lease, granted_at=granted_at)
+                self._active[runner.run_id] = (runner, task)
+        finally:
+            entry = self._active.get(runner.run_id)
+            if entry is not None and entry[0] is runner:
+                del self._active[runner.run_id]
+            self._capacity.set()
+
+    async def _tick_once(self, runner: TickRunner) -> str | None:
+        """Run one tick; the message of the database failure that ended it, if one did
+        (not a corrupt row: that waits for a repair, not for the database)."""
+        try:
             result = await runner.run()
-            self.results[runner.run_id] = result
-            self.results.move_to_end(runner.run_id)
-            while len(self.results) > RESULTS_KEPT:
-                self.results.popitem(last=False)
-            self.metrics.ticks[result.status] += 1
-            self.metrics.invalidations += result.invalidations
-            self.metrics.steps_replayed += result.replayed
-            self.metrics.steps_executed += result.executed
-            if result.status == "backed_off":
-                self.metrics.backoffs += 1
+        except StorageError as exc:
+            self.metrics.ticks["error"] += 1
+            log.exception("worker %s: tick of run %s failed", self.worker_id, runner.run_id)
+            return None if isinstance(exc, CorruptRow) else exc.message
         except Exception:
             self.metrics.ticks["error"] += 1
             log.exception("worker %s: tick of run %s failed", self.worker_id, runner.run_id)
-        finally:
-            self._active.pop(runner.run_id, None)
-            self._capacity.set()
+            return None
+        self.results[runner.run_id] = result
+        self.results.move_to_end(runner.run_id)
+        while len(self.results) > RESULTS_KEPT:
+            self.results.popitem(last=False)
+        self.metrics.ticks[result.status] += 1
+        self.metrics.invalidations += result.invalidations
+        self.metrics.steps_replayed += result.replayed
+        self.metrics.steps_executed += result.executed
+        if result.status == "backed_off":
+            self.metrics.backoffs += 1
+        elif result.status == "lease_lost":
+            log.warning(
+                "worker %s: tick of run %s ended, lease lost: %s",
+                self.worker_id,
+                runner.run_id,
+                (result.error or {}).get("message"),
+            )
+        error = result.error or {}
+        if result.status == "error" and error.get("code") == StorageError.code:
+            return str(error.get("message"))
+        return None
+
+    async def _reassert(self, lease: Lease, failure: str) -> float | None:
+        """After the database failed under a tick, renew its lease (same epoch) as soon as
+        the database answers again, so the run goes on at once instead of idling until
+        the lease runs out. The ``lease_clock()`` reading the renewal was sent at, or None
+        when the lease is gone (another worker has the run) or the worker is stopping."""
+        log.warning(
+            "worker %s: run %s paused by a database failure (%s); re-asserting its lease",
+            self.worker_id,
+            lease.run_id,
+            failure,
+        )
+        delay = 0.05
+        while not self._stopping.is_set():
+            sent = lease_clock()
+            try:
+                held = await self.deps.store.renew_lease(
+                    lease, expires_at=self.deps.clock.now() + self.settings.lease.ttl
+                )
+            except Exception:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                delay = min(delay * 2, REASSERT_MAX_DELAY)
+                continue
+            if held:
+                return sent
+            log.warning(
+                "worker %s: tick of run %s ended, lease lost: the run is another worker's "
+                "after the database failure",
+                self.worker_id,
+                lease.run_id,
+            )
+            return None
+        return None
 
     # -- retention ------------------------------------------------------------------------
 
@@ -231,6 +315,7 @@ class LocalWorkerRuntime:
         store = self.deps.store
         await store.heartbeat_worker(self.worker_id, now=now, draining=False)
         renewing = {run_id: runner for run_id, (runner, _) in self._active.items()}
+        sent = lease_clock()
         held, cancels = await store.renew(
             self.worker_id, list(renewing), expires_at=now + self.settings.lease.ttl
         )
@@ -240,8 +325,13 @@ class LocalWorkerRuntime:
                 entry[0].cancel()
         for run_id, runner in renewing.items():
             entry = self._active.get(run_id)
-            if run_id in held or runner.releasing or entry is None or entry[0] is not runner:
-                continue  # held, or that tick is ending (a new tick of the run is not judged)
+            if entry is None or entry[0] is not runner:
+                continue  # that tick ended (a new tick of the run is not judged)
+            if run_id in held:
+                runner.fence.renewed(sent)  # the run's newest claim here is this runner's
+                continue
+            if runner.releasing:
+                continue  # giving the run back on purpose
             log.warning(
                 "worker %s lost its lease on run %s (it ran out, and the run is another "
                 "worker's now or released); stopping its tick here",

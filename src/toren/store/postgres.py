@@ -224,6 +224,8 @@ RENEW = (
     "RETURNING r.id, r.cancel_requested"
 )
 
+RENEW_ONE = f"UPDATE runs SET lease_expires_at = %s::double precision {_LEASED} RETURNING id"
+
 
 class _Append:
     """One run's step waiting to be committed with others (see ``PostgresStore.append``)."""
@@ -580,6 +582,14 @@ class PostgresStore(SqlStore):
                 ):
                     raise
         return {r[0] for r in rows}, {r[0] for r in rows if r[1]}
+
+    async def renew_lease(self, lease: Lease, *, expires_at: float) -> bool:
+        """One lease, fenced by its epoch, in one statement on the loop (see
+        ``SqlStore.renew_lease``)."""
+        rows = await self._fetch_async(
+            RENEW_ONE, (expires_at, lease.run_id, lease.worker_id, lease.epoch)
+        )
+        return bool(rows)
 
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         """Give the run back in one statement (the common case). A run parking on its

@@ -504,6 +504,22 @@ class SqlStore:
 
         return await self._run(tx)
 
+    async def renew_lease(self, lease: Lease, *, expires_at: float) -> bool:
+        """Extend one lease if it is still this one: same owner, same epoch (a fencing
+        token, so a worker that stalled and whose run was claimed, even by itself again,
+        cannot renew the old claim). One statement; False when the lease is gone."""
+
+        def tx(cur: Any) -> bool:
+            cur = self._x(
+                cur,
+                "UPDATE runs SET lease_expires_at = ? "
+                "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+                (expires_at, lease.run_id, lease.worker_id, lease.epoch),
+            )
+            return int(cur.rowcount) == 1
+
+        return await self._run(tx)
+
     async def expire_leases(self, worker_id: str, *, now: float) -> int:
         """Make every lease held by ``worker_id`` claimable now. A worker restarting under
         a stable id calls this: its previous process is dead, so its runs need not wait
