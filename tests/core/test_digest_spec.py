@@ -68,11 +68,26 @@ def canon(value: Any) -> str:
     raise Refused(f"not a JSON value: {value!r}")
 
 
+def utf16_repaired(s: str) -> str:
+    """The spec's repair of a string that is not valid Unicode: read as UTF-16, a high
+    surrogate followed by a low one is the character they encode, any other surrogate
+    is U+FFFD."""
+    out, i = [], 0
+    while i < len(s):
+        c = ord(s[i])
+        nxt = ord(s[i + 1]) if i + 1 < len(s) else 0
+        if 0xD800 <= c <= 0xDBFF and 0xDC00 <= nxt <= 0xDFFF:
+            out.append(chr(0x10000 + ((c - 0xD800) << 10) + (nxt - 0xDC00)))
+            i += 2
+            continue
+        out.append("\ufffd" if 0xD800 <= c <= 0xDFFF else s[i])
+        i += 1
+    return "".join(out)
+
+
 def canon_string(s: str) -> str:
     out = []
-    for ch in s:
-        if 0xD800 <= ord(ch) <= 0xDFFF:
-            raise Refused("a lone surrogate")
+    for ch in utf16_repaired(s):
         if ch in _ESCAPES:
             out.append(_ESCAPES[ch])
         elif ord(ch) < 0x20:
