@@ -52,6 +52,12 @@ class RunRecord:
     code_version: str | None = None
     lease_recoveries: int = 0
     invalidations: int = 0
+    # Set while the run's ticks fail on an infrastructure error (toren.core.blocked):
+    # the error, the failed ticks in a row, when the first of them failed. Cleared by
+    # the next tick that makes progress.
+    blocked_error: dict[str, Any] | None = None
+    blocked_attempts: int = 0
+    blocked_since: float | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -91,6 +97,23 @@ class RunRecord:
             "code_version": self.code_version,
             "lease_recoveries": self.lease_recoveries,
             "invalidations": self.invalidations,
+            "blocked": self.blocked_dict(),
+            "lease": (
+                {"worker": self.lease_owner, "expires_at": self.lease_expires_at}
+                if self.lease_owner is not None and not self.terminal
+                else None
+            ),
+        }
+
+    def blocked_dict(self) -> dict[str, Any] | None:
+        """The run's blocked state in its public shape, or None when it is not blocked."""
+        if self.blocked_error is None or self.terminal:
+            return None
+        return {
+            "error": self.blocked_error,
+            "attempts": self.blocked_attempts,
+            "since": self.blocked_since,
+            "retry_at": self.not_before,
         }
 
 
@@ -209,6 +232,11 @@ class Store(Protocol):
         self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
     ) -> tuple[set[str], set[str]]: ...
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]: ...
+    async def block(
+        self, lease: Lease, error: dict[str, Any], *, status: str, retry_at: float, now: float
+    ) -> int: ...
+    async def clear_blocked(self, lease: Lease, *, now: float) -> None: ...
+    async def lease_holders(self, *, now: float) -> list[WorkerInfo]: ...
     async def expire_leases(self, worker_id: str, *, now: float) -> int: ...
 
     async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int: ...

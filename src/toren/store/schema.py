@@ -160,6 +160,11 @@ SCHEMA: tuple[Migration, ...] = (
     AddColumn("workers", _c("pid", "int")),
     CreateIndex("runs_created", "runs", ("created_at",)),
     CreateIndex("runs_agent", "runs", ("agent", "created_at")),
+    # A run blocked on an infrastructure error: what failed, how often in a row, since when
+    # (the retry time is not_before). See docs/storage.md.
+    AddColumn("runs", _c("blocked_error", "text")),
+    AddColumn("runs", _c("blocked_attempts", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("blocked_since", "real")),
 )
 
 
