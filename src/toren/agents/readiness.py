@@ -50,13 +50,18 @@ def key_problem(definition: AgentDefinition, name: str, env: Mapping[str, str]) 
     if kind not in KEY_VARIABLES:
         return None
     config = definition.config.providers.get(name) or ProviderConfig()
+    if config.api_key_env:  # named in agent.yaml: read at the first call, required
+        return (
+            None
+            if env.get(config.api_key_env)
+            else missing_key_message(kind, name, config.api_key_env)
+        )
+    if env.get(KEY_VARIABLES[kind]):
+        return None
     base_var = BASE_URL_VARIABLES.get(kind)
     if base_var is not None and (config.base_url or env.get(base_var)):
         return None  # a local server: the OpenAI SDK is given a placeholder key
-    variable = config.api_key_env or KEY_VARIABLES[kind]
-    if env.get(variable):
-        return None
-    return missing_key_message(kind, name, config.api_key_env)
+    return missing_key_message(kind, name)
 
 
 def missing_key_message(kind: str, name: str, api_key_env: str | None = None) -> str:

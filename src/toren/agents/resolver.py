@@ -92,6 +92,11 @@ class _LazyProvider:
             self._provider = self._build()
         return await self._provider.complete(request, on_delta=on_delta)
 
+    async def aclose(self) -> None:
+        closer = getattr(self._provider, "aclose", None)
+        if closer is not None:
+            await closer()
+
 
 # -- the resolver -----------------------------------------------------------------------
 
@@ -248,6 +253,17 @@ class DirectoryResolver:
             servers, self._mcp = list(self._mcp.values()), {}
         for _, handle in servers:
             handle.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and close the HTTP clients of the providers built so far."""
+        self.close()
+        with self._lock:
+            cached, self._providers_cache = list(self._providers_cache.values()), {}
+        for _, providers in cached:
+            for provider in providers.values():
+                closer = getattr(provider, "aclose", None)
+                if closer is not None:
+                    await closer()
 
 
 def _peek_name(file: Path) -> str | None:
