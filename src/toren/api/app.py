@@ -264,6 +264,11 @@ async def start_run(
                 f"idempotency_key ({key!r}) differ; send one of them",
             )
         key = idempotency_key_header
+    check_ready = getattr(state.agents, "check_ready", None)
+    if state.runtime is not None and check_ready is not None:
+        # Runs execute in this process (toren dev): a provider with no key here would
+        # block the run from its first model call; refuse it like a config error.
+        check_ready(body.agent)
     watch = _CreationWatch(state.store)
     run = await core_start_run(
         cast(Store, watch),
@@ -275,6 +280,8 @@ async def start_run(
     )
     if not watch.created:
         response.status_code = 200
+    elif state.live is not None:
+        state.live.publish(run.id, {"type": "created", "agent": run.agent})
     return _run(state, run)
 
 

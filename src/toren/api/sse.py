@@ -15,6 +15,9 @@ Wire format (``text/event-stream``)::
     event: delta                a token delta of a model call in flight (no id)
     data: {"stream": "main", "position": 3, "text": "Hel"}
 
+    event: replayed             a tick replayed this recorded step from the log (no id)
+    data: {"stream": "main", "position": 2, "seq": 7}
+
     : heartbeat                 a comment, at least every ``heartbeat`` seconds
 
     event: end                  the run ended; the last message of the stream
@@ -150,6 +153,9 @@ class RunStream:
                 if item.get("type") == "delta" and self._fresh(item):
                     delta = {k: item.get(k) for k in ("stream", "position", "text")}
                     yield message("delta", delta)
+                elif item.get("type") == "replayed":
+                    replayed = {k: item.get(k) for k in ("stream", "position", "seq")}
+                    yield message("replayed", replayed)
                 elif item.get("type") == "status":
                     check_row = True
             if time.monotonic() - self._last_write >= self.settings.heartbeat:

@@ -505,6 +505,10 @@ class TickState:
         if isinstance(decision, Replay):
             step = decision.step
             self._seen_seq = max(self._seen_seq, (step.done or step.first).seq)
+            if self.deps.live is not None:  # watchers mark the step replayed (free)
+                self._publish(
+                    {"type": "replayed", "stream": stream, "position": pos, "seq": step.first.seq}
+                )
         elif isinstance(decision, Invalidate):
             self._invalidate(
                 stream,

@@ -543,8 +543,8 @@ class SqlStore:
                 cur,
                 "UPDATE runs SET status = ?, "
                 "not_before = CASE WHEN cancel_requested <> 0 THEN ? ELSE ? END, "
-                "lease_owner = NULL, lease_expires_at = NULL, blocked_error = ?, "
-                "blocked_attempts = blocked_attempts + 1, "
+                "lease_owner = NULL, lease_expires_at = NULL, waiting_for = NULL, "
+                "blocked_error = ?, blocked_attempts = blocked_attempts + 1, "
                 "blocked_since = COALESCE(blocked_since, ?), updated_at = ? "
                 "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
                 (
