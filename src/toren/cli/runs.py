@@ -40,6 +40,7 @@ from toren.cli._common import (
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
 from toren.cli.view import RunView, money, short
 from toren.core.runs import MAX_RUNS_PAGE
+from toren.core.takeover import take_over_gone
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
@@ -808,11 +809,26 @@ async def _resume_embedded(
             return await follow(backend, run_id, reach=reach)
         owner, expires = found.get("lease_owner"), found.get("lease_expires_at")
         if owner and expires and float(expires) > time.time():
-            out().print(
-                f"run {escape(run_id)} is held by worker {escape(str(owner))}; waiting for its "
-                f"lease to expire ({float(expires) - time.time():.0f}s) unless that worker "
-                "finishes it first"
+            freed = dict(
+                await take_over_gone(
+                    runtime.store,
+                    me="",
+                    now=time.time(),
+                    heartbeat=runtime.settings.lease.heartbeat,
+                )
             )
+            if owner in freed:
+                out().print(
+                    f"run {escape(run_id)} was held by worker {escape(str(owner))}, which is "
+                    f"gone ({escape(freed[owner])}): taking it over now"
+                )
+            else:
+                until = _clock(expires)
+                out().print(
+                    f"run {escape(run_id)} is held by worker {escape(str(owner))} until "
+                    f"{until}; waiting for its lease to expire "
+                    f"({float(expires) - time.time():.0f}s) unless that worker finishes it first"
+                )
         await backend.start_worker(run_id)
         return await follow(backend, run_id, reach=reach)
     finally:

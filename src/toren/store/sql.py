@@ -704,8 +704,9 @@ class SqlStore:
             rows = self._x(
                 cur,
                 "SELECT id, code_version, started_at, heartbeat_at, draining, hostname, pid "
-                "FROM workers WHERE id IN (SELECT lease_owner FROM runs WHERE lease_owner IS "
-                "NOT NULL AND lease_expires_at >= ?)",
+                "FROM workers WHERE id IN (SELECT lease_owner FROM runs WHERE status IN "
+                "('queued', 'running', 'waiting') AND lease_owner IS NOT NULL "
+                "AND lease_expires_at >= ?)",
                 (now,),
             ).fetchall()
             return [WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
