@@ -25,6 +25,7 @@ from toren.cli.plan import plan
 from toren.cli.project import init
 from toren.cli.runs import run, runs
 from toren.cli.servers import dev, serve, worker
+from toren.deprecations import install_one_line_warnings
 
 
 class TorenGroup(click.Group):
@@ -88,6 +89,7 @@ class TorenGroup(click.Group):
 def cli(ctx: click.Context, debug: bool, color: bool | None) -> None:
     ctx.obj = State(debug=debug, color=color)
     setup_logging("error")
+    install_one_line_warnings()
     if color is not None:
         ctx.color = color
 
