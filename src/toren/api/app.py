@@ -325,9 +325,17 @@ async def list_runs(
             "lowercase hex digits): older runs.",
         ),
     ] = None,
+    search: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            description="Only runs whose input contains this text (case-insensitive, "
+            "matched against the input's JSON text).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     runs = await state.store.list_runs(
-        status=status, agent=agent, process=process, limit=limit, before=cursor
+        status=status, agent=agent, process=process, limit=limit, before=cursor, search=search
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
     return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}

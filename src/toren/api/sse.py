@@ -109,11 +109,15 @@ class RunStream:
         self.closing = closing
         self.problem = problem
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
+        self._snapshot: list[tuple[str, int, str]] = []
         self._last_write = time.monotonic()
 
     async def body(self) -> AsyncIterator[bytes]:
         # Subscribe before the first read: a wake-up between the read and the wait is kept.
         queue = self.live.subscribe(self.run_id) if self.live is not None else None
+        # In the same turn as the subscription: the queue holds what comes after this.
+        partial = getattr(self.live, "partial", None)
+        self._snapshot = partial(self.run_id) if partial is not None else []
         try:
             yield f"retry: {self.settings.retry_ms}\n\n".encode()
             if self.problem is not None:
@@ -148,6 +152,12 @@ class RunStream:
             if finished:
                 yield await self._end()
                 return
+            # A model call already streaming when this reader came: its text so far,
+            # as one delta, before the deltas that follow it.
+            for stream, position, text in self._snapshot:
+                if (stream, position) not in self._recorded:
+                    yield message("delta", {"stream": stream, "position": position, "text": text})
+            self._snapshot = []
             items, check_row = await self._wait(queue)
             for item in items:
                 if item.get("type") == "delta" and self._fresh(item):

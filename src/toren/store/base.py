@@ -209,6 +209,7 @@ class Store(Protocol):
         process: str | None = None,
         limit: int = 50,
         before: str | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]: ...
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None

@@ -233,12 +233,18 @@ class SqlStore:
         process: str | None = None,
         limit: int = 50,
         before: str | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]:
         where, params = [], []
         for column, value in (("status", status), ("agent", agent), ("process", process)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        if search:
+            # The input's stored JSON text contains it, case-insensitively (ASCII).
+            where.append("LOWER(input) LIKE ? ESCAPE '!'")
+            escaped = search.lower().replace("!", "!!").replace("%", "!%").replace("_", "!_")
+            params.append(f"%{escaped}%")
         if before is not None:
             where.append("id < ?")
             params.append(before)
