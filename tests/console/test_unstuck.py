@@ -242,6 +242,10 @@ async def test_day_to_day_console(sqlite_store: Store, chromium: Any) -> None:
         await page.goto(f"{server.url}/runs/{writing.id}")
         live = page.locator(".step.pending .live-delta")
         await expect(live).to_have_text(re.compile(r"^Durable runs survive"))
+        # Who holds the run, and until when.
+        await expect(page.locator("#run-lease")).to_have_text(
+            re.compile(r"^held by worker \S+ until \d\d:\d\d:\d\d$")
+        )
 
         # An agent's load error fits its card (no horizontal overflow, nothing cut).
         await page.set_viewport_size({"width": 900, "height": 800})
