@@ -329,8 +329,9 @@ async def list_runs(
         str | None,
         Query(
             max_length=200,
+            pattern=r"^[^\x00-\x1f\x7f]*$",
             description="Only runs whose input contains this text (case-insensitive, "
-            "matched against the input's JSON text).",
+            "matched against the input's JSON text; no control characters).",
         ),
     ] = None,
 ) -> dict[str, Any]:
