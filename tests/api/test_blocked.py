@@ -19,6 +19,7 @@ import toren
 from toren.agents import DirectoryResolver
 from toren.agents.readiness import missing_key_message
 from toren.api import create_app, running_server
+from toren.client import AsyncTorenClient
 from toren.config import BlockedRetry
 from toren.errors import ProviderUnavailable
 from toren.providers.base import ModelRequest, ModelResponse, Usage
@@ -93,6 +94,9 @@ async def test_a_blocked_run_through_the_api(store: Store) -> None:
         )
         assert blocked["retry_at"] == run["not_before"] and blocked["since"] <= run["updated_at"]
         assert run["lease_recoveries"] == 0  # not a "dead worker"
+        async with AsyncTorenClient(str(http.base_url), TOKEN) as client:
+            seen = await client.get_run(run_id)
+        assert seen.blocked is not None and seen.blocked["attempts"] >= 2
         listed = (await http.get("/v1/runs", params={"search": "FIND"})).json()["runs"]
         assert [r["id"] for r in listed] == [run_id] and listed[0]["blocked"] is not None
         assert (await http.get("/v1/runs", params={"search": "100%"})).json()["runs"] == []

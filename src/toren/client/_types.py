@@ -56,6 +56,10 @@ class Run:
     code_version: str | None = None
     lease_recoveries: int = 0
     invalidations: int = 0
+    # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
+    # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.
+    blocked: dict[str, Any] | None = None
+    lease: dict[str, Any] | None = None
 
     @property
     def terminal(self) -> bool:
