@@ -31,7 +31,7 @@ from toren.cli._common import (
 )
 from toren.core.live import ALL
 from toren.core.worker import LocalWorkerRuntime
-from toren.errors import TorenError
+from toren.errors import MissingProviderKey, TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
 from toren.store.urls import shown_url
 
@@ -212,6 +212,7 @@ async def _dev(root: Path, host: str, port: int, code_version: str | None, conso
             reporter = asyncio.ensure_future(report_runs(runtime))
             for name, version in sorted((versions or {}).items()):
                 printer.print(f"  agent [cyan]{escape(name)}[/] code version {escape(version)}")
+                _warn_not_ready(runtime, name)
             printer.print(f"  API      {server.url}/v1   (OpenAPI: {server.url}/v1/openapi.json)")
             if console:
                 printer.print(f"  console  {server.url}/")
@@ -261,6 +262,19 @@ def run_line(item: dict[str, Any]) -> str | None:
         error = item.get("error") or {}
         return f"[red]■[/] run {run_id} blocked: {escape(str(error.get('message')))}"
     return None
+
+
+def _warn_not_ready(runtime: Runtime, name: str) -> None:
+    """Say at once what would refuse every run of the agent (a model with no key)."""
+    try:
+        runtime.resolver.check_ready(name)
+    except MissingProviderKey as exc:
+        err().print(
+            f"[yellow]warning:[/] {escape(exc.message)}; its runs are refused until it is set",
+            highlight=False,
+        )
+    except TorenError:
+        pass  # a broken agent is reported by the reload
 
 
 def _agent_versions(runtime: Runtime) -> dict[str, str] | None:
