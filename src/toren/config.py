@@ -46,6 +46,22 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True)
+class BlockedRetry:
+    """How a blocked run is retried: a tick that failed on an infrastructure error (no
+    API key, provider SDK missing, the database, an agent this worker cannot load) gives
+    the run back with ``not_before`` = now + ``first`` * 2 ** (attempt - 1), at most
+    ``maximum`` seconds: a backoff, never a hot loop. Sending a message or cancelling
+    wakes the run at once."""
+
+    first: float = 1.0  # seconds before the first retry
+    maximum: float = 300.0  # the cap
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait after the ``attempt``-th failed tick in a row (from 1)."""
+        return min(self.maximum, self.first * 2.0 ** max(0, min(attempt - 1, 60)))
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///.toren/toren.db"
     lease: LeaseSettings = field(default_factory=LeaseSettings)
@@ -62,6 +78,7 @@ class Settings:
     # version (back off instead). Off only to demonstrate the storm it prevents.
     storm_guard: bool = True
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    blocked_retry: BlockedRetry = field(default_factory=BlockedRetry)
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -75,7 +92,7 @@ class Settings:
         floats = {f.name for f in fields(cls) if f.type in ("float", float)}
         for f in fields(cls):
             raw = env.get(f"TOREN_{f.name.upper()}")
-            if raw is None or f.name in ("lease", "storm_guard", "retention"):
+            if raw is None or f.name in ("lease", "storm_guard", "retention", "blocked_retry"):
                 continue
             try:
                 if f.name == "concurrency":

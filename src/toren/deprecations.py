@@ -11,8 +11,10 @@ agent.yaml or the command line, not to a library developer. They must be seen.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from dataclasses import dataclass
+from typing import Any, TextIO
 
 
 class TorenDeprecationWarning(FutureWarning):
@@ -78,3 +80,33 @@ def message(surface_key: str, table: dict[str, tuple[str, str]]) -> str:
         f"{surface_key!r} is deprecated, use {new!r} instead; it will stop being accepted "
         f"in toren-run {removed_in}"
     )
+
+
+def install_one_line_warnings() -> None:
+    """Show Toren's deprecation warnings as one line, ``warning: <file>: <old> is
+    deprecated, use <new> ...``, instead of Python's default form, which names the line
+    of Toren's own source that raised it and quotes that line: noise to the person who
+    wrote the agent.yaml. Other warnings keep Python's form. The CLI installs this."""
+    if getattr(warnings.showwarning, "_toren_one_line", False):
+        return
+    original = warnings.showwarning
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        if isinstance(category, type) and issubclass(category, TorenDeprecationWarning):
+            stream: Any = file if file is not None else sys.stderr
+            try:
+                stream.write(f"warning: {message}\n")
+            except (AttributeError, OSError):
+                pass  # no stderr (a daemon): nowhere to say it
+            return
+        original(message, category, filename, lineno, file, line)
+
+    show._toren_one_line = True  # type: ignore[attr-defined]
+    warnings.showwarning = show

@@ -3,6 +3,7 @@
     TorenError
     ├── UserError                  the caller or agent author must fix something
     │   ├── AgentConfigError       a bad agent.yaml, tools.py or script file
+    │   │   └── MissingProviderKey     a model's provider has no API key (nor base URL)
     │   ├── AgentNotFound          no agent (or process) by that name
     │   ├── InvalidInput           a run input, message or argument of the wrong shape
     │   ├── IdempotencyConflict    an idempotency key reused with different arguments
@@ -50,6 +51,12 @@ class UserError(TorenError):
 
 class AgentConfigError(UserError):
     code = "agent_config_invalid"
+
+
+class MissingProviderKey(AgentConfigError):
+    """Known when the agent loads: a run of it would block on its first model call."""
+
+    code = "provider_key_missing"
 
 
 class AgentNotFound(UserError):

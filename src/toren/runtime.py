@@ -160,7 +160,7 @@ async def open_runtime(
 
 
 async def close_runtime(runtime: Runtime) -> None:
-    runtime.resolver.close()
+    await runtime.resolver.aclose()
     for provider in runtime.providers.values():
         closer = getattr(provider, "aclose", None)
         if closer is not None:

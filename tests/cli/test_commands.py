@@ -611,11 +611,12 @@ def test_a_refused_bind_gets_the_hint_of_its_cause(runner: CliRunner, chain: Pat
     )
 
 
-def test_run_stops_with_the_cause_when_the_model_cannot_be_reached(
+def test_run_refuses_an_agent_whose_model_has_no_key_before_creating_a_run(
     runner: CliRunner, chain: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """No key for the agent's model: the foreground run does not wait in silence for its
-    lease to run out again and again; it says why, keeps the run and says how to go on."""
+    """No key for the agent's model: known when the agent loads, so refused like any
+    configuration error (exit 5), naming the variable and the agent.yaml key; nothing is
+    stored, and no run sits blocked from its first second."""
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     agent = chain.parent / "keyless"
@@ -624,17 +625,14 @@ def test_run_stops_with_the_cause_when_the_model_cannot_be_reached(
     result = invoke(runner, "run", "keyless", "hello")
     assert result.exit_code == 5, result.output
     first, hint = result.stderr.splitlines()[-2:]
-    assert first.startswith("error: no OpenAI API key")
-    run_id = last_run_id(runner, agent)
-    assert "is kept as it is" in hint and f"toren runs resume {run_id}" in hint
-    shown = invoke(runner, "runs", "show", run_id, "--agents", "keyless", "--json")
-    row = json.loads(shown.stdout)
-    assert row["status"] == "running"  # not failed: resumable
-    # Given back as the command ended: a resume need not wait for the lease to run out.
-    assert row["lease_owner"] is None
-    again = invoke(runner, "runs", "resume", run_id, "--agents", "keyless")
-    assert again.exit_code == 5 and "waiting for its lease" not in again.output
-    assert again.stderr.splitlines()[-2].startswith("error: no OpenAI API key")
+    assert first.startswith(
+        "error: no OpenAI API key — set OPENAI_API_KEY or `api_key_env` "
+        "(providers.openai.api_key_env) in agent.yaml"
+    )
+    assert "model 'openai:gpt-4o-mini' of agent 'keyless'" in first
+    assert hint.startswith("hint: set the variable named above") and "nothing was started" in hint
+    listed = invoke(runner, "runs", "list", "--agents", "keyless", "--json")
+    assert json.loads(listed.stdout) == []
 
 
 @pytest.mark.parametrize("debug", [False, True], ids=["line", "traceback"])

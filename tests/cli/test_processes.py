@@ -5,6 +5,7 @@ SIGTERM. What was paid for is counted with the scripted provider's ledger."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -95,7 +96,11 @@ def test_run_killed_with_sigkill_then_resumed(
     chain: Path, tmp_path: Path, procs: list[subprocess.Popen[str]]
 ) -> None:
     paid = tmp_path / "ledger.jsonl"
-    env = sub_env(TOREN_SCRIPTED_LEDGER=str(paid), TOREN_LEASE_TTL="4", TOREN_LEASE_HEARTBEAT="0.3")
+    # A lease far longer than the test may take: the resume cannot wait it out, it must
+    # see that the holder's process on this host is gone and take the run over at once.
+    env = sub_env(
+        TOREN_SCRIPTED_LEDGER=str(paid), TOREN_LEASE_TTL="600", TOREN_LEASE_HEARTBEAT="0.3"
+    )
     run = subprocess.Popen(
         [*toren_exe(), "run", str(chain), "--input", "{}"],
         env=env,
@@ -129,7 +134,12 @@ def test_run_killed_with_sigkill_then_resumed(
         timeout=60,
     )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "waiting for its lease to expire" in resumed.stdout, resumed.stdout[:300]
+    assert "waiting for its lease" not in resumed.stdout, resumed.stdout[:300]
+    assert re.search(
+        r"was held by worker \S+, which is gone \(its process \d+ on this host no longer "
+        r"exists\): taking it over now",
+        resumed.stdout,
+    ), resumed.stdout[:400]
     assert "✔ completed" in resumed.stdout
 
     served = [c["last_user"] for c in ledger(paid)]

@@ -452,11 +452,10 @@ async def test_agent_missing_on_this_worker_defers_the_run(store: Store) -> None
     result = await toren.tick(run.id, make_deps(store, other, ScriptedProvider()))
     assert result.status == "deferred" and "unknown agent 'chain'" in result.error["message"]
     stored = await store.get_run(run.id)
-    assert (
-        stored is not None
-        and stored.status == "queued"
-        and stored.error["code"] == "agent_not_found"
-    )
+    assert stored is not None and stored.status == "queued" and stored.error is None
+    assert stored.blocked_error is not None
+    assert stored.blocked_error["code"] == "agent_not_found" and stored.blocked_attempts == 1
+    assert stored.to_dict()["blocked"]["retry_at"] == stored.not_before
     # Nothing lost: a worker that knows the agent completes it once the deferral passes.
     deps = make_deps(store, reg, ScriptedProvider(), clock=toren.ManualClock(stored.not_before + 1))
     assert (await toren.tick(run.id, deps)).status == "completed"

@@ -78,9 +78,14 @@ async def test_a_corrupt_inbox_payload_leaves_the_run_for_repair(store: Store, a
     types = [e.type for e in await store.load_events(run.id)]
     assert "RunFailed" not in types and "RunCompleted" not in types
 
-    # Repaired, the run takes the message once its lease has run out.
+    # Given back blocked, with the error and the time of its next try.
+    assert row.lease_owner is None and row.blocked_attempts == 1
+    assert row.blocked_error is not None and row.blocked_error["code"] == "corrupt_row"
+    assert row.not_before is not None and row.not_before > 0
+
+    # Repaired, the run takes the message at its next try.
     await _sql(store, "UPDATE inbox SET payload = ? WHERE id = ?", ('{"ok": true}', message_id))
-    later = toren.ManualClock(row.lease_expires_at + 1)  # type: ignore[operator]
+    later = toren.ManualClock(row.not_before + 1)
     resumed = await toren.tick(run.id, _deps(store, reg, clock=later))
     assert resumed.status == "completed" and resumed.output == {"ok": True}
 
@@ -151,6 +156,10 @@ async def test_an_agent_cannot_swallow_a_failed_step_write(store: Store) -> None
     await _sql(
         store, "DROP TRIGGER toren_t_fail" + ("" if store.dialect == "sqlite" else " ON events"), ()
     )
-    later = toren.ManualClock(row.lease_expires_at + 1)  # type: ignore[operator]
+    assert row.blocked_error is not None and row.blocked_error["code"] == "storage_error"
+    assert row.not_before is not None
+    later = toren.ManualClock(row.not_before + 1)
     resumed = await toren.tick(run.id, _deps(store, reg, clock=later))
     assert resumed.status == "completed" and str(resumed.output).endswith("(recorded)")
+    done = await store.get_run(run.id)
+    assert done is not None and done.blocked_error is None and done.to_dict()["blocked"] is None

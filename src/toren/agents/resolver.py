@@ -19,6 +19,7 @@ import yaml
 from toren.agents.config import ProviderConfig, parse_model_ref
 from toren.agents.loader import AGENT_FILE, AgentDefinition, directory_hash, load_agent
 from toren.agents.mcp_tools import McpServer
+from toren.agents.readiness import check_providers, missing_key_message
 from toren.core.program import AgentProgram, ToolDef
 from toren.errors import AgentConfigError, AgentNotFound, ProviderUnavailable
 from toren.providers.base import DeltaCallback, ModelProvider, ModelRequest, ModelResponse
@@ -72,9 +73,8 @@ class _LazyProvider:
             key = os.environ.get(self.config.api_key_env)
             if not key:
                 raise ProviderUnavailable(
-                    f"provider {self.name!r} reads its API key from the environment variable "
-                    f"{self.config.api_key_env!r} (providers.{self.name}.api_key_env), "
-                    "which is not set"
+                    missing_key_message(self.type, self.name, self.config.api_key_env),
+                    provider=self.name,
                 )
             options["api_key"] = key
         if self.config.base_url:
@@ -91,6 +91,11 @@ class _LazyProvider:
         if self._provider is None:
             self._provider = self._build()
         return await self._provider.complete(request, on_delta=on_delta)
+
+    async def aclose(self) -> None:
+        closer = getattr(self._provider, "aclose", None)
+        if closer is not None:
+            await closer()
 
 
 # -- the resolver -----------------------------------------------------------------------
@@ -181,6 +186,14 @@ class DirectoryResolver:
             self._loaded[directory] = definition
             return definition
 
+    def check_ready(self, agent: str) -> None:
+        """Refuse, before a run is created, what would block it from its first model
+        call: a provider of the agent with no API key nor base URL in this process's
+        environment (:mod:`toren.agents.readiness`). Only meaningful where the run will
+        execute with this environment (``toren run``, an API with in-process workers)."""
+        if self.provider_factory is default_provider_factory:
+            check_providers(self.load(agent))
+
     def resolve(self, agent: str, process: str) -> AgentProgram:
         definition = self.load(agent)
         proc = definition.process(process)
@@ -240,6 +253,17 @@ class DirectoryResolver:
             servers, self._mcp = list(self._mcp.values()), {}
         for _, handle in servers:
             handle.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, and close the HTTP clients of the providers built so far."""
+        self.close()
+        with self._lock:
+            cached, self._providers_cache = list(self._providers_cache.values()), {}
+        for _, providers in cached:
+            for provider in providers.values():
+                closer = getattr(provider, "aclose", None)
+                if closer is not None:
+                    await closer()
 
 
 def _peek_name(file: Path) -> str | None:

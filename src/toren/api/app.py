@@ -270,6 +270,11 @@ async def start_run(
                 f"idempotency_key ({key!r}) differ; send one of them",
             )
         key = idempotency_key_header
+    check_ready = getattr(state.agents, "check_ready", None)
+    if state.runtime is not None and check_ready is not None:
+        # Runs execute in this process (toren dev): a provider with no key here would
+        # block the run from its first model call; refuse it like a config error.
+        check_ready(body.agent)
     watch = _CreationWatch(state.store)
     run = await core_start_run(
         cast(Store, watch),
@@ -281,6 +286,8 @@ async def start_run(
     )
     if not watch.created:
         response.status_code = 200
+    elif state.live is not None:
+        state.live.publish(run.id, {"type": "created", "agent": run.agent})
     return _run(state, run)
 
 
@@ -324,9 +331,18 @@ async def list_runs(
             "lowercase hex digits): older runs.",
         ),
     ] = None,
+    search: Annotated[
+        str | None,
+        Query(
+            max_length=200,
+            pattern=r"^[^\x00-\x1f\x7f]*$",
+            description="Only runs whose input contains this text (case-insensitive, "
+            "matched against the input's JSON text; no control characters).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     runs = await state.store.list_runs(
-        status=status, agent=agent, process=process, limit=limit, before=cursor
+        status=status, agent=agent, process=process, limit=limit, before=cursor, search=search
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
     return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}

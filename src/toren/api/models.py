@@ -150,6 +150,30 @@ class Run(BaseModel):
         default=None, description="The run and step this run was forked from, if forked."
     )
 
+    blocked: Blocked | None = Field(
+        default=None,
+        description="Set while the run's ticks fail on an infrastructure error (no API key, "
+        "provider unreachable, database error, agent not deployed): what failed and when "
+        "it is tried again. Null otherwise.",
+    )
+    lease: LeaseInfo | None = Field(
+        default=None,
+        description="The worker holding the run and until when its lease runs (a run "
+        "held by a worker that is gone waits for this time). Null when no worker holds it.",
+    )
+
+
+class Blocked(BaseModel):
+    error: dict[str, Any] = Field(description="`{type, code, message}` of the last failure.")
+    attempts: int = Field(description="Failed ticks in a row.")
+    since: float | None = Field(default=None, description="When the first of them failed.")
+    retry_at: float | None = Field(default=None, description="When it is tried again.")
+
+
+class LeaseInfo(BaseModel):
+    worker: str
+    expires_at: float | None = None
+
 
 class RetryRunRequest(BaseModel):
     """Both limits are optional: a retry may raise them for this run, never lower them

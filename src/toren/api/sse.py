@@ -15,6 +15,9 @@ Wire format (``text/event-stream``)::
     event: delta                a token delta of a model call in flight (no id)
     data: {"stream": "main", "position": 3, "text": "Hel"}
 
+    event: replayed             a tick replayed this recorded step from the log (no id)
+    data: {"stream": "main", "position": 2, "seq": 7}
+
     : heartbeat                 a comment, at least every ``heartbeat`` seconds
 
     event: end                  the run ended; the last message of the stream
@@ -106,11 +109,15 @@ class RunStream:
         self.closing = closing
         self.problem = problem
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
+        self._snapshot: list[tuple[str, int, str]] = []
         self._last_write = time.monotonic()
 
     async def body(self) -> AsyncIterator[bytes]:
         # Subscribe before the first read: a wake-up between the read and the wait is kept.
         queue = self.live.subscribe(self.run_id) if self.live is not None else None
+        # In the same turn as the subscription: the queue holds what comes after this.
+        partial = getattr(self.live, "partial", None)
+        self._snapshot = partial(self.run_id) if partial is not None else []
         try:
             yield f"retry: {self.settings.retry_ms}\n\n".encode()
             if self.problem is not None:
@@ -145,11 +152,20 @@ class RunStream:
             if finished:
                 yield await self._end()
                 return
+            # A model call already streaming when this reader came: its text so far,
+            # as one delta, before the deltas that follow it.
+            for stream, position, text in self._snapshot:
+                if (stream, position) not in self._recorded:
+                    yield message("delta", {"stream": stream, "position": position, "text": text})
+            self._snapshot = []
             items, check_row = await self._wait(queue)
             for item in items:
                 if item.get("type") == "delta" and self._fresh(item):
                     delta = {k: item.get(k) for k in ("stream", "position", "text")}
                     yield message("delta", delta)
+                elif item.get("type") == "replayed":
+                    replayed = {k: item.get(k) for k in ("stream", "position", "seq")}
+                    yield message("replayed", replayed)
                 elif item.get("type") == "status":
                     check_row = True
             if time.monotonic() - self._last_write >= self.settings.heartbeat:

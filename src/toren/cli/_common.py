@@ -24,6 +24,7 @@ from toren.errors import (
     CorruptRow,
     IdempotencyConflict,
     InvalidInput,
+    MissingProviderKey,
     ProviderUnavailable,
     RunNotFound,
     StorageError,
@@ -49,6 +50,9 @@ EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: the run goes on elsewhere or on resu
 STATUS_EXIT = {"completed": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 
 
+PIPE_WIDTH = 10_000  # columns of output that is not a terminal: lines are never cut
+
+
 class State:
     """Global flags, stored on the click context."""
 
@@ -65,8 +69,12 @@ class State:
             force_terminal=True if self.color else None,
             highlight=False,
         )
-        # A person's terminal gets word-wrapped lines; a pipe or a log gets whole lines.
+        # A person's terminal gets word-wrapped lines; a pipe or a log gets whole lines,
+        # and whole tables: rich would squeeze them into 80 columns ("ag… st… $0.…").
+        # COLUMNS, when set, still decides.
         console.soft_wrap = not console.is_terminal
+        if not console.is_terminal and not os.environ.get("COLUMNS"):
+            console.width = PIPE_WIDTH
         return console
 
 
@@ -101,6 +109,11 @@ def hint_for(exc: BaseException) -> str:
         return _server_hint(str(getattr(exc, "code", "")), command, reach)
     if getattr(exc, "code", "") == "run_finished":
         return _RUN_FINISHED
+    if isinstance(exc, MissingProviderKey):
+        return (
+            "set the variable named above where the run executes (this shell for 'toren "
+            "run', the worker's environment otherwise); nothing was started"
+        )
     if isinstance(exc, AgentConfigError):
         return "fix the file named above, then run the command again"
     if isinstance(exc, AgentNotFound):

@@ -204,10 +204,10 @@ class EmbeddedBackend:
             await self._give_back(worker.worker_id)
 
     async def _give_back(self, worker_id: str) -> None:
-        """A tick that failed outside the agent (no API key, say) leaves its lease to run
-        out, so that a worker does not retry it in a tight loop. This process's worker is
-        gone now: give the run back, so 'toren runs resume' takes it at once. Best effort:
-        the database may be the very thing that failed, and then the lease runs out."""
+        """A tick that failed outside the agent gives its run back blocked; if even that
+        write failed (the database), the lease is left to run out. This process's worker
+        is gone now: give the run back, so 'toren runs resume' takes it at once. Best
+        effort: the database may still be failing, and then the lease runs out."""
         try:
             run = await self.store.get_run(self._run_id) if self._run_id else None
             if run is not None and not run.terminal and run.lease_owner == worker_id:

@@ -28,6 +28,7 @@ from toren.cli.retention import export_command, import_command, prune_command
 from toren.cli.runs import run, runs
 from toren.cli.servers import dev, serve, worker
 from toren.cli.verify import verify
+from toren.deprecations import install_one_line_warnings
 
 
 class TorenGroup(click.Group):
@@ -91,6 +92,7 @@ class TorenGroup(click.Group):
 def cli(ctx: click.Context, debug: bool, color: bool | None) -> None:
     ctx.obj = State(debug=debug, color=color)
     setup_logging("error")
+    install_one_line_warnings()
     if color is not None:
         ctx.color = color
 

@@ -40,6 +40,7 @@ from toren.cli._common import (
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
 from toren.cli.view import RunView, money, short
 from toren.core.runs import MAX_RUNS_PAGE
+from toren.core.takeover import take_over_gone
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
@@ -194,8 +195,11 @@ async def follow(
             installed.append(sig)
     final: dict[str, Any] | None = None
     stalled: dict[str, Any] | None = None
+    # The steps already in the log are replayed from it (free) when the run goes on here.
+    recorded = await backend.events(run_id)
+    upto = max((int(e.get("seq") or 0) for e in recorded), default=0)
     try:
-        with RunView(console) as view:
+        with RunView(console, replayed_upto=upto) as view:
             items = backend.follow(run_id).__aiter__()
             while True:
                 nxt = asyncio.ensure_future(items.__anext__())
@@ -245,9 +249,15 @@ def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
     how = f"toren runs resume {run_id}{reach}"
     console = err()
     console.print(f"[bold red]error:[/] {escape(str(error.get('message')))}", highlight=False)
+    retry = ""
+    if error.get("attempts"):
+        retry = (
+            f" (blocked, attempt {error['attempts']}; a 'toren worker' or 'toren dev' tries "
+            f"again at {_clock(error.get('retry_at'))})"
+        )
     console.print(
-        f"[dim]hint:[/] run {escape(run_id)} is kept as it is; fix the problem named above, "
-        f"then continue it with [bold]{escape(how)}[/]",
+        f"[dim]hint:[/] run {escape(run_id)} is kept as it is{escape(retry)}; fix the problem "
+        f"named above, then continue it with [bold]{escape(how)}[/]",
         highlight=False,
     )
     return EXIT_ERROR
@@ -387,6 +397,9 @@ async def _run_embedded(
     backend = EmbeddedBackend(runtime)
     try:
         agent = name or runtime.resolver.names()[0]
+        # The run executes here, with this environment: a provider it could never reach
+        # (no key) is refused now, before a run is created, not found blocked later.
+        runtime.resolver.check_ready(agent)
         run = await backend.start_run(agent, value, process=process, idempotency_key=key)
         run_id = str(run["id"])
         if detach:
@@ -431,6 +444,40 @@ def _print_detached(run: dict[str, Any], reach: str, *, remote: bool) -> None:
 )
 def runs() -> None:
     pass
+
+
+def stuck_rows(run: dict[str, Any]) -> list[tuple[str, str]]:
+    """Why an unfinished run does not move: blocked on an infrastructure error (with the
+    attempts and the next try), or held by a worker's lease (until when)."""
+    rows = []
+    blocked = run.get("blocked")
+    if blocked:
+        error = blocked.get("error") or {}
+        rows.append(("blocked", f"[bold red]blocked:[/] {escape(str(error.get('message')))}"))
+        rows.append(
+            (
+                "attempts",
+                f"{blocked.get('attempts')} since {_when(blocked.get('since'))}; next try "
+                f"{_clock(blocked.get('retry_at'))}",
+            )
+        )
+    lease = run.get("lease")
+    if lease and run.get("status") not in ("completed", "failed", "cancelled"):
+        rows.append(
+            (
+                "held by",
+                f"worker {escape(str(lease.get('worker')))} until "
+                f"{_clock(lease.get('expires_at'))}",
+            )
+        )
+    return rows
+
+
+def _clock(ts: Any) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
+    except (TypeError, ValueError, OSError):
+        return "-"
 
 
 def _when(ts: Any) -> str:
@@ -517,10 +564,14 @@ def list_runs(
         if r.get("process", "main") != "main":
             agent_name += f"/{r.get('process')}"
         style = _STATUS_STYLE.get(str(r.get("status")), "")
+        status = f"[{style}]{r.get('status')}[/]" if style else str(r.get("status"))
+        blocked = r.get("blocked")
+        if blocked:
+            status += f" [bold red]blocked ×{blocked.get('attempts')}[/]"
         table.add_row(
             str(r.get("id")),
             agent_name,
-            f"[{style}]{r.get('status')}[/]" if style else str(r.get("status")),
+            status,
             str(usage.get("steps", "")),
             money(usage.get("cost_usd", "0")),
             _when(r.get("created_at")),
@@ -575,6 +626,7 @@ def show(
         rows.append(("retries", str(found["retries"])))
     if found.get("waiting_for"):
         rows.append(("waiting for", escape(", ".join(found["waiting_for"]))))
+    rows += stuck_rows(found)
     rows += [
         ("steps", str(usage.get("steps", 0))),
         ("tokens", f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"),
@@ -773,11 +825,26 @@ async def _resume_embedded(
             return await follow(backend, run_id, reach=reach)
         owner, expires = found.get("lease_owner"), found.get("lease_expires_at")
         if owner and expires and float(expires) > time.time():
-            out().print(
-                f"run {escape(run_id)} is held by worker {escape(str(owner))}; waiting for its "
-                f"lease to expire ({float(expires) - time.time():.0f}s) unless that worker "
-                "finishes it first"
+            freed = dict(
+                await take_over_gone(
+                    runtime.store,
+                    me="",
+                    now=time.time(),
+                    heartbeat=runtime.settings.lease.heartbeat,
+                )
             )
+            if owner in freed:
+                out().print(
+                    f"run {escape(run_id)} was held by worker {escape(str(owner))}, which is "
+                    f"gone ({escape(freed[owner])}): taking it over now"
+                )
+            else:
+                until = _clock(expires)
+                out().print(
+                    f"run {escape(run_id)} is held by worker {escape(str(owner))} until "
+                    f"{until}; waiting for its lease to expire "
+                    f"({float(expires) - time.time():.0f}s) unless that worker finishes it first"
+                )
         await backend.start_worker(run_id)
         return await follow(backend, run_id, reach=reach)
     finally:

@@ -30,9 +30,10 @@ from toren.cli._common import (
     settings_from,
     setup_logging,
 )
+from toren.core.live import ALL
 from toren.core.worker import LocalWorkerRuntime
 from toren.durations import parse_duration
-from toren.errors import InvalidInput, TorenError
+from toren.errors import InvalidInput, MissingProviderKey, TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
 from toren.store.urls import shown_url
 
@@ -154,7 +155,8 @@ class WorkerSwitch:
     + examples(
         "toren dev",
         "toren dev examples/support-agent --port 8080",
-        'curl -s localhost:8000/v1/runs -d \'{"agent": "hello", "input": "Hi"}\'',
+        "curl -s localhost:8000/v1/runs -H 'content-type: application/json' "
+        '-d \'{"agent": "hello", "input": "Hi"}\'',
     )
 )
 @click.argument("directory", default=".", type=click.Path(exists=True, path_type=Path))
@@ -193,6 +195,7 @@ async def _dev(root: Path, host: str, port: int, code_version: str | None, conso
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)
     switch = WorkerSwitch()
+    reporter: asyncio.Task[None] | None = None
     try:
         versions = _agent_versions(runtime)
         if versions is not None:
@@ -200,8 +203,17 @@ async def _dev(root: Path, host: str, port: int, code_version: str | None, conso
         app = _create_app(runtime, (), switch, console)
         async with running_server(app, host, port, log_level="warning") as server:
             printer.print(f"[bold]toren dev[/] · agents in {escape(str(root))}")
+            if versions == {}:
+                err().print(
+                    f"[yellow]warning:[/] no agent in {escape(str(root))}: no agent.yaml here "
+                    "nor in its subdirectories. Create one with [bold]toren init[/] (or save "
+                    "an agent.yaml: toren dev picks it up)",
+                    highlight=False,
+                )
+            reporter = asyncio.ensure_future(report_runs(runtime))
             for name, version in sorted((versions or {}).items()):
                 printer.print(f"  agent [cyan]{escape(name)}[/] code version {escape(version)}")
+                _warn_not_ready(runtime, name)
             printer.print(f"  API      {server.url}/v1   (OpenAPI: {server.url}/v1/openapi.json)")
             if console:
                 printer.print(f"  console  {server.url}/")
@@ -211,10 +223,59 @@ async def _dev(root: Path, host: str, port: int, code_version: str | None, conso
             printer.print("stopping: draining the worker…")
     finally:
         remove_handlers()
+        if reporter is not None:
+            reporter.cancel()
+            with contextlib.suppress(BaseException):
+                await reporter
         if switch.current is not None:
             await switch.current.stop()
         await close_runtime(runtime)
     printer.print("stopped")
+
+
+async def report_runs(runtime: Runtime) -> None:
+    """One line per run started (through the API) and per run that ended, parked or got
+    blocked, from the live feed of this process's API and worker."""
+    printer = out()
+    queue = runtime.live.subscribe()
+    try:
+        while True:
+            item = await queue.get()
+            line = run_line(item)
+            if line is not None:
+                printer.print(line, highlight=False)
+    finally:
+        runtime.live.unsubscribe(ALL, queue)
+
+
+_ENDED = {"completed": "green", "failed": "red", "cancelled": "yellow", "waiting": "cyan"}
+
+
+def run_line(item: dict[str, Any]) -> str | None:
+    run_id = escape(str(item.get("run_id")))
+    kind = item.get("type")
+    if kind == "created":
+        return f"[bold]▶[/] run {run_id} started (agent {escape(str(item.get('agent')))})"
+    if kind == "status" and item.get("status") in _ENDED:
+        status = str(item["status"])
+        return f"[{_ENDED[status]}]■[/] run {run_id} {status}"
+    if kind == "stalled":
+        error = item.get("error") or {}
+        return f"[red]■[/] run {run_id} blocked: {escape(str(error.get('message')))}"
+    return None
+
+
+def _warn_not_ready(runtime: Runtime, name: str) -> None:
+    """Say at once what would refuse every run of the agent (a model with no key)."""
+    try:
+        runtime.resolver.check_ready(name)
+    except MissingProviderKey as exc:
+        err().print(
+            f"[yellow]warning:[/] {escape(exc.message)}; its runs are refused until it is set",
+            highlight=False,
+        )
+    except TorenError:
+        pass  # a broken agent is reported by the reload
 
 
 def _agent_versions(runtime: Runtime) -> dict[str, str] | None:

@@ -7,6 +7,7 @@ elsewhere (a pipe, a CI log) it prints one line per step and nothing transient.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import re
 import time
@@ -46,8 +47,14 @@ def _step(event: Mapping[str, Any]) -> str:
 class RunView:
     """Renders the items of :meth:`toren.cli.backend.Backend.follow`."""
 
-    def __init__(self, console: Console, *, show_input: bool = True) -> None:
+    def __init__(
+        self, console: Console, *, show_input: bool = True, replayed_upto: int = 0
+    ) -> None:
         self.console = console
+        # Events up to this seq were in the log before this view began: their steps are
+        # replayed from it, not run (and not paid) again.
+        self.replayed_upto = replayed_upto
+        self.replayed = 0
         self.tty = console.is_terminal
         self.show_input = show_input
         self.streaming: dict[str, str] = {}  # "stream/pos" -> text so far
@@ -127,7 +134,7 @@ class RunView:
             f"{p.get('input_tokens', 0)} in / {p.get('output_tokens', 0)} out tok  "
             f"{money(p.get('cost_usd', '0'))}  [dim]{float(p.get('latency_ms') or 0):.0f} ms[/]"
         )
-        self.print(head)
+        self.print(head + self._replayed(event))
         if p.get("error"):
             err = p["error"]
             self.print(f"  [red]✗ {escape(str(err.get('message', err)))}[/]")
@@ -145,13 +152,20 @@ class RunView:
             args = short(call.get("arguments") or {}, 120)
             self.print(f"  [dim]→ asks for[/] {name}({escape(args)})")
 
+    def _replayed(self, event: Mapping[str, Any]) -> str:
+        """The mark of a step recorded before this view began (replayed, free)."""
+        if event.get("position") is None or int(event.get("seq") or 0) > self.replayed_upto:
+            return ""
+        self.replayed += 1
+        return "  [dim cyan]↺ replayed[/]"
+
     def _on_ToolCallRecorded(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
         name = escape(str(p.get("name")))
         args = escape(short(p.get("args") or {}, 100))
         reused = "  [yellow](reused, not re-executed)[/]" if p.get("reused_from_seq") else ""
         self.print(
             f"[bold blue]⚙ tool[/] {name}({args}) [dim]{escape(_step(event))}[/]  "
-            f"[dim]{float(p.get('latency_ms') or 0):.0f} ms[/]{reused}"
+            f"[dim]{float(p.get('latency_ms') or 0):.0f} ms[/]{reused}{self._replayed(event)}"
         )
         if p.get("error"):
             self.print(f"  [red]✗ {escape(str((p['error'] or {}).get('message')))}[/]")
@@ -240,6 +254,8 @@ class RunView:
             f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens",
             f"{money(usage.get('cost_usd', '0'))} (estimated)",
         ]
+        if self.replayed:
+            parts.append(f"{self.replayed} replayed from the log")
         saved = usage.get("saved_by_replay_usd")
         if saved and Decimal(str(saved)) > 0:
             parts.append(f"{money(saved)} saved by replay")
@@ -273,11 +289,21 @@ def _status_line(run: Mapping[str, Any], activity: str = "working") -> str:
             return f"sleeping ({max(0.0, float(nb) - time.time()):.0f}s left)"
         return f"waiting for message {', '.join(map(repr, run.get('waiting_for') or []))}"
     if status in ("running", "queued"):
+        blocked = run.get("blocked")
+        if blocked:
+            message = (blocked.get("error") or {}).get("message")
+            return (
+                f"blocked: {message} (attempt {blocked.get('attempts')}, next try "
+                f"{_clock(blocked.get('retry_at'))})"
+            )
         owner = run.get("lease_owner")
         expires = run.get("lease_expires_at")
         if owner and expires and float(expires) > time.time() and run.get("_foreign_lease"):
             left = float(expires) - time.time()
-            return f"held by worker {owner}: waiting for its lease ({left:.0f}s)"
+            return (
+                f"held by worker {owner} until {_clock(expires)}: waiting for its lease "
+                f"({left:.0f}s)"
+            )
         return activity
     return str(status)
 
@@ -292,3 +318,10 @@ def _raised_at(traceback: str) -> str:
         return ""
     path, line, fn = found[-1].groups()
     return f"{path}:{line} in {fn}"
+
+
+def _clock(ts: Any) -> str:
+    try:
+        return _dt.datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
+    except (TypeError, ValueError, OSError):
+        return "-"

@@ -58,6 +58,10 @@ class Run:
     invalidations: int = 0
     retries: int = 0
     forked_from: dict[str, Any] | None = None  # {"run_id": ..., "at": "main:5"}
+    # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
+    # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.
+    blocked: dict[str, Any] | None = None
+    lease: dict[str, Any] | None = None
 
     @property
     def terminal(self) -> bool:

@@ -15,8 +15,33 @@ class LiveHub:
     def __init__(self, maxsize: int = 10_000) -> None:
         self._subs: dict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(set)
         self._maxsize = maxsize
+        # The text streamed so far by each model call in flight, by run and (stream,
+        # position): a reader that subscribes mid-stream starts from the whole partial
+        # answer, not mid-sentence. Dropped when the step is recorded or the tick ends.
+        self._partial: dict[str, dict[tuple[str, int], str]] = {}
+
+    def partial(self, run_id: str) -> list[tuple[str, int, str]]:
+        """(stream, position, text so far) of the run's model calls in flight. Taken in
+        the same turn of the loop as :meth:`subscribe`, it and the queue's deltas join
+        without a gap or an overlap."""
+        return [(s, p, text) for (s, p), text in self._partial.get(run_id, {}).items()]
+
+    def _track(self, run_id: str, item: dict[str, Any]) -> None:
+        kind = item.get("type")
+        if kind == "delta":
+            key = (str(item.get("stream")), int(item.get("position") or 0))
+            texts = self._partial.setdefault(run_id, {})
+            texts[key] = texts.get(key, "") + str(item.get("text") or "")
+        elif kind == "event" and run_id in self._partial:
+            event = item.get("event")
+            position = getattr(event, "position", None)
+            if position is not None:
+                self._partial[run_id].pop((getattr(event, "stream", ""), position), None)
+        elif kind in ("status", "stalled"):
+            self._partial.pop(run_id, None)
 
     def publish(self, run_id: str, item: dict[str, Any]) -> None:
+        self._track(run_id, item)
         for key in (run_id, ALL):
             for queue in list(self._subs.get(key, ())):
                 if queue.full():

@@ -29,11 +29,13 @@ from toren.core.replay import (
     RunLog,
 )
 from toren.errors import (
+    AgentConfigError,
     AgentNotFound,
     InfrastructureError,
     LeaseLost,
     RunNotFound,
     TorenError,
+    UserError,
 )
 from toren.store.base import Lease, Release, RunDelta, RunRecord
 
@@ -85,7 +87,7 @@ class TickRunner(Steps):
         try:
             return await self._run()
         except InfrastructureError as exc:  # reading the run or its log, releasing it
-            self._stalled(exc)
+            await self._block(exc)
             raise
         finally:
             self.end_replay()
@@ -104,7 +106,9 @@ class TickRunner(Steps):
         self.record = run
         try:
             program = self.deps.agents.resolve(run.agent, run.process)
-        except AgentNotFound as exc:
+        except (AgentNotFound, AgentConfigError) as exc:
+            if run.cancel_requested:  # nothing of the agent is needed to cancel its run
+                return await self._finish_cancelled()
             return await self._defer(exc)
         self.code_version = self.deps.code_version or program.code_version
         events = await self.store.load_events(self.run_id)
@@ -227,7 +231,7 @@ class TickRunner(Steps):
         if isinstance(abort, _LeaseGone):
             return self._result("lease_lost", error=error_dict(abort.cause))
         if isinstance(abort, _StoreFailed):
-            return self._infrastructure_error(abort.cause)
+            return await self._infrastructure_error(abort.cause)
         if isinstance(abort, _Cancel):
             return await self._finish_cancelled()
         if isinstance(abort, _Drain):
@@ -246,7 +250,7 @@ class TickRunner(Steps):
             )
             return self._result("completed", output=output)
         if isinstance(exc, InfrastructureError):
-            return self._infrastructure_error(exc)
+            return await self._infrastructure_error(exc)
         err = failure_dict(exc)
         if not isinstance(exc, TorenError):
             log.warning("run %s failed in agent code", self.run_id, exc_info=exc)
@@ -254,17 +258,53 @@ class TickRunner(Steps):
         await self._release(Release("failed", error=err, events=[self._run_event(failed)]))
         return self._result("failed", error=err)
 
-    def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
-        log.error("run %s: infrastructure error, lease left to expire: %s", self.run_id, exc)
-        self._stalled(exc)
-        return self._result("error", error=error_dict(exc))
+    async def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
+        blocked = await self._block(exc)
+        return self._result("error", error=error_dict(exc), not_before=blocked)
 
-    def _stalled(self, exc: InfrastructureError) -> None:
-        """No event records an infrastructure failure (the run is not over: a later tick
-        retries it), so whoever watches the run live (``toren run``) learns it here or not
-        at all. A lost lease is no stall: the run goes on under another worker."""
-        if not isinstance(exc, LeaseLost):
-            self._publish({"type": "stalled", "error": error_dict(exc)})
+    async def _block(
+        self, exc: InfrastructureError | UserError, status: str = "running"
+    ) -> float | None:
+        """The tick failed for a reason outside the agent's code (no API key, a provider
+        SDK missing, the database, an agent this worker cannot load): the run is not
+        over. Give it back marked blocked, with the error, the failed ticks in a row and
+        the time of the next try (exponential backoff, capped: ``Settings.blocked_retry``),
+        so every surface can say why it does not move. If even that write fails (the
+        database is down), the lease is left to expire. Whoever watches the run live
+        (``toren run``) learns it from the ``stalled`` item. Returns the retry time."""
+        if isinstance(exc, LeaseLost):
+            return None  # no stall: the run goes on under another worker
+        error = error_dict(exc)
+        retry_at = None
+        if not self.releasing:
+            self.releasing = True
+            attempts = (self.record.blocked_attempts if self.record is not None else 0) + 1
+            now = self.clock.now()
+            retry_at = now + self.deps.settings.blocked_retry.delay(attempts)
+            try:
+                attempts = await self.store.block(
+                    self.lease, error, status=status, retry_at=retry_at, now=now
+                )
+            except Exception as failed:
+                retry_at = None
+                log.error(
+                    "run %s: blocked (%s) and could not record it (%s); its lease is left "
+                    "to expire",
+                    self.run_id,
+                    exc,
+                    failed,
+                )
+            else:
+                log.error(
+                    "run %s blocked (attempt %d, retry in %.0fs): %s",
+                    self.run_id,
+                    attempts,
+                    retry_at - now,
+                    exc,
+                )
+                error = {**error, "attempts": attempts, "retry_at": retry_at}
+        self._publish({"type": "stalled", "error": error})
+        return retry_at
 
     def _result(self, status: str, **kw: Any) -> TickResult:
         return TickResult(
@@ -320,17 +360,13 @@ class TickRunner(Steps):
         )
         return await self._release_running("backed_off", not_before)
 
-    async def _defer(self, exc: AgentNotFound) -> TickResult:
-        """This worker does not know the run's agent (a rolling deploy may add it): give
-        the run back for later instead of failing it. Nothing is lost."""
-        not_before = self.clock.now() + self.deps.settings.drain_window
-        log.error("run %s deferred: %s", self.run_id, exc.message)
-        self.releasing = True
-        await self.store.release(
-            self.lease,
-            Release("queued", not_before=not_before, error=error_dict(exc)),
-            now=self.clock.now(),
-        )
+    async def _defer(self, exc: AgentNotFound | AgentConfigError) -> TickResult:
+        """This worker cannot load the run's agent (not deployed here, or its files are
+        broken; a deploy may fix either): give the run back blocked, retried with
+        backoff, instead of failing it. Nothing is lost; a cancel ends it at once."""
+        # A run no worker could start stays queued (it never ran).
+        status = "queued" if self.lease.previous_status == "queued" else "running"
+        not_before = await self._block(exc, status)
         return self._result("deferred", error=error_dict(exc), not_before=not_before)
 
     async def _finish_cancelled(self) -> TickResult:

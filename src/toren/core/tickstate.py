@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -455,6 +455,10 @@ class TickState:
                     consume_inbox=consume,
                     now=self.clock.now(),
                 )
+                if self.record is not None and self.record.blocked_error is not None:
+                    # The first step written since the run was blocked: it moves again.
+                    self.record = replace(self.record, blocked_error=None)
+                    await self.store.clear_blocked(self.lease, now=self.clock.now())
         except (LeaseLost, StorageError) as exc:
             raise self._halt(exc) from None
         for event in stored:
@@ -523,6 +527,10 @@ class TickState:
         if isinstance(decision, Replay):
             step = decision.step
             self._seen_seq = max(self._seen_seq, (step.done or step.first).seq)
+            if self.deps.live is not None:  # watchers mark the step replayed (free)
+                self._publish(
+                    {"type": "replayed", "stream": stream, "position": pos, "seq": step.first.seq}
+                )
         elif isinstance(decision, Invalidate):
             self._invalidate(
                 stream,

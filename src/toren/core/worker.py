@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toren.core.fencing import lease_clock
+from toren.core.takeover import take_over_gone
 from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
 from toren.errors import CorruptRow, StorageError
 from toren.store.base import Lease, WorkerInfo
@@ -98,6 +99,7 @@ class LocalWorkerRuntime:
             taken = await self.deps.store.expire_leases(self.worker_id, now=now)
             if taken:
                 log.info("worker %s takes back %d runs of its last life", self.worker_id, taken)
+        await self._take_over_gone()
         log.info("worker %s started (code version %s)", self.worker_id, self.code_version)
         self._loops = [
             asyncio.ensure_future(self._claim_loop()),
@@ -310,10 +312,23 @@ class LocalWorkerRuntime:
             except Exception:
                 log.exception("worker %s: heartbeat failed", self.worker_id)
 
+    async def _take_over_gone(self) -> None:
+        """Free the runs of workers known to be gone (toren.core.takeover)."""
+        try:
+            await take_over_gone(
+                self.deps.store,
+                me=self.worker_id,
+                now=self.deps.clock.now(),
+                heartbeat=self.settings.lease.heartbeat,
+            )
+        except Exception:
+            log.exception("worker %s: looking for gone workers failed", self.worker_id)
+
     async def heartbeat(self) -> None:
         now = self.deps.clock.now()
         store = self.deps.store
         await store.heartbeat_worker(self.worker_id, now=now, draining=False)
+        await self._take_over_gone()
         renewing = {run_id: runner for run_id, (runner, _) in self._active.items()}
         sent = lease_clock()
         held, cancels = await store.renew(

@@ -306,7 +306,11 @@ def _as_message(value: object) -> WireMessage:
 def _client(api_key: str | None, base_url: str | None, timeout: float) -> anthropic.AsyncAnthropic:
     key = api_key or os.environ.get("ANTHROPIC_API_KEY")
     if not key:
-        raise ProviderUnavailable("no Anthropic API key: pass api_key=... or set ANTHROPIC_API_KEY")
+        raise ProviderUnavailable(
+            "no Anthropic API key — set ANTHROPIC_API_KEY or `api_key_env` "
+            "(providers.anthropic.api_key_env) in agent.yaml",
+            provider="anthropic",
+        )
     url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
     # max_retries=0: Toren's retry loop is the only one, so the policy means what it says.
     return anthropic.AsyncAnthropic(api_key=key, base_url=url, timeout=timeout, max_retries=0)

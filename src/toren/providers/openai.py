@@ -197,8 +197,10 @@ def _client(api_key: str | None, base_url: str | None, timeout: float) -> openai
     url = base_url or os.environ.get("OPENAI_BASE_URL") or None
     if not key and not url:
         raise ProviderUnavailable(
-            "no OpenAI API key: pass api_key=... or set OPENAI_API_KEY "
-            "(for a local OpenAI-compatible server, set base_url / OPENAI_BASE_URL instead)"
+            "no OpenAI API key — set OPENAI_API_KEY or `api_key_env` "
+            "(providers.openai.api_key_env) in agent.yaml (a local OpenAI-compatible "
+            "server needs providers.openai.base_url or OPENAI_BASE_URL instead)",
+            provider="openai",
         )
     # max_retries=0: Toren's retry loop is the only one, so the policy means what it says.
     return openai.AsyncOpenAI(

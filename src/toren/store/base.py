@@ -55,6 +55,12 @@ class RunRecord:
     retries: int = 0  # how many times the run was retried (RunRetried)
     forked_from: str | None = None  # the run this one was forked from (RunForked)
     forked_at: str | None = None  # ... at this point of it, "STREAM:POSITION"
+    # Set while the run's ticks fail on an infrastructure error (toren.core.blocked):
+    # the error, the failed ticks in a row, when the first of them failed. Cleared by
+    # the next tick that makes progress.
+    blocked_error: dict[str, Any] | None = None
+    blocked_attempts: int = 0
+    blocked_since: float | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -100,6 +106,23 @@ class RunRecord:
                 if self.forked_from is None
                 else {"run_id": self.forked_from, "at": self.forked_at}
             ),
+            "blocked": self.blocked_dict(),
+            "lease": (
+                {"worker": self.lease_owner, "expires_at": self.lease_expires_at}
+                if self.lease_owner is not None and not self.terminal
+                else None
+            ),
+        }
+
+    def blocked_dict(self) -> dict[str, Any] | None:
+        """The run's blocked state in its public shape, or None when it is not blocked."""
+        if self.blocked_error is None or self.terminal:
+            return None
+        return {
+            "error": self.blocked_error,
+            "attempts": self.blocked_attempts,
+            "since": self.blocked_since,
+            "retry_at": self.not_before,
         }
 
 
@@ -200,6 +223,7 @@ class Store(Protocol):
         process: str | None = None,
         limit: int = 50,
         before: str | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]: ...
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
@@ -224,6 +248,11 @@ class Store(Protocol):
     ) -> tuple[set[str], set[str]]: ...
     async def renew_lease(self, lease: Lease, *, expires_at: float) -> bool: ...
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]: ...
+    async def block(
+        self, lease: Lease, error: dict[str, Any], *, status: str, retry_at: float, now: float
+    ) -> int: ...
+    async def clear_blocked(self, lease: Lease, *, now: float) -> None: ...
+    async def lease_holders(self, *, now: float) -> list[WorkerInfo]: ...
     async def expire_leases(self, worker_id: str, *, now: float) -> int: ...
 
     async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int: ...

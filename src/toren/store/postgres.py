@@ -27,6 +27,7 @@ from toren.store.sql import (
     CLAIMABLE,
     RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
+    UNBLOCK,
     InlineGate,
     SqlStore,
     _lease_lost,
@@ -78,7 +79,7 @@ FENCE_RELEASE = (
     "UPDATE runs SET status = %s, "
     f"{RELEASE_NOT_BEFORE.format(p='%s::double precision')}, waiting_for = %s, "
     "output = %s, error = %s, lease_owner = NULL, lease_expires_at = NULL, "
-    f"{_TOTALS}{_LEASED} RETURNING id"
+    f"{UNBLOCK}, {_TOTALS}{_LEASED} RETURNING id"
 )
 
 

@@ -181,6 +181,11 @@ SCHEMA: tuple[Migration, ...] = (
     CreateIndex("runs_finished", "runs", ("status", "updated_at")),
     # Prune keeps a run while a fork of it exists (one lookup per candidate).
     CreateIndex("runs_forked_from", "runs", ("forked_from",)),
+    # A run blocked on an infrastructure error: what failed, how often in a row, since when
+    # (the retry time is not_before). See docs/storage.md.
+    AddColumn("runs", _c("blocked_error", "text")),
+    AddColumn("runs", _c("blocked_attempts", "int", not_null=True, default="0")),
+    AddColumn("runs", _c("blocked_since", "real")),
 )
 
 

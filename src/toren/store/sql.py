@@ -45,7 +45,8 @@ RUN_COLUMNS = (
     "id, agent, process, status, input, output, error, idempotency_key, created_at, "
     "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
-    "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at"
+    "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
+    "blocked_error, blocked_attempts, blocked_since"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -122,6 +123,9 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         retries=row[24],
         forked_from=row[25],
         forked_at=row[26],
+        blocked_error=read_json(row[27], "runs", "blocked_error", id=run_id),
+        blocked_attempts=row[28],
+        blocked_since=row[29],
     )
 
 
@@ -258,12 +262,18 @@ class SqlStore:
         process: str | None = None,
         limit: int = 50,
         before: str | None = None,
+        search: str | None = None,
     ) -> list[RunRecord]:
         where, params = [], []
         for column, value in (("status", status), ("agent", agent), ("process", process)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
+        if search:
+            # The input's stored JSON text contains it, case-insensitively (ASCII).
+            where.append("LOWER(input) LIKE ? ESCAPE '!'")
+            escaped = search.lower().replace("!", "!!").replace("%", "!%").replace("_", "!_")
+            params.append(f"%{escaped}%")
         if before is not None:
             where.append("id < ?")
             params.append(before)
@@ -546,7 +556,7 @@ class SqlStore:
                 cur,
                 f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
                 "waiting_for = ?, output = ?, error = ?, lease_owner = NULL, "
-                "lease_expires_at = NULL, updated_at = ? WHERE id = ?",
+                f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
                 (*release_values(release, now), now, lease.run_id),
             )
             if release.status == "waiting" and release.waiting_for:
@@ -570,6 +580,60 @@ class SqlStore:
             raise
         await self.notify()
         return stored
+
+    async def block(
+        self, lease: Lease, error: dict[str, Any], *, status: str, retry_at: float, now: float
+    ) -> int:
+        """Give a run back whose tick failed on an infrastructure error: ``status`` kept
+        unfinished, claimable again at ``retry_at`` (at once when a cancel is pending),
+        the error recorded and the failed ticks in a row counted. Returns that count."""
+
+        def tx(cur: Any) -> int:
+            cur = self._x(
+                cur,
+                "UPDATE runs SET status = ?, "
+                "not_before = CASE WHEN cancel_requested <> 0 THEN ? ELSE ? END, "
+                "lease_owner = NULL, lease_expires_at = NULL, waiting_for = NULL, "
+                "blocked_error = ?, blocked_attempts = blocked_attempts + 1, "
+                "blocked_since = COALESCE(blocked_since, ?), updated_at = ? "
+                "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+                (
+                    status,
+                    now,
+                    retry_at,
+                    dumps(error),
+                    now,
+                    now,
+                    lease.run_id,
+                    lease.worker_id,
+                    lease.epoch,
+                ),
+            )
+            if cur.rowcount != 1:
+                raise _lease_lost(lease)
+            row = self._x(
+                cur, "SELECT blocked_attempts FROM runs WHERE id = ?", (lease.run_id,)
+            ).fetchone()
+            return int(row[0])
+
+        attempts = await self._run(tx)
+        await self.notify()
+        return attempts
+
+    async def clear_blocked(self, lease: Lease, *, now: float) -> None:
+        """The run made progress again: it is no longer blocked."""
+
+        def tx(cur: Any) -> None:
+            cur = self._x(
+                cur,
+                f"UPDATE runs SET {UNBLOCK}, updated_at = ? "
+                "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+                (now, lease.run_id, lease.worker_id, lease.epoch),
+            )
+            if cur.rowcount != 1:
+                raise _lease_lost(lease)
+
+        await self._run(tx)
 
     # -- inbox and cancellation --------------------------------------------------------
 
@@ -722,6 +786,25 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
+    async def lease_holders(self, *, now: float) -> list[WorkerInfo]:
+        """The registered workers holding an unexpired lease on some run (what a worker
+        looks at to take over the runs of one that is gone: toren.core.takeover)."""
+
+        def tx(cur: Any) -> list[WorkerInfo]:
+            rows = self._x(
+                cur,
+                "SELECT id, code_version, started_at, heartbeat_at, draining, hostname, pid "
+                "FROM workers WHERE id IN (SELECT lease_owner FROM runs WHERE status IN "
+                "('queued', 'running', 'waiting') AND lease_owner IS NOT NULL "
+                "AND lease_expires_at >= ?)",
+                (now,),
+            ).fetchall()
+            return [WorkerInfo(r[0], r[1], r[2], r[3], bool(r[4]), r[5], r[6]) for r in rows]
+
+        return await self._run(tx, write=False)
+
+
+UNBLOCK = "blocked_error = NULL, blocked_attempts = 0, blocked_since = NULL"
 
 # A cancel requested while the run was leased must not be parked away: a run given back
 # unfinished with ``cancel_requested`` set is claimable at once, so the next tick cancels it.

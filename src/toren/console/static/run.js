@@ -14,6 +14,7 @@ const requests = new Map(); // seq -> loaded request messages of a model call
 // 10,000 steps then renders a few hundred list items, not 10,000, on every live update.
 const WINDOW = 200;
 const shown = new Map(); // stream -> how many of its newest positions are rendered
+const replayed = new Set(); // seqs of recorded steps a tick replayed while this page watched
 let run = null;
 let streamState = "connecting";
 let scheduled = false;
@@ -188,6 +189,7 @@ function stepItem(step, ctx, superseded) {
     h("div", { class: "title" },
       h("span", { class: "name" }, d.name), d.args ? h("span", { class: "args" }, d.args) : null,
       " ", ...(d.badges || []),
+      replayed.has(step.first.seq) ? h("span", { class: "badge replayed", title: "Replayed from the log: not executed (nor paid) again" }, "↺ replayed") : null,
       d.preview ? h("span", { class: "preview", title: d.preview }, d.preview) : null),
     h("div", { class: "facts" }, ...d.facts.map((f) => h("span", {}, f)), digestButton(step.digest))));
   if (d.details) {
@@ -273,11 +275,27 @@ function pendingItem(stream, pos, text) {
     h("p", { class: "live-text" }, h("span", { class: "live-delta" }, text), h("span", { class: "cursor", "aria-hidden": "true" })));
 }
 
+// The question the agent asked (the built-in loop's ask_human tool), if it asked one: the
+// last such call of the main stream's model.
+function askedQuestion() {
+  for (let i = events.length - 1; i >= 0; i--) {
+    const e = events[i];
+    if (e.type !== "ModelCallRecorded") continue;
+    const calls = ((e.payload && e.payload.response) || {}).tool_calls || [];
+    const ask = calls.find((c) => c.name === "ask_human");
+    if (ask && ask.arguments && typeof ask.arguments.question === "string") return ask.arguments.question;
+    if (e.stream === (run ? run.process : "main")) return null;
+  }
+  return null;
+}
+
 function waitingItem(waiting) {
   const p = waiting.payload;
-  const text = p.messages && p.messages.length
+  const question = askedQuestion();
+  let text = p.messages && p.messages.length
     ? `Waiting for message ${p.messages.map((m) => `“${m}”`).join(" or ")}`
     : p.not_before ? `Sleeping until ${stamp(p.not_before)}` : "Waiting";
+  if (question && p.messages && p.messages.length) text += `: the agent asks “${question}”`;
   return h("li", { class: "step pending", dataset: { waiting: "" } },
     h("div", { class: "step-row" }, h("span", { class: "pos" }, "…"), h("span", { class: "kind message" }, "wait"),
       h("div", { class: "title" }, h("span", { class: "name" }, text)), h("div", { class: "facts" })));
@@ -383,6 +401,18 @@ function renderRun() {
     run.lease_recoveries ? ` · recovered from a dead worker ${run.lease_recoveries}×` : "",
     run.retries ? ` · retried ${run.retries}×` : "",
     ...(run.forked_from ? [" · forked from run ", h("a", { href: `/runs/${encodeURIComponent(run.forked_from.run_id)}`, id: "forked-from" }, run.forked_from.run_id), ` at ${run.forked_from.at}`] : []));
+  const blocked = run.blocked && !TERMINAL.has(run.status) ? run.blocked : null;
+  $("run-blocked").hidden = !blocked;
+  if (blocked) {
+    const e = blocked.error || {};
+    $("run-blocked").replaceChildren(h("strong", {}, "blocked: "), e.message || e.code || "infrastructure error",
+      h("span", { class: "sub" }, ` · attempt ${blocked.attempts}`,
+        blocked.retry_at ? ` · next try ${clock(blocked.retry_at)}` : "",
+        blocked.since ? ` · since ${stamp(blocked.since)}` : ""));
+  }
+  const lease = run.lease && !TERMINAL.has(run.status) ? run.lease : null;
+  $("run-lease").hidden = !lease;
+  if (lease) $("run-lease").textContent = `held by worker ${lease.worker} until ${clock(lease.expires_at)}`;
   $("s-steps").textContent = num(u.steps);
   $("s-tokens").textContent = `${num(u.input_tokens)} · ${num(u.output_tokens)}`;
   $("s-cost").textContent = usd(u.cost_usd);
@@ -412,6 +442,9 @@ function renderRun() {
   $("waiting-hint").textContent = run.status === "waiting" && waitingFor.length
     ? `The run is waiting for ${waitingFor.map((n) => `“${n}”`).join(" or ")}.`
     : "Messages wait in the run's inbox until it asks for them.";
+  const question = run.status === "waiting" && waitingFor.length ? askedQuestion() : null;
+  $("waiting-question").hidden = !question;
+  $("waiting-question").textContent = question ? `The agent asks: ${question}` : "";
   const name = $("msg-name");
   if (!name.value && waitingFor.length) name.value = waitingFor[0];
   schedule();
@@ -428,6 +461,10 @@ async function refreshRun() {
   } catch (err) {
     if (err.status !== 401) showError($("run-error"), err);
   }
+}
+
+function clock(ts) {
+  return ts ? new Date(ts * 1000).toLocaleTimeString([], { hour12: false }) : "–";
 }
 
 function refreshSoon() {
@@ -452,6 +489,9 @@ function onMessage(message) {
     const el = document.querySelector(`[data-pending="${CSS.escape(key)}"] .live-delta`);
     if (el) el.textContent = deltas.get(key);
     else schedule();
+  } else if (message.event === "replayed") {
+    replayed.add(message.data.seq);
+    schedule();
   } else if (message.event === "end") {
     deltas.clear();
     const before = run && run.status;

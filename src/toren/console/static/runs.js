@@ -17,6 +17,7 @@ function filters() {
     agent: $("f-agent").value,
     process: $("f-process").value.trim(),
     q: $("f-q").value.trim(),
+    search: $("f-search").value.trim(),
   };
 }
 
@@ -32,13 +33,14 @@ function restoreFilters() {
   $("f-status").value = params.get("status") || "";
   $("f-process").value = params.get("process") || "";
   $("f-q").value = params.get("q") || "";
+  $("f-search").value = params.get("search") || "";
   return params.get("agent") || "";
 }
 
 async function loadRuns() {
   const f = filters();
   const params = new URLSearchParams({ limit: String(Math.min(limit, 200)) });
-  for (const key of ["status", "agent", "process"]) if (f[key]) params.set(key, f[key]);
+  for (const key of ["status", "agent", "process", "search"]) if (f[key]) params.set(key, f[key]);
   const page = await api(`/v1/runs?${params}`);
   let runs = page.runs;
   if (f.q) {
@@ -60,13 +62,31 @@ function cell(label, content, cls) {
   return h("td", { "data-label": label, class: cls }, content);
 }
 
+// What the run was asked, in one line: the built-in loop's message, a string, or JSON.
+function inputSummary(run) {
+  if (typeof run.input_summary === "string") return run.input_summary;
+  const input = run.input;
+  const text = typeof input === "string" ? input
+    : input && typeof input === "object" && typeof input.message === "string" ? input.message
+      : input === null || input === undefined ? "" : JSON.stringify(input);
+  return text.length > 80 ? text.slice(0, 79) + "…" : text;
+}
+
+function blockedBadge(run) {
+  const b = run.blocked;
+  if (!b) return null;
+  const message = (b.error && b.error.message) || "infrastructure error";
+  return h("span", { class: "badge err blocked", title: message }, ` blocked ×${b.attempts}`);
+}
+
 function row(run) {
   const u = run.usage || {};
   const fresh = !first && !known.has(run.id);
   return h("tr", { class: fresh ? "fresh" : null, dataset: { runId: run.id, status: run.status } },
     cell("Run", h("a", { href: `/runs/${run.id}` }, run.id), "id"),
     cell("Agent", [h("span", { class: "agent" }, run.agent), h("span", { class: "proc" }, ` · ${run.process}`)]),
-    cell("Status", [pill(run.status), run.cancel_requested && !["cancelled", "completed", "failed"].includes(run.status)
+    cell("Input", h("span", { class: "input-summary", title: inputSummary(run) }, inputSummary(run)), "input"),
+    cell("Status", [pill(run.status), blockedBadge(run), run.cancel_requested && !["cancelled", "completed", "failed"].includes(run.status)
       ? h("span", { class: "badge", title: "cancellation requested" }, " cancelling") : null]),
     cell("Steps", num(u.steps), "num"),
     cell("Tokens", num((u.input_tokens || 0) + (u.output_tokens || 0)), "num"),
@@ -86,7 +106,7 @@ function render(runs) {
     else if (!first && before !== run.status) changes.push(`Run ${run.id} is ${run.status}`);
   }
   body.replaceChildren(...(runs.length ? runs.map(row)
-    : [h("tr", {}, h("td", { colspan: 9, class: "empty" }, "No runs match. Start one above, or with `toren run`."))]));
+    : [h("tr", {}, h("td", { colspan: 10, class: "empty" }, "No runs match. Start one above, or with `toren run`."))]));
   known = new Map([...known, ...runs.map((r) => [r.id, r.status])]);
   first = false;
   if (changes.length) announce(changes.slice(0, 3).join(". "));
@@ -148,15 +168,21 @@ async function loadAgents(selectedAgent) {
 async function startRun(event) {
   event.preventDefault();
   const status = $("start-status");
+  // JSON when it parses; otherwise plain text, sent as a string (what the built-in loop
+  // takes): "What is the weather in Paris?" needs no quotes.
+  const raw = $("start-input").value;
   let input;
   try {
-    input = JSON.parse($("start-input").value || "null");
+    input = JSON.parse(raw || "null");
   } catch (err) {
-    status.textContent = `The input is not valid JSON: ${err.message}`;
-    status.className = "status-line bad";
-    $("start-input").setAttribute("aria-invalid", "true");
-    $("start-input").focus();
-    return;
+    if (/^\s*[[{]/.test(raw)) { // meant as JSON: say what is wrong rather than guess
+      status.textContent = `The input is not valid JSON: ${err.message}`;
+      status.className = "status-line bad";
+      $("start-input").setAttribute("aria-invalid", "true");
+      $("start-input").focus();
+      return;
+    }
+    input = raw.trim();
   }
   $("start-input").removeAttribute("aria-invalid");
   const body = { agent: $("start-agent").value, process: $("start-process").value || "main", input };
