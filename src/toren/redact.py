@@ -76,3 +76,71 @@ class Redactor:
         """The slots of ``copy`` that hold containers, still to be copied."""
         slots = copy.items() if isinstance(copy, dict) else enumerate(copy)
         return [k for k, v in slots if isinstance(v, dict | list)]
+
+
+# A key shape that may still be growing at the end of a text, or a prefix of one.
+_KEY_PARTIAL = re.compile(r"\b(?:sk-[A-Za-z0-9_\-]*|sk?|AKIA[0-9A-Z]{0,16}|A(?:K(?:I)?)?)$")
+_KEY_CHAR = re.compile(r"^[A-Za-z0-9_\-]*")
+_KEY_MIN = len("sk-") + 16  # from this length on a growing ``sk-`` run is a key, whatever follows
+
+
+class StreamRedactor:
+    """Redacts a text that arrives in pieces (a model's token deltas), so that a secret
+    split across pieces never gets out either.
+
+    :meth:`feed` returns what can be sent now. It holds back the end of the text while
+    that end could be the start of a secret (the longest such suffix is shorter than the
+    longest secret) or of a key shape still growing; :meth:`flush` gives the rest. What
+    comes out, joined, equals ``redactor.text`` of the whole text, or redacts more (a key
+    shape is judged without the characters already sent)."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        self.redactor = redactor
+        self.pending = ""
+        self._in_key = False  # inside a key shape already sent as REDACTED
+
+    def feed(self, piece: str) -> str:
+        text = self.pending + piece
+        if self._in_key:
+            rest = text[len(_KEY_CHAR.match(text).group(0)) :]  # type: ignore[union-attr]
+            if not rest:
+                self.pending = ""
+                return ""
+            self._in_key, text = False, rest
+        cut = self._safe_end(text)
+        partial = _KEY_PARTIAL.search(text)
+        if partial is not None and partial.start() < cut:
+            if partial.group(0).startswith("sk-") and len(partial.group(0)) >= _KEY_MIN:
+                # A key for sure; its end is still coming. Send the marker now and swallow
+                # the rest of it as it arrives, so nothing unbounded is held.
+                self.pending, self._in_key = "", True
+                return self.redactor.text(text[: partial.start()]) + REDACTED
+            cut = partial.start()
+        cut = self._not_inside_a_secret(text, cut)
+        self.pending = text[cut:]
+        return self.redactor.text(text[:cut])
+
+    def flush(self) -> str:
+        text, self.pending = self.pending, ""
+        return "" if self._in_key and not text else self.redactor.text(text)
+
+    def _safe_end(self, text: str) -> int:
+        """Where the longest suffix of ``text`` that starts some secret begins."""
+        cut = len(text)
+        for secret in self.redactor.secrets:
+            for k in range(min(len(secret) - 1, len(text)), 0, -1):
+                if len(text) - k < cut and text.endswith(secret[:k]):
+                    cut = len(text) - k
+                    break
+        return cut
+
+    def _not_inside_a_secret(self, text: str, cut: int) -> int:
+        """Move ``cut`` back to the start of any whole secret it would split."""
+        moved = True
+        while moved:
+            moved = False
+            for secret in self.redactor.secrets:
+                start = text.find(secret, max(0, cut - len(secret) + 1))
+                if 0 <= start < cut:
+                    cut, moved = start, True
+        return cut

@@ -22,7 +22,9 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 import toren
 from toren.api import metrics, models
 from toren.api.errors import STATUS_CODES, ApiError, install
-from toren.api.middleware import Auth, BodyLimit, CatchAll
+from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
+from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
+from toren.api.routing import Methods
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
@@ -73,6 +75,7 @@ def create_app(
     heartbeat: float = 15.0,
     poll_interval: float | None = None,
     secrets: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The API over ``store`` for the agents ``agents`` resolves.
 
@@ -82,6 +85,8 @@ def create_app(
     the store). ``runtime``: an in-process worker, told about cancellations at once.
     ``secrets``: extra strings never to appear in a response (credential-like environment
     variables are always redacted). ``heartbeat`` and ``poll_interval`` tune SSE streams.
+    ``allowed_hosts``: the ``Host`` names served (:mod:`toren.api.hosts`; ``"*"`` for any).
+    Default: the loopback names without tokens, any host with them.
     """
     state = ApiState(
         store=store,
@@ -118,10 +123,16 @@ def create_app(
         tags=["operations"],
         summary="Prometheus metrics",
     )
-    # Outermost last: CatchAll wraps everything, then auth, then the body limit.
+    if allowed_hosts is None:
+        allowed_hosts = (ANY_HOST,) if any(tokens) else LOOPBACK_HOSTS
+    app.router.redirect_slashes = False  # Methods redirects, without trusting Host
+    # Outermost last: NoSniff, CatchAll, the Host guard, auth, methods, the body limit.
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(Methods, routes=lambda: app.router.routes)
     app.add_middleware(Auth, tokens=list(tokens), is_public=state.is_public)
+    app.add_middleware(HostGuard, allowed=allowed_hosts)
     app.add_middleware(CatchAll)
+    app.add_middleware(NoSniff)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     if console:
         _mount_console(app, state)
@@ -309,7 +320,7 @@ async def list_runs(
     status: models.RunStatus | None = None,
     agent: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
     process: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE)] = 50,
+    limit: Annotated[models.AsciiInt, Query(ge=1, le=MAX_RUNS_PAGE)] = 50,
     cursor: Annotated[
         str | None,
         Query(
@@ -350,9 +361,10 @@ async def list_events(
     run_id: str,
     state: State,
     after: Annotated[
-        int, Query(ge=0, le=models.MAX_SEQ, description="Only events with a larger seq.")
+        models.AsciiInt,
+        Query(ge=0, le=models.MAX_SEQ, description="Only events with a larger seq."),
     ] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[models.AsciiInt, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     await _run_or_404(state, run_id)
     events = await state.store.load_events(run_id, after_seq=after, limit=limit)
@@ -381,7 +393,7 @@ async def stream_events(
     run_id: str,
     state: State,
     after: Annotated[
-        int | None,
+        models.AsciiInt | None,
         Query(ge=0, le=models.MAX_SEQ, description="Start after this seq (0: the whole log)."),
     ] = None,
     last_event_id: Annotated[
@@ -508,7 +520,7 @@ async def ready(state: State) -> dict[str, Any]:
 )
 async def plan(
     state: State,
-    limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT)] = PLAN_LIMIT,
+    limit: Annotated[models.AsciiInt, Query(ge=1, le=PLAN_LIMIT)] = PLAN_LIMIT,
 ) -> dict[str, Any]:
     """Replay every in-flight run (queued, running, waiting) against the code this server
     resolves, executing nothing live, and report per run and stream whether it replays

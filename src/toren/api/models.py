@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from toren.agents.config import NAME_PATTERN
 from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
@@ -32,6 +32,19 @@ CURSOR_HELP = (
     "(e.g. 'run_0190c2a5e1f3a1b2c3d4e5'); omit it for the first page"
 )
 MAX_SEQ = 2**63 - 1
+
+
+def _ascii_int(value: Any) -> Any:
+    """Query and path integers are ASCII digits only. Python's ``int()`` (and pydantic's
+    lax mode) also take ``'٢'``, ``' 5'``, ``'+5'``, ``'5_0'`` and ``'5.0'``: one number
+    with many spellings, which a proxy, a cache or a log reader would not see as equal."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 19):
+        raise ValueError(f"{value[:40]!r} is not a whole number; use the ASCII digits 0-9 only")
+    return value
+
+
+# An integer query or path parameter (OpenAPI type ``integer``, parsed strictly).
+AsciiInt = Annotated[int, BeforeValidator(_ascii_int)]
 
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 

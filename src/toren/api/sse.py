@@ -36,6 +36,7 @@ from typing import Any
 
 from toren.core.events import TERMINAL_TYPES, Event
 from toren.core.live import LiveHub
+from toren.redact import Redactor, StreamRedactor
 from toren.store.base import Store
 
 log = logging.getLogger("toren.api")
@@ -92,7 +93,7 @@ class RunStream:
         after: int,
         *,
         live: LiveHub | None,
-        redact: Callable[[Any], Any],
+        redact: Redactor,
         settings: StreamSettings,
         closing: Callable[[], bool],
         problem: str | None = None,
@@ -106,6 +107,8 @@ class RunStream:
         self.closing = closing
         self.problem = problem
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
+        # One redactor per step in flight: a secret may be split across its deltas.
+        self._delta_text: dict[tuple[Any, Any], StreamRedactor] = {}
         self._last_write = time.monotonic()
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -148,18 +151,39 @@ class RunStream:
             items, check_row = await self._wait(queue)
             for item in items:
                 if item.get("type") == "delta" and self._fresh(item):
-                    delta = {k: item.get(k) for k in ("stream", "position", "text")}
-                    yield message("delta", delta)
+                    delta = self._delta(item)
+                    if delta is not None:
+                        yield delta
                 elif item.get("type") == "status":
                     check_row = True
             if time.monotonic() - self._last_write >= self.settings.heartbeat:
                 yield b": heartbeat\n\n"
 
+    def _delta(self, item: dict[str, Any]) -> bytes | None:
+        """A delta's text through its step's :class:`StreamRedactor`: the part that is
+        safe to send now (None when all of it is held back)."""
+        step = (item.get("stream"), item.get("position"))
+        redactor = self._delta_text.get(step)
+        if redactor is None:
+            redactor = self._delta_text[step] = StreamRedactor(self.redact)
+        text = redactor.feed(str(item.get("text") or ""))
+        if not text:
+            return None
+        return message("delta", {"stream": step[0], "position": step[1], "text": text})
+
     def _event(self, event: Event) -> bytes:
         self.last = event.seq
+        held = b""
         if event.position is not None:
-            self._recorded.add((event.stream, event.position))
-        return message("event", self.redact(event.to_dict()), id=event.seq)
+            step = (event.stream, event.position)
+            self._recorded.add(step)
+            # The step's text is complete: what its redactor held back goes out (redacted),
+            # so the deltas still add up to the recorded text.
+            redactor = self._delta_text.pop(step, None)
+            rest = redactor.flush() if redactor is not None else ""
+            if rest:
+                held = message("delta", {"stream": step[0], "position": step[1], "text": rest})
+        return held + message("event", self.redact(event.to_dict()), id=event.seq)
 
     def _fresh(self, delta: dict[str, Any]) -> bool:
         return (delta.get("stream"), delta.get("position")) not in self._recorded
