@@ -88,6 +88,9 @@ def create_app(
     ``allowed_hosts``: the ``Host`` names served (:mod:`toren.api.hosts`; ``"*"`` for any).
     Default: the loopback names without tokens, any host with them.
     """
+    from toren.api.server import check_tokens
+
+    check_tokens(tokens)
     state = ApiState(
         store=store,
         agents=agents,

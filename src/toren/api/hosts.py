@@ -20,14 +20,15 @@ from urllib.parse import urlsplit
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toren.api.errors import error_response
+from toren.errors import UserError
 
 # The names a loopback-bound server answers to by default (any port).
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 ANY_HOST = "*"
 
 
-class BadAllowedHost(ValueError):
-    pass
+class BadAllowedHost(UserError):
+    code = "bad_allowed_host"
 
 
 def normalize_host(value: str) -> str:

@@ -101,6 +101,15 @@ def hint_for(exc: BaseException) -> str:
         return _server_hint(str(getattr(exc, "code", "")), command, reach)
     if getattr(exc, "code", "") == "run_finished":
         return _RUN_FINISHED
+    if getattr(exc, "code", "") == "insecure_bind":
+        return (
+            "set a token (--token or TOREN_API_TOKEN, at least 16 characters) to serve "
+            "beyond loopback, or keep --host 127.0.0.1"
+        )
+    if getattr(exc, "code", "") == "weak_token":
+        return "set --token / TOREN_API_TOKEN to a long random string (the command above)"
+    if getattr(exc, "code", "") == "bad_allowed_host":
+        return "pass --allowed-host once per name (or TOREN_ALLOWED_HOSTS, comma-separated)"
     if isinstance(exc, AgentConfigError):
         return "fix the file named above, then run the command again"
     if isinstance(exc, AgentNotFound):
@@ -266,6 +275,11 @@ def setup_logging(level: str = "error") -> None:
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO))
+    # The HTTP server's lines (the access log at info) go the same way, through the same
+    # redaction; servers.py hands uvicorn the level and no logging config of its own.
+    server = logging.getLogger("uvicorn")
+    server.handlers = [handler]
+    server.propagate = False
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
