@@ -110,3 +110,14 @@ def test_a_bad_allowed_host_is_a_clear_error(runner: CliRunner, chain: Path) -> 
     result = invoke(runner, "dev", str(chain), "--allowed-host", "http://x.example/")
     assert result.exit_code == 5
     assert "'http://x.example/' is not a host name" in result.stderr
+
+
+def test_a_token_with_a_newline_is_named_not_echoed_nor_a_connection_problem(
+    runner: CliRunner, chain: Path
+) -> None:
+    token = "cli-token-0123456789\n"
+    result = invoke(runner, "runs", "list", "--url", "http://127.0.0.1:9", "--token", token)
+    assert result.exit_code == 5
+    assert "line break" in result.stderr and "0123456789" not in result.output
+    assert "is the server running" not in result.stderr and "cannot connect" not in result.stderr
+    assert "hint: fix --token" in result.stderr

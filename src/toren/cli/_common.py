@@ -143,6 +143,12 @@ def hint_for(exc: BaseException) -> str:
 def _server_hint(code: str, command: str, reach: str) -> str:
     if code == "connection_error":
         return _SERVER_DOWN
+    if code == "invalid_token":
+        return "fix --token / TOREN_API_TOKEN: one line of visible ASCII (no trailing newline)"
+    if code == "unexpected_response":
+        return "point --url / TOREN_API_URL at the Toren server itself (not a proxy's page)"
+    if code == "stream_timeout":
+        return "the server (or a proxy) stopped answering; check it, then run the command again"
     if code in ("unauthorized", "forbidden"):
         return "pass the server's token with --token or TOREN_API_TOKEN"
     if code == "run_not_found":
