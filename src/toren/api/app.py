@@ -7,6 +7,7 @@ route but ``/v1/health`` needs a token when tokens are configured. Errors are al
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -316,6 +317,10 @@ def _deprecated_key(response: Response, key: str | None, old: str) -> str:
     response_model=models.RunList,
     tags=["runs"],
     summary="List runs, newest first",
+    description="Inputs, outputs and errors whose JSON text is larger than 4096 bytes are "
+    "left out (null, with `input_summary` / `output_summary` / `error_summary` giving their "
+    "size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is "
+    "therefore at most about `limit` × 14 KB.",
     responses=_errors(422),
 )
 async def list_runs(
@@ -332,9 +337,24 @@ async def list_runs(
             "lowercase hex digits): older runs.",
         ),
     ] = None,
+    updated_after: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            allow_inf_nan=False,
+            description="Only runs whose `updated_at` is later (Unix seconds): what changed "
+            "since a previous poll (pass the largest `updated_at` it returned).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     runs = await state.store.list_runs(
-        status=status, agent=agent, process=process, limit=limit, before=cursor
+        status=status,
+        agent=agent,
+        process=process,
+        limit=limit,
+        before=cursor,
+        summary=True,
+        updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
     return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
@@ -358,6 +378,8 @@ async def get_run(run_id: str, state: State) -> dict[str, Any]:
     response_model=models.EventList,
     tags=["events"],
     summary="Read a run's event log",
+    description="At most `limit` events, and no more than 8 MiB of them (a page always "
+    "holds at least one event): a page cut short by either has `next_after` set.",
     responses=_errors(404, 422),
 )
 async def list_events(
@@ -370,11 +392,36 @@ async def list_events(
     limit: Annotated[models.AsciiInt, Query(ge=1, le=1000)] = 100,
 ) -> dict[str, Any]:
     await _run_or_404(state, run_id)
-    events = await state.store.load_events(run_id, after_seq=after, limit=limit)
-    return {
-        "events": [state.redact(e.to_dict()) for e in events],
-        "next_after": events[-1].seq if len(events) == limit else None,
-    }
+    events, more = await _event_page(state, run_id, after, limit)
+    return {"events": events, "next_after": events[-1]["seq"] if more else None}
+
+
+# A page of events stops growing past this many bytes of JSON (it always holds at least
+# one event): what one response may cost the server in memory, whatever ``limit`` says.
+MAX_EVENTS_PAGE_BYTES = 8 * 1024 * 1024
+_EVENT_CHUNK = 100  # events read from the store at a time
+
+
+async def _event_page(
+    state: ApiState, run_id: str, after: int, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` redacted events after ``after`` within the byte budget, and whether
+    more may follow (a full page, or one cut by the budget)."""
+    page: list[dict[str, Any]] = []
+    size = 0
+    while len(page) < limit:
+        want = min(_EVENT_CHUNK, limit - len(page))
+        chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+        for event in chunk:
+            item = state.redact(event.to_dict())
+            size += len(json.dumps(item, ensure_ascii=False, separators=(",", ":")))
+            if page and size > MAX_EVENTS_PAGE_BYTES:
+                return page, True
+            page.append(item)
+        if len(chunk) < want:
+            return page, False
+        after = chunk[-1].seq
+    return page, True
 
 
 @_route(

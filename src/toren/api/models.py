@@ -133,6 +133,15 @@ class Usage(BaseModel):
     steps: int
 
 
+class ValueSummary(BaseModel):
+    """A value a list of runs leaves out because its JSON text is larger than
+    ``SUMMARY_INLINE`` bytes (4096); ``GET /v1/runs/{run_id}`` has it whole."""
+
+    bytes: int = Field(description="Size of the value's JSON text, in bytes.")
+    preview: str = Field(description="The first 256 characters of that JSON text.")
+    truncated: Literal[True] = True
+
+
 class Run(BaseModel):
     id: str
     agent: str
@@ -153,6 +162,17 @@ class Run(BaseModel):
     code_version: str | None = None
     lease_recoveries: int
     invalidations: int
+    input_summary: ValueSummary | None = Field(
+        default=None,
+        description="In a list of runs, set when `input` was too large to list (it is then "
+        "null); null otherwise.",
+    )
+    output_summary: ValueSummary | None = Field(
+        default=None, description="As `input_summary`, for `output`."
+    )
+    error_summary: ValueSummary | None = Field(
+        default=None, description="As `input_summary`, for `error`."
+    )
 
 
 class RunList(BaseModel):
@@ -182,7 +202,8 @@ class Event(BaseModel):
 class EventList(BaseModel):
     events: list[Event]
     next_after: int | None = Field(
-        description="Pass as `after` for the next page; null when this page was not full."
+        description="Pass as `after` for the next page; null when this page was not full "
+        "(a page is also cut at 8 MiB of events)."
     )
 
 
