@@ -167,8 +167,48 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         schema["security"] = [{"bearer": []}, {"apiKey": []}]
         schema["paths"]["/v1/health"]["get"]["security"] = []
         _drop_null_parameters(schema)
+        _add_stream_schemas(schema)
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, Any]:
+    """One SSE message as schemathesis (and OpenAPI 3.1's reading of an event stream's
+    ``schema``) sees it: ``{event, id?, data}``, ``data`` being JSON of ``data``'s schema."""
+    properties: dict[str, Any] = {
+        "event": {"const": event},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": f"#/components/schemas/{data}"},
+        },
+    }
+    if with_id:
+        properties["id"] = {"type": "string", "pattern": "^[0-9]+$"}
+    required = ["event", "data", *(["id"] if with_id else [])]
+    return {"type": "object", "required": required, "properties": properties}
+
+
+def _add_stream_schemas(schema: dict[str, Any]) -> None:
+    """``GET /v1/runs/{run_id}/stream`` documents each of its messages: an ``event`` (the
+    log's Event, id = seq), a ``delta``, the ``end`` and an ``error``."""
+    components = schema["components"]["schemas"]
+    for model in (models.StreamDelta, models.StreamEnd):
+        found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in found.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components[model.__name__] = found
+    media = schema["paths"]["/v1/runs/{run_id}/stream"]["get"]["responses"]["200"]["content"]
+    media["text/event-stream"] = {
+        "schema": {
+            "oneOf": [
+                _sse_message("event", "Event", with_id=True),
+                _sse_message("delta", "StreamDelta"),
+                _sse_message("end", "StreamEnd"),
+                _sse_message("error", "ErrorBody"),
+            ]
+        }
+    }
 
 
 def _drop_null_parameters(schema: dict[str, Any]) -> None:
@@ -328,7 +368,7 @@ async def list_runs(
     status: models.RunStatus | None = None,
     agent: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
     process: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
-    limit: Annotated[models.AsciiInt, Query(ge=1, le=MAX_RUNS_PAGE)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE), models.ASCII_INT] = 50,
     cursor: Annotated[
         str | None,
         Query(
@@ -386,10 +426,11 @@ async def list_events(
     run_id: str,
     state: State,
     after: Annotated[
-        models.AsciiInt,
+        int,
         Query(ge=0, le=models.MAX_SEQ, description="Only events with a larger seq."),
+        models.ASCII_INT,
     ] = 0,
-    limit: Annotated[models.AsciiInt, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000), models.ASCII_INT] = 100,
 ) -> dict[str, Any]:
     await _run_or_404(state, run_id)
     events, more = await _event_page(state, run_id, after, limit)
@@ -443,8 +484,9 @@ async def stream_events(
     run_id: str,
     state: State,
     after: Annotated[
-        models.AsciiInt | None,
+        int | None,
         Query(ge=0, le=models.MAX_SEQ, description="Start after this seq (0: the whole log)."),
+        models.ASCII_INT,
     ] = None,
     last_event_id: Annotated[
         str | None,
@@ -570,7 +612,7 @@ async def ready(state: State) -> dict[str, Any]:
 )
 async def plan(
     state: State,
-    limit: Annotated[models.AsciiInt, Query(ge=1, le=PLAN_LIMIT)] = PLAN_LIMIT,
+    limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT), models.ASCII_INT] = PLAN_LIMIT,
 ) -> dict[str, Any]:
     """Replay every in-flight run (queued, running, waiting) against the code this server
     resolves, executing nothing live, and report per run and stream whether it replays

@@ -38,13 +38,16 @@ def _ascii_int(value: Any) -> Any:
     """Query and path integers are ASCII digits only. Python's ``int()`` (and pydantic's
     lax mode) also take ``'٢'``, ``' 5'``, ``'+5'``, ``'5_0'`` and ``'5.0'``: one number
     with many spellings, which a proxy, a cache or a log reader would not see as equal."""
-    if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= 19):
+    digits = value[1:] if isinstance(value, str) and value.startswith("-") else value
+    if isinstance(value, str) and not (digits.isascii() and digits.isdigit() and len(digits) <= 19):
         raise ValueError(f"{value[:40]!r} is not a whole number; use the ASCII digits 0-9 only")
     return value
 
 
-# An integer query or path parameter (OpenAPI type ``integer``, parsed strictly).
-AsciiInt = Annotated[int, BeforeValidator(_ascii_int)]
+# On an integer query or path parameter: ``Annotated[int, Query(ge=...), ASCII_INT]``, in
+# that order (before the Query, or nested, FastAPI publishes the bounds as ``ge``/``le``
+# instead of ``minimum``/``maximum``, or enforces none).
+ASCII_INT = BeforeValidator(_ascii_int)
 
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 
@@ -205,6 +208,20 @@ class EventList(BaseModel):
         description="Pass as `after` for the next page; null when this page was not full "
         "(a page is also cut at 8 MiB of events)."
     )
+
+
+class StreamDelta(BaseModel):
+    """The data of an SSE ``delta`` message: model output of a call still in flight."""
+
+    stream: str
+    position: int | None
+    text: str = Field(description="The next piece of text (redacted like everything else).")
+
+
+class StreamEnd(BaseModel):
+    """The data of an SSE ``end`` message: the run as it ended."""
+
+    run: Run | None
 
 
 class SendMessageRequest(BaseModel):
