@@ -16,6 +16,7 @@ REDACTED = "[redacted]"
 _KEY_SHAPES = re.compile(r"\bsk-[A-Za-z0-9_\-]{16,}|\bAKIA[0-9A-Z]{16}\b")
 _SECRET_NAMES = re.compile(r"(_API_KEY|_TOKEN|_SECRET|_SECRET_KEY|_PASSWORD)$")
 _MIN_SECRET = 8  # shorter values would redact ordinary words
+_SHORTEST_KEY = len("sk-") + 16  # the shortest string _KEY_SHAPES matches
 
 # Objects and arrays nested deeper than this (counted from the value redacted) come back
 # as TOO_DEEP. Responses wrap a value in a few more levels, and pydantic's serializer
@@ -35,12 +36,16 @@ class Redactor:
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, so a secret that contains another is removed whole.
         self.secrets = sorted({s for s in secrets if len(s) >= _MIN_SECRET}, key=len, reverse=True)
+        # One pass over a string for every secret and key shape (a list page redacts
+        # thousands of strings), and none at all for strings too short to hold any.
+        alternatives = [re.escape(s) for s in self.secrets] + [_KEY_SHAPES.pattern]
+        self._pattern = re.compile("|".join(alternatives))
+        self._shortest = min([_SHORTEST_KEY, *map(len, self.secrets)])
 
     def text(self, value: str) -> str:
-        for secret in self.secrets:
-            if secret in value:
-                value = value.replace(secret, REDACTED)
-        return _KEY_SHAPES.sub(REDACTED, value)
+        if len(value) < self._shortest:
+            return value
+        return self._pattern.sub(REDACTED, value)
 
     def __call__(self, value: Any) -> Any:
         """A redacted copy of a JSON value. Iterative, not recursive: no depth of nesting

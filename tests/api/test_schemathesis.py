@@ -47,6 +47,9 @@ def app_factory(db_url: str) -> contextlib.AbstractAsyncContextManager[FastAPI]:
     return build()
 
 
+# schemathesis's strategies call `random` inside Hypothesis, which warns (an error under
+# filterwarnings=error) at random: a fault of the harness, not of the API under test.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 def test_openapi_conformance(db_url: str) -> None:
     with ThreadedServer(lambda: app_factory(db_url)) as server:
         with httpx.Client(base_url=server.url, headers=AUTH) as http:
@@ -135,6 +138,8 @@ def test_every_check_of_the_schemathesis_cli_passes(db_url: str, tmp_path: Path)
             timeout=900,
         )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert "No issues found" in result.stdout, result.stdout[-3000:]
-    assert "Tested: 12" in result.stdout or "Tested:" in result.stdout
+    summary = result.stdout.rpartition("SUMMARY")[2]
+    assert "Failures:" not in summary and " passed" in summary, summary
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in summary, summary
     assert report.stat().st_size > 0 and json.loads(report.read_text().splitlines()[0])
