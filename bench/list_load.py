@@ -88,7 +88,10 @@ async def main(url, port, token):
     store = await connect(url)
     try:
         app = create_app(store, registry, tokens=[token], console=False)
-        await serve(app, "127.0.0.1", port, log_level="warning", access_log=False)
+        await serve(
+            app, "127.0.0.1", port, log_level="warning", access_log=False,
+            timeout_keep_alive=60, backlog=4096,
+        )
     finally:
         await store.close()
 
@@ -174,7 +177,11 @@ async def hammer(
             nonlocal errors, biggest
             for _ in range(requests):
                 began = time.perf_counter()
-                response = await http.get("/v1/runs", params={"limit": limit})
+                try:
+                    response = await http.get("/v1/runs", params={"limit": limit})
+                except httpx.TransportError:
+                    errors += 1
+                    continue
                 latencies.append((time.perf_counter() - began) * 1000)
                 if response.status_code != 200 or len(response.json()["runs"]) != limit:
                     errors += 1
@@ -191,9 +198,9 @@ async def hammer(
 
 @contextlib.asynccontextmanager
 async def database(url: str | None) -> AsyncIterator[tuple[str, str]]:
-    if url is None:
+    if url is None or url.startswith("sqlite"):
         path = Path(tempfile.mkdtemp(prefix="toren_list_load_")) / "toren.db"
-        yield f"sqlite:///{path}", "sqlite"
+        yield url or f"sqlite:///{path}", "sqlite"
         return
     import psycopg
 
@@ -208,6 +215,19 @@ async def database(url: str | None) -> AsyncIterator[tuple[str, str]]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+async def _seeded(url: str, runs: int) -> bool:
+    """A SQLite file given with --database-url that already holds the runs is reused."""
+    if not url.startswith("sqlite") or not Path(url.removeprefix("sqlite:///")).exists():
+        return False
+    from toren.store import connect
+
+    store = await connect(url)
+    try:
+        return len(await store.list_runs(limit=runs, summary=True)) >= runs
+    finally:
+        await store.close()
+
+
 async def measure(
     url: str | None,
     runs: int = 1000,
@@ -217,7 +237,8 @@ async def measure(
     limit: int = 50,
 ) -> Result:
     async with database(url) as (db, backend):
-        await seed(db, runs, input_bytes)
+        if not await _seeded(db, runs):
+            await seed(db, runs, input_bytes)
         with server_process(db) as (base, proc):
             began = time.monotonic()
             latencies, errors, biggest, start, peak = await hammer(
