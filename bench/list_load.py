@@ -197,7 +197,10 @@ async def hammer(
 
 
 @contextlib.asynccontextmanager
-async def database(url: str | None) -> AsyncIterator[tuple[str, str]]:
+async def database(url: str | None, fresh: bool = True) -> AsyncIterator[tuple[str, str]]:
+    if url is not None and not fresh:
+        yield url, "sqlite" if url.startswith("sqlite") else "postgres"
+        return
     if url is None or url.startswith("sqlite"):
         path = Path(tempfile.mkdtemp(prefix="toren_list_load_")) / "toren.db"
         yield url or f"sqlite:///{path}", "sqlite"
@@ -235,8 +238,11 @@ async def measure(
     clients: int = 200,
     requests: int = 10,
     limit: int = 50,
+    fresh: bool = True,
 ) -> Result:
-    async with database(url) as (db, backend):
+    """``fresh``: on PostgreSQL, seed a new database on the URL's server (dropped after);
+    False: use the URL's database as it is."""
+    async with database(url, fresh) as (db, backend):
         if not await _seeded(db, runs):
             await seed(db, runs, input_bytes)
         with server_process(db) as (base, proc):
