@@ -52,6 +52,8 @@ class Result:
     rss_start_mb: float
     rss_max_mb: float
     seconds: float
+    server_cpu_ms_per_request: float  # CPU the server spent per list request
+    load_average: float  # the machine's 1-minute load average when the run ended
 
 
 async def seed(url: str, runs: int, input_bytes: int) -> None:
@@ -105,6 +107,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time ``pid`` has used (from /proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mb(pid: int) -> float:
     """Resident memory of ``pid`` (VmRSS), in MB; 0 once it is gone."""
     try:
@@ -120,18 +131,21 @@ def rss_mb(pid: int) -> float:
 def server_process(url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # A file, not a pipe: an unread pipe can block the server. Closed in the finally below.
+    log = tempfile.TemporaryFile()  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER, url, str(port), TOKEN],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(proc.stderr.read().decode() if proc.stderr else "server died")
+                log.seek(0)
+                raise RuntimeError(log.read().decode(errors="replace") or "the server died")
             try:
                 if httpx.get(f"{base}/v1/health", timeout=2).status_code == 200:
                     break
@@ -148,6 +162,7 @@ def server_process(url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 async def hammer(
@@ -246,11 +261,12 @@ async def measure(
         if not await _seeded(db, runs):
             await seed(db, runs, input_bytes)
         with server_process(db) as (base, proc):
-            began = time.monotonic()
+            began, cpu = time.monotonic(), cpu_seconds(proc.pid)
             latencies, errors, biggest, start, peak = await hammer(
                 base, proc.pid, clients, requests, limit
             )
             seconds = time.monotonic() - began
+            cpu = cpu_seconds(proc.pid) - cpu
     ordered = sorted(latencies)
 
     def pct(p: float) -> float:
@@ -272,6 +288,8 @@ async def measure(
         rss_start_mb=round(start, 1),
         rss_max_mb=round(peak, 1),
         seconds=round(seconds, 1),
+        server_cpu_ms_per_request=round(cpu * 1000 / max(1, len(latencies)), 2),
+        load_average=round(os.getloadavg()[0], 1),
     )
 
 

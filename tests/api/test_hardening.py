@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from toren.api import create_app, running_server
-from toren.api.server import WeakToken
 from toren.store import Store
 
 from .support import TOKEN, Api, registry
@@ -162,6 +161,8 @@ async def test_a_5000_digit_integer_in_a_body_is_named(api: Api) -> None:
     "token", ["short", "fifteen-chars15", "sixteen chars 16", "tok\nen-0123456789"]
 )
 def test_short_or_unprintable_tokens_are_refused_at_start(store: Store, token: str) -> None:
+    from toren.api.server import WeakToken
+
     with pytest.raises(WeakToken) as info:
         create_app(store, registry(), tokens=[TOKEN, token])
     assert token not in info.value.message and "#2" in info.value.message
