@@ -325,7 +325,7 @@ async def _watch(
     "It refuses to listen beyond loopback without a token."
     + examples(
         "toren serve",
-        "TOREN_API_TOKEN=s3cret toren serve --host 0.0.0.0 --port 8080",
+        "TOREN_API_TOKEN=$(openssl rand -hex 24) toren serve --host 0.0.0.0 --port 8080",
         "toren serve --database-url postgresql://toren@db/toren --agents ./agents",
     )
 )
