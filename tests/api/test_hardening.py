@@ -88,7 +88,9 @@ async def test_integers_are_ascii_digits_only(api: Api, path: str) -> None:
     async with api.http() as http:
         for bad in ("²", "¹²", "①", "٢", "１", " 5", "+5", "5_0", "5.0", "0x1"):
             r = await http.get(path.format(n=bad))
-            assert r.status_code == 422, (bad, r.status_code, r.text)
+            # The console's route keeps its 404 for what is not a seq; /v1 says 422.
+            expected = 404 if path.startswith("/console") else 422
+            assert r.status_code == expected, (bad, r.status_code, r.text)
             assert "ASCII digits" in r.json()["error"]["message"]
 
 

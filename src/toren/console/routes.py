@@ -130,14 +130,13 @@ async def model_call(request: Request) -> Response:
     state = _state(request)
     run_id = request.path_params["run_id"]
     seq_text = request.path_params["seq"]
-    if not SEQ.fullmatch(seq_text):
+    if not SEQ.fullmatch(seq_text) or not RUN_ID.match(run_id):
+        # Not a seq at all (as before: a 404), and said so: only ASCII digits name one.
         raise ApiError(
-            422,
-            "invalid_request",
-            f"path.seq: {seq_text[:40]!r} is not an event seq; use the ASCII digits 0-9 only",
+            404,
+            "not_found",
+            f"no model call {seq_text[:40]!r} in run {run_id!r}: a seq is 1-18 ASCII digits 0-9",
         )
-    if not RUN_ID.match(run_id):
-        raise ApiError(404, "not_found", f"no model call {seq_text!r} in run {run_id!r}")
     seq = int(seq_text)
     found = await state.store.load_events(run_id, after_seq=seq - 1, limit=1) if seq else []
     event = found[0] if found and found[0].seq == seq else None
