@@ -136,6 +136,7 @@ def test_every_check_of_the_schemathesis_cli_passes(db_url: str, tmp_path: Path)
             capture_output=True,
             text=True,
             timeout=900,
+            cwd=tmp_path,  # its caches (.schemathesis/) go there, not into the checkout
         )
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     summary = result.stdout.rpartition("SUMMARY")[2]
