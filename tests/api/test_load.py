@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import asdict
+from typing import Any
 
 from toren.client import AsyncTorenClient, Event
 from toren.store import Store
@@ -34,3 +36,20 @@ async def test_200_concurrent_clients_start_and_stream(store: Store) -> None:
             stored = [e.seq for e in await store.load_events(run_id)]
             assert seqs == stored, run_id  # every event, once, in order
         assert elapsed < 60
+
+
+def test_heavy_rows_200_clients_list_1000_runs_of_1mb(db_url: str, record_property: Any) -> None:
+    """Issue 23: 200 concurrent clients list a runs table of 1,000 runs with 1 MB inputs,
+    against a real server process. Its resident memory stays under 300 MB throughout
+    (sampled every 20 ms; before, it grew to gigabytes) and every page stays small. The
+    latency is recorded, not asserted (wall-clock depends on the machine):
+    ``python -m bench.list_load`` measures it, and bench/RESULTS.md has the numbers."""
+    from bench.list_load import measure
+
+    result = asyncio.run(measure(db_url, requests=2, fresh=False))
+    for key, value in asdict(result).items():
+        record_property(key, value)
+    print(f"\n{result}")
+    assert result.errors == 0 and result.requests == 400
+    assert result.rss_max_mb < 300, result
+    assert result.response_bytes_max < 64_000, result  # 50 runs, no 1 MB input in a page

@@ -4,8 +4,12 @@ document (valid and invalid ones) against a real server; no 5xx, no response off
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
+import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,6 +28,7 @@ from .support import TOKEN, registry, worker
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 EXAMPLES = 10  # per operation and mode: bounded, a few seconds in all
+CLI_EXAMPLES = 5  # per operation and phase of the CLI run: about a minute per backend
 
 
 def app_factory(db_url: str) -> contextlib.AbstractAsyncContextManager[FastAPI]:
@@ -42,6 +47,9 @@ def app_factory(db_url: str) -> contextlib.AbstractAsyncContextManager[FastAPI]:
     return build()
 
 
+# schemathesis's strategies call `random` inside Hypothesis, which warns (an error under
+# filterwarnings=error) at random: a fault of the harness, not of the API under test.
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 def test_openapi_conformance(db_url: str) -> None:
     with ThreadedServer(lambda: app_factory(db_url)) as server:
         with httpx.Client(base_url=server.url, headers=AUTH) as http:
@@ -90,3 +98,49 @@ def exercise(
         assert mode is GenerationMode.NEGATIVE  # nothing to get wrong (no parameters)
     except Exception as exc:  # name the operation in the failure
         pytest.fail(f"{operation.label} [{mode.value}]: {exc}")
+
+
+def test_every_check_of_the_schemathesis_cli_passes(db_url: str, tmp_path: Path) -> None:
+    """The whole API through schemathesis's own runner, every check it has (schema,
+    status codes, headers, content types, SSE events against their schema, OPTIONS/405
+    ``Allow`` against the routes, negative data rejected, positive accepted, auth
+    ignored, ...) and every phase (examples, coverage, fuzzing, stateful), with the token:
+    no failure. ``max_response_time`` is not among them: wall-clock is not a contract here.
+    Deterministic and bounded (a fixed number of examples)."""
+    exe = shutil.which("schemathesis")
+    assert exe is not None, "schemathesis is a test dependency"
+    with ThreadedServer(lambda: app_factory(db_url)) as server:
+        with httpx.Client(base_url=server.url, headers=AUTH) as http:
+            http.post("/v1/runs", json={"agent": "echo", "input": {"n": 1}}).raise_for_status()
+        report = tmp_path / "report.json"
+        result = subprocess.run(
+            [
+                exe,
+                "run",
+                f"{server.url}/v1/openapi.json",
+                "--header",
+                f"Authorization: Bearer {TOKEN}",
+                "--checks",
+                "all",
+                "--max-examples",
+                str(CLI_EXAMPLES),
+                "--generation-deterministic",
+                "--request-timeout",
+                "20",
+                "--no-color",
+                "--report",
+                "ndjson",
+                "--report-ndjson-path",
+                str(report),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            cwd=tmp_path,  # its caches (.schemathesis/) go there, not into the checkout
+        )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    summary = result.stdout.rpartition("SUMMARY")[2]
+    assert "Failures:" not in summary and " passed" in summary, summary
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in summary, summary
+    assert report.stat().st_size > 0 and json.loads(report.read_text().splitlines()[0])

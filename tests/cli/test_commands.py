@@ -262,7 +262,7 @@ def server(chain: Path) -> Iterator[str]:
             yield create_app(
                 runtime.store,
                 runtime.resolver,
-                tokens=("s3cret",),
+                tokens=("s3cret-token-for-tests",),
                 live=runtime.live,
                 runtime=worker,
                 console=False,
@@ -279,7 +279,7 @@ def test_remote_run_send_resume_and_inspect(
     runner: CliRunner, server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TOREN_API_URL", server)
-    monkeypatch.setenv("TOREN_API_TOKEN", "s3cret")
+    monkeypatch.setenv("TOREN_API_TOKEN", "s3cret-token-for-tests")
     result = invoke(runner, "run", "chain", "--input", '{"ask": true}')
     assert result.exit_code == 4, result.output
     assert "◆ model scripted:script.yaml" in result.stdout
@@ -335,20 +335,28 @@ def test_send_refuses_the_message_names_the_api_refuses_in_its_words(
     from toren.store import connect
 
     started = invoke(
-        runner, "run", "chain", "--input", '{"ask": true}', "--url", server, "--token", "s3cret"
+        runner,
+        "run",
+        "chain",
+        "--input",
+        '{"ask": true}',
+        "--url",
+        server,
+        "--token",
+        "s3cret-token-for-tests",
     )
     assert started.exit_code == 4, started.output
     run_id = last_run_id(runner, chain)
     api = httpx.post(
         f"{server}/v1/runs/{run_id}/messages",
         json={"name": name, "payload": "x"},
-        headers={"Authorization": "Bearer s3cret"},
+        headers={"Authorization": "Bearer s3cret-token-for-tests"},
     )
     assert api.status_code == 422
     api_message = api.json()["error"]["message"]
     assert "is not a valid message name" in api_message
 
-    for where in (["--agents", "chain"], ["--url", server, "--token", "s3cret"]):
+    for where in (["--agents", "chain"], ["--url", server, "--token", "s3cret-token-for-tests"]):
         sent = invoke(runner, "runs", "send", run_id, name, "x", *where)
         assert sent.exit_code == 2, (where, sent.output)
         said = sent.output.split("Error: ", 1)[1].strip()
@@ -421,12 +429,12 @@ def test_runs_list_limit_is_the_apis_page_limit(
 
     from toren.core.runs import MAX_RUNS_PAGE
 
-    auth = {"Authorization": "Bearer s3cret"}
+    auth = {"Authorization": "Bearer s3cret-token-for-tests"}
     api = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE}, headers=auth)
     assert api.status_code == 200
     over = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE + 1}, headers=auth)
     assert over.status_code == 422
-    remote = ["--url", server, "--token", "s3cret"]
+    remote = ["--url", server, "--token", "s3cret-token-for-tests"]
     for where in (["--agents", "chain"], remote):
         ok = invoke(runner, "runs", "list", "--limit", str(MAX_RUNS_PAGE), "--json", *where)
         assert ok.exit_code == 0, (where, ok.output)
@@ -576,7 +584,7 @@ def test_hints_fit_the_error_on_the_embedded_database(runner: CliRunner, chain: 
 
 
 def test_hints_fit_the_error_from_a_server(runner: CliRunner, server: str, chain: Path) -> None:
-    remote = ["--url", server, "--token", "s3cret"]
+    remote = ["--url", server, "--token", "s3cret-token-for-tests"]
     failed = invoke(runner, "run", "chain", "--input", '{"fail": true}', *remote)
     assert failed.exit_code == 1, failed.output
     finished = json.loads(invoke(runner, "runs", "list", "--json", *remote).stdout)[0]["id"]
@@ -604,7 +612,7 @@ def test_a_refused_bind_gets_the_hint_of_its_cause(runner: CliRunner, chain: Pat
         f"hint: another process uses the port; pick another with --port (e.g. --port {port + 1})"
     )
     # 192.0.2.0/24 is reserved for documentation: never an address of this machine.
-    elsewhere = invoke(runner, "serve", "--host", "192.0.2.1", "--token", "s3cret-token")
+    elsewhere = invoke(runner, "serve", "--host", "192.0.2.1", "--token", "s3cret-token-for-tests")
     assert "cannot listen on 192.0.2.1:8000" in elsewhere.stderr
     assert _hint(elsewhere) == (
         "hint: the address is not one of this machine's; use --host 127.0.0.1 (or 0.0.0.0)"

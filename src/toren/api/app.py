@@ -7,6 +7,7 @@ route but ``/v1/health`` needs a token when tokens are configured. Errors are al
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -22,7 +23,9 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 import toren
 from toren.api import metrics, models
 from toren.api.errors import STATUS_CODES, ApiError, install
-from toren.api.middleware import Auth, BodyLimit, CatchAll
+from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
+from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
+from toren.api.routing import Methods
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
@@ -79,6 +82,7 @@ def create_app(
     heartbeat: float = 15.0,
     poll_interval: float | None = None,
     secrets: Sequence[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The API over ``store`` for the agents ``agents`` resolves.
 
@@ -88,7 +92,12 @@ def create_app(
     the store). ``runtime``: an in-process worker, told about cancellations at once.
     ``secrets``: extra strings never to appear in a response (credential-like environment
     variables are always redacted). ``heartbeat`` and ``poll_interval`` tune SSE streams.
+    ``allowed_hosts``: the ``Host`` names served (:mod:`toren.api.hosts`; ``"*"`` for any).
+    Default: the loopback names without tokens, any host with them.
     """
+    from toren.api.server import check_tokens
+
+    check_tokens(tokens)
     state = ApiState(
         store=store,
         agents=agents,
@@ -124,10 +133,16 @@ def create_app(
         tags=["operations"],
         summary="Prometheus metrics",
     )
-    # Outermost last: CatchAll wraps everything, then auth, then the body limit.
+    if allowed_hosts is None:
+        allowed_hosts = (ANY_HOST,) if any(tokens) else LOOPBACK_HOSTS
+    app.router.redirect_slashes = False  # Methods redirects, without trusting Host
+    # Outermost last: NoSniff, CatchAll, the Host guard, auth, methods, the body limit.
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(Methods, routes=lambda: app.router.routes)
     app.add_middleware(Auth, tokens=list(tokens), is_public=state.is_public)
+    app.add_middleware(HostGuard, allowed=allowed_hosts)
     app.add_middleware(CatchAll)
+    app.add_middleware(NoSniff)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     if console:
         _mount_console(app, state)
@@ -158,8 +173,48 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         schema["security"] = [{"bearer": []}, {"apiKey": []}]
         schema["paths"]["/v1/health"]["get"]["security"] = []
         _drop_null_parameters(schema)
+        _add_stream_schemas(schema)
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, Any]:
+    """One SSE message as schemathesis (and OpenAPI 3.1's reading of an event stream's
+    ``schema``) sees it: ``{event, id?, data}``, ``data`` being JSON of ``data``'s schema."""
+    properties: dict[str, Any] = {
+        "event": {"const": event},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {"$ref": f"#/components/schemas/{data}"},
+        },
+    }
+    if with_id:
+        properties["id"] = {"type": "string", "pattern": "^[0-9]+$"}
+    required = ["event", "data", *(["id"] if with_id else [])]
+    return {"type": "object", "required": required, "properties": properties}
+
+
+def _add_stream_schemas(schema: dict[str, Any]) -> None:
+    """``GET /v1/runs/{run_id}/stream`` documents each of its messages: an ``event`` (the
+    log's Event, id = seq), a ``delta``, the ``end`` and an ``error``."""
+    components = schema["components"]["schemas"]
+    for model in (models.StreamDelta, models.StreamEnd):
+        found = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in found.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components[model.__name__] = found
+    media = schema["paths"]["/v1/runs/{run_id}/stream"]["get"]["responses"]["200"]["content"]
+    media["text/event-stream"] = {
+        "schema": {
+            "oneOf": [
+                _sse_message("event", "Event", with_id=True),
+                _sse_message("delta", "StreamDelta"),
+                _sse_message("end", "StreamEnd"),
+                _sse_message("error", "ErrorBody"),
+            ]
+        }
+    }
 
 
 def _drop_null_parameters(schema: dict[str, Any]) -> None:
@@ -315,6 +370,10 @@ def _deprecated_key(response: Response, key: str | None, old: str) -> str:
     response_model=models.RunList,
     tags=["runs"],
     summary="List runs, newest first",
+    description="Inputs, outputs and errors whose JSON text is larger than 4096 bytes are "
+    "left out (null, with `input_summary` / `output_summary` / `error_summary` giving their "
+    "size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is "
+    "therefore at most about `limit` × 14 KB.",
     responses=_errors(422),
 )
 async def list_runs(
@@ -322,7 +381,7 @@ async def list_runs(
     status: models.RunStatus | None = None,
     agent: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
     process: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE)] = 50,
+    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE), models.ASCII_INT] = 50,
     cursor: Annotated[
         str | None,
         Query(
@@ -340,9 +399,25 @@ async def list_runs(
             "matched against the input's JSON text; no control characters).",
         ),
     ] = None,
+    updated_after: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            allow_inf_nan=False,
+            description="Only runs whose `updated_at` is later (Unix seconds): what changed "
+            "since a previous poll (pass the largest `updated_at` it returned).",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     runs = await state.store.list_runs(
-        status=status, agent=agent, process=process, limit=limit, before=cursor, search=search
+        status=status,
+        agent=agent,
+        process=process,
+        limit=limit,
+        before=cursor,
+        search=search,
+        summary=True,
+        updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
     return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
@@ -366,22 +441,51 @@ async def get_run(run_id: str, state: State) -> dict[str, Any]:
     response_model=models.EventList,
     tags=["events"],
     summary="Read a run's event log",
+    description="At most `limit` events, and no more than 8 MiB of them (a page always "
+    "holds at least one event): a page cut short by either has `next_after` set.",
     responses=_errors(404, 422),
 )
 async def list_events(
     run_id: str,
     state: State,
     after: Annotated[
-        int, Query(ge=0, le=models.MAX_SEQ, description="Only events with a larger seq.")
+        int,
+        Query(ge=0, le=models.MAX_SEQ, description="Only events with a larger seq."),
+        models.ASCII_INT,
     ] = 0,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=1000), models.ASCII_INT] = 100,
 ) -> dict[str, Any]:
     await _run_or_404(state, run_id)
-    events = await state.store.load_events(run_id, after_seq=after, limit=limit)
-    return {
-        "events": [state.redact(e.to_dict()) for e in events],
-        "next_after": events[-1].seq if len(events) == limit else None,
-    }
+    events, more = await _event_page(state, run_id, after, limit)
+    return {"events": events, "next_after": events[-1]["seq"] if more else None}
+
+
+# A page of events stops growing past this many bytes of JSON (it always holds at least
+# one event): what one response may cost the server in memory, whatever ``limit`` says.
+MAX_EVENTS_PAGE_BYTES = 8 * 1024 * 1024
+_EVENT_CHUNK = 100  # events read from the store at a time
+
+
+async def _event_page(
+    state: ApiState, run_id: str, after: int, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` redacted events after ``after`` within the byte budget, and whether
+    more may follow (a full page, or one cut by the budget)."""
+    page: list[dict[str, Any]] = []
+    size = 0
+    while len(page) < limit:
+        want = min(_EVENT_CHUNK, limit - len(page))
+        chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+        for event in chunk:
+            item = state.redact(event.to_dict())
+            size += len(json.dumps(item, ensure_ascii=False, separators=(",", ":")))
+            if page and size > MAX_EVENTS_PAGE_BYTES:
+                return page, True
+            page.append(item)
+        if len(chunk) < want:
+            return page, False
+        after = chunk[-1].seq
+    return page, True
 
 
 @_route(
@@ -446,6 +550,7 @@ async def stream_events(
     after: Annotated[
         int | None,
         Query(ge=0, le=models.MAX_SEQ, description="Start after this seq (0: the whole log)."),
+        models.ASCII_INT,
     ] = None,
     last_event_id: Annotated[
         str | None,
@@ -619,7 +724,7 @@ async def ready(state: State) -> dict[str, Any]:
 )
 async def plan(
     state: State,
-    limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT)] = PLAN_LIMIT,
+    limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT), models.ASCII_INT] = PLAN_LIMIT,
 ) -> dict[str, Any]:
     """Replay every in-flight run (queued, running, waiting) against the code this server
     resolves, executing nothing live, and report per run and stream whether it replays

@@ -7,6 +7,7 @@ a 500 with a generic message (logged server-side with its traceback, never sent)
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,12 @@ def _unparsable_body(cause: BaseException | None, body: Any) -> Failure:
         message = _too_deep_body(body)
     elif isinstance(cause, UnicodeDecodeError):
         message = f"the request body is not valid UTF-8: {cause.reason} at position {cause.start}"
+    elif isinstance(cause, ValueError) and "digits" in str(cause):
+        # Python refuses to parse integers longer than sys.get_int_max_str_digits().
+        message = (
+            f"the request body holds an integer with more than {sys.get_int_max_str_digits()} "
+            "digits; send numbers that large as strings"
+        )
     else:
         message = "the request body is not valid UTF-8 JSON"
     return _invalid_body(message, "json_invalid")

@@ -121,3 +121,29 @@ class CatchAll:
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
             if not started:
                 await internal_error_response()(scope, receive, send)
+
+
+class NoSniff:
+    """``X-Content-Type-Options: nosniff`` on every response (JSON, static files, errors):
+    a browser must not guess a script or a page out of run data served as JSON."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if k.lower() != b"x-content-type-options"
+                ]
+                headers.append((b"x-content-type-options", b"nosniff"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_header)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from toren.agents.config import NAME_PATTERN
 from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
@@ -32,6 +32,22 @@ CURSOR_HELP = (
     "(e.g. 'run_0190c2a5e1f3a1b2c3d4e5'); omit it for the first page"
 )
 MAX_SEQ = 2**63 - 1
+
+
+def _ascii_int(value: Any) -> Any:
+    """Query and path integers are ASCII digits only. Python's ``int()`` (and pydantic's
+    lax mode) also take ``'٢'``, ``' 5'``, ``'+5'``, ``'5_0'`` and ``'5.0'``: one number
+    with many spellings, which a proxy, a cache or a log reader would not see as equal."""
+    digits = value[1:] if isinstance(value, str) and value.startswith("-") else value
+    if isinstance(value, str) and not (digits.isascii() and digits.isdigit() and len(digits) <= 19):
+        raise ValueError(f"{value[:40]!r} is not a whole number; use the ASCII digits 0-9 only")
+    return value
+
+
+# On an integer query or path parameter: ``Annotated[int, Query(ge=...), ASCII_INT]``, in
+# that order (before the Query, or nested, FastAPI publishes the bounds as ``ge``/``le``
+# instead of ``minimum``/``maximum``, or enforces none).
+ASCII_INT = BeforeValidator(_ascii_int)
 
 RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 
@@ -125,6 +141,15 @@ class Lineage(BaseModel):
     at: str = Field(description="The fork point, `STREAM:POSITION` (e.g. `main:5`).")
 
 
+class ValueSummary(BaseModel):
+    """A value a list of runs leaves out because its JSON text is larger than
+    ``SUMMARY_INLINE`` bytes (4096); ``GET /v1/runs/{run_id}`` has it whole."""
+
+    bytes: int = Field(description="Size of the value's JSON text, in bytes.")
+    preview: str = Field(description="The first 256 characters of that JSON text.")
+    truncated: Literal[True] = True
+
+
 class Run(BaseModel):
     id: str
     agent: str
@@ -160,6 +185,17 @@ class Run(BaseModel):
         default=None,
         description="The worker holding the run and until when its lease runs (a run "
         "held by a worker that is gone waits for this time). Null when no worker holds it.",
+    )
+    input_summary: ValueSummary | None = Field(
+        default=None,
+        description="In a list of runs, set when `input` was too large to list (it is then "
+        "null); null otherwise.",
+    )
+    output_summary: ValueSummary | None = Field(
+        default=None, description="As `input_summary`, for `output`."
+    )
+    error_summary: ValueSummary | None = Field(
+        default=None, description="As `input_summary`, for `error`."
     )
 
 
@@ -244,8 +280,23 @@ class Event(BaseModel):
 class EventList(BaseModel):
     events: list[Event]
     next_after: int | None = Field(
-        description="Pass as `after` for the next page; null when this page was not full."
+        description="Pass as `after` for the next page; null when this page was not full "
+        "(a page is also cut at 8 MiB of events)."
     )
+
+
+class StreamDelta(BaseModel):
+    """The data of an SSE ``delta`` message: model output of a call still in flight."""
+
+    stream: str
+    position: int | None
+    text: str = Field(description="The next piece of text (redacted like everything else).")
+
+
+class StreamEnd(BaseModel):
+    """The data of an SSE ``end`` message: the run as it ended."""
+
+    run: Run | None
 
 
 class SendMessageRequest(BaseModel):

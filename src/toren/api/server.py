@@ -28,6 +28,42 @@ class InsecureBind(UserError):
     code = "insecure_bind"
 
 
+class WeakToken(UserError):
+    code = "weak_token"
+
+
+# Shorter tokens are refused: they can be guessed, and the redactor (toren.redact) would
+# not scrub them out of logs and responses (it ignores short strings, which would redact
+# ordinary words).
+MIN_TOKEN_LENGTH = 16
+
+
+def check_tokens(tokens: Sequence[str]) -> None:
+    """Every API token is at least :data:`MIN_TOKEN_LENGTH` characters of visible ASCII
+    (a header value cannot carry anything else). The token itself is never quoted."""
+    for i, token in enumerate(tokens, 1):
+        problem = None
+        if len(token) < MIN_TOKEN_LENGTH:
+            problem = f"is {len(token)} characters long; use at least {MIN_TOKEN_LENGTH}"
+        elif not all("\x21" <= c <= "\x7e" for c in token):
+            problem = "holds spaces, control or non-ASCII characters; use visible ASCII only"
+        if problem is not None:
+            raise WeakToken(
+                f"API token #{i} of {len(tokens)} {problem}. Generate one with: "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+
+
+def url_for(host: str, port: int, scheme: str = "http") -> str:
+    """``http://host:port``, with an IPv6 address in brackets (``http://[::1]:8000``)."""
+    bare = host.strip("[]")
+    try:
+        shown = f"[{bare}]" if ipaddress.ip_address(bare).version == 6 else bare
+    except ValueError:
+        shown = host
+    return f"{scheme}://{shown}:{port}"
+
+
 def is_loopback(host: str) -> bool:
     if host.strip().lower() == "localhost":
         return True
@@ -78,6 +114,7 @@ def _config(app: FastAPI, host: str, port: int, **options: Any) -> uvicorn.Confi
 
 async def serve(app: FastAPI, host: str, port: int, **uvicorn_options: Any) -> None:
     """Serve ``app`` until SIGINT/SIGTERM. Extra options go to ``uvicorn.Config``."""
+    check_tokens(getattr(app.state, "tokens", ()))
     check_bind(host, getattr(app.state, "tokens", ()))
     server = _Server(_config(app, host, port, **uvicorn_options), handle_signals=True)
     await server.serve()
@@ -90,7 +127,7 @@ class RunningServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return url_for(self.host, self.port)
 
 
 @asynccontextmanager

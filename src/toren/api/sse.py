@@ -39,6 +39,7 @@ from typing import Any
 
 from toren.core.events import TERMINAL_TYPES, Event
 from toren.core.live import LiveHub
+from toren.redact import Redactor, StreamRedactor
 from toren.store.base import Store
 
 log = logging.getLogger("toren.api")
@@ -95,7 +96,7 @@ class RunStream:
         after: int,
         *,
         live: LiveHub | None,
-        redact: Callable[[Any], Any],
+        redact: Redactor,
         settings: StreamSettings,
         closing: Callable[[], bool],
         problem: str | None = None,
@@ -110,6 +111,8 @@ class RunStream:
         self.problem = problem
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
         self._snapshot: list[tuple[str, int, str]] = []
+        # One redactor per step in flight: a secret may be split across its deltas.
+        self._delta_text: dict[tuple[Any, Any], StreamRedactor] = {}
         self._last_write = time.monotonic()
 
     async def body(self) -> AsyncIterator[bytes]:
@@ -154,15 +157,19 @@ class RunStream:
                 return
             # A model call already streaming when this reader came: its text so far,
             # as one delta, before the deltas that follow it.
+            # Through the step's redactor, as every delta: a secret may sit in it.
             for stream, position, text in self._snapshot:
                 if (stream, position) not in self._recorded:
-                    yield message("delta", {"stream": stream, "position": position, "text": text})
+                    snapshot = self._delta({"stream": stream, "position": position, "text": text})
+                    if snapshot is not None:
+                        yield snapshot
             self._snapshot = []
             items, check_row = await self._wait(queue)
             for item in items:
                 if item.get("type") == "delta" and self._fresh(item):
-                    delta = {k: item.get(k) for k in ("stream", "position", "text")}
-                    yield message("delta", delta)
+                    delta = self._delta(item)
+                    if delta is not None:
+                        yield delta
                 elif item.get("type") == "replayed":
                     replayed = {k: item.get(k) for k in ("stream", "position", "seq")}
                     yield message("replayed", replayed)
@@ -171,11 +178,31 @@ class RunStream:
             if time.monotonic() - self._last_write >= self.settings.heartbeat:
                 yield b": heartbeat\n\n"
 
+    def _delta(self, item: dict[str, Any]) -> bytes | None:
+        """A delta's text through its step's :class:`StreamRedactor`: the part that is
+        safe to send now (None when all of it is held back)."""
+        step = (item.get("stream"), item.get("position"))
+        redactor = self._delta_text.get(step)
+        if redactor is None:
+            redactor = self._delta_text[step] = StreamRedactor(self.redact)
+        text = redactor.feed(str(item.get("text") or ""))
+        if not text:
+            return None
+        return message("delta", {"stream": step[0], "position": step[1], "text": text})
+
     def _event(self, event: Event) -> bytes:
         self.last = event.seq
+        held = b""
         if event.position is not None:
-            self._recorded.add((event.stream, event.position))
-        return message("event", self.redact(event.to_dict()), id=event.seq)
+            step = (event.stream, event.position)
+            self._recorded.add(step)
+            # The step's text is complete: what its redactor held back goes out (redacted),
+            # so the deltas still add up to the recorded text.
+            redactor = self._delta_text.pop(step, None)
+            rest = redactor.flush() if redactor is not None else ""
+            if rest:
+                held = message("delta", {"stream": step[0], "position": step[1], "text": rest})
+        return held + message("event", self.redact(event.to_dict()), id=event.seq)
 
     def _fresh(self, delta: dict[str, Any]) -> bool:
         return (delta.get("stream"), delta.get("position")) not in self._recorded

@@ -114,6 +114,15 @@ def hint_for(exc: BaseException) -> str:
             "set the variable named above where the run executes (this shell for 'toren "
             "run', the worker's environment otherwise); nothing was started"
         )
+    if getattr(exc, "code", "") == "insecure_bind":
+        return (
+            "set a token (--token or TOREN_API_TOKEN, at least 16 characters) to serve "
+            "beyond loopback, or keep --host 127.0.0.1"
+        )
+    if getattr(exc, "code", "") == "weak_token":
+        return "set --token / TOREN_API_TOKEN to a long random string (the command above)"
+    if getattr(exc, "code", "") == "bad_allowed_host":
+        return "pass --allowed-host once per name (or TOREN_ALLOWED_HOSTS, comma-separated)"
     if isinstance(exc, AgentConfigError):
         return "fix the file named above, then run the command again"
     if isinstance(exc, AgentNotFound):
@@ -147,6 +156,12 @@ def hint_for(exc: BaseException) -> str:
 def _server_hint(code: str, command: str, reach: str) -> str:
     if code == "connection_error":
         return _SERVER_DOWN
+    if code == "invalid_token":
+        return "fix --token / TOREN_API_TOKEN: one line of visible ASCII (no trailing newline)"
+    if code == "unexpected_response":
+        return "point --url / TOREN_API_URL at the Toren server itself (not a proxy's page)"
+    if code == "stream_timeout":
+        return "the server (or a proxy) stopped answering; check it, then run the command again"
     if code in ("unauthorized", "forbidden"):
         return "pass the server's token with --token or TOREN_API_TOKEN"
     if code == "run_not_found":
@@ -279,6 +294,11 @@ def setup_logging(level: str = "error") -> None:
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO))
+    # The HTTP server's lines (the access log at info) go the same way, through the same
+    # redaction; servers.py hands uvicorn the level and no logging config of its own.
+    server = logging.getLogger("uvicorn")
+    server.handlers = [handler]
+    server.propagate = False
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -55,6 +55,28 @@ def log_level_option(default: str) -> Callable[[F], F]:
     )
 
 
+def allowed_hosts_option(fn: F) -> F:
+    """``--allowed-host``: the Host names the server answers to (DNS-rebinding guard)."""
+    return click.option(
+        "--allowed-host",
+        "allowed_hosts",
+        multiple=True,
+        envvar="TOREN_ALLOWED_HOSTS",
+        help="A Host name the server answers to (repeat, or comma-separate; '*' for any, "
+        "'.example.com' for a domain). Default: the loopback names when bound to loopback, "
+        "any host otherwise (a token is then required). [env: TOREN_ALLOWED_HOSTS]",
+    )(fn)
+
+
+def _allowed_hosts(given: Sequence[str], host: str, tokens: Sequence[str]) -> tuple[str, ...]:
+    from toren.api.hosts import default_allowed_hosts, normalize_host
+
+    names = [n.strip() for raw in given for n in raw.split(",") if n.strip()]
+    for name in names:
+        normalize_host(name)  # a bad entry fails here, before anything starts
+    return tuple(names) if names else default_allowed_hosts(host, tokens)
+
+
 def agents_and_database(fn: F) -> F:
     """The --agents and --database-url options of the long-running commands."""
     fn = click.option(
@@ -114,7 +136,13 @@ def _bind_hint(exc: OSError, port: int) -> str:
     return "check --host and --port"
 
 
-def _create_app(runtime: Runtime, tokens: Sequence[str], worker: Any, console: bool) -> Any:
+def _create_app(
+    runtime: Runtime,
+    tokens: Sequence[str],
+    worker: Any,
+    console: bool,
+    allowed_hosts: Sequence[str],
+) -> Any:
     from toren.api.app import create_app
 
     return create_app(
@@ -124,6 +152,7 @@ def _create_app(runtime: Runtime, tokens: Sequence[str], worker: Any, console: b
         live=runtime.live,
         runtime=worker,
         console=console,
+        allowed_hosts=tuple(allowed_hosts),
     )
 
 
@@ -176,17 +205,36 @@ class WorkerSwitch:
     "[env: TOREN_CODE_VERSION]",
 )
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
+@allowed_hosts_option
 @log_level_option("warning")
 def dev(
-    directory: Path, port: int, code_version: str | None, no_console: bool, log_level: str
+    directory: Path,
+    port: int,
+    code_version: str | None,
+    no_console: bool,
+    allowed_hosts: tuple[str, ...],
+    log_level: str,
 ) -> None:
-    _setup_logging(log_level)
     host = "127.0.0.1"
+    hosts = _allowed_hosts(allowed_hosts, host, ())
+    _setup_logging(log_level)
     _check_port(host, port)
-    run_async(lambda: _dev(directory.resolve(), host, port, code_version, not no_console))
+    run_async(
+        lambda: _dev(
+            directory.resolve(), host, port, code_version, not no_console, hosts, log_level
+        )
+    )
 
 
-async def _dev(root: Path, host: str, port: int, code_version: str | None, console: bool) -> None:
+async def _dev(
+    root: Path,
+    host: str,
+    port: int,
+    code_version: str | None,
+    console: bool,
+    allowed_hosts: Sequence[str] = (),
+    log_level: str = "warning",
+) -> None:
     from toren.api.server import running_server
 
     settings = settings_from(code_version=code_version)
@@ -200,8 +248,8 @@ async def _dev(root: Path, host: str, port: int, code_version: str | None, conso
         versions = _agent_versions(runtime)
         if versions is not None:
             switch.current = await _start_worker(runtime)
-        app = _create_app(runtime, (), switch, console)
-        async with running_server(app, host, port, log_level="warning") as server:
+        app = _create_app(runtime, (), switch, console, allowed_hosts)
+        async with running_server(app, host, port, log_level=log_level.lower()) as server:
             printer.print(f"[bold]toren dev[/] · agents in {escape(str(root))}")
             if versions == {}:
                 err().print(
@@ -351,7 +399,7 @@ async def _watch(
     "It refuses to listen beyond loopback without a token."
     + examples(
         "toren serve",
-        "TOREN_API_TOKEN=s3cret toren serve --host 0.0.0.0 --port 8080",
+        "TOREN_API_TOKEN=$(openssl rand -hex 24) toren serve --host 0.0.0.0 --port 8080",
         "toren serve --database-url postgresql://toren@db/toren --agents ./agents",
     )
 )
@@ -369,6 +417,7 @@ async def _watch(
 )
 @agents_and_database
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
+@allowed_hosts_option
 @log_level_option("info")
 def serve(
     host: str,
@@ -377,39 +426,49 @@ def serve(
     agents_root: Path,
     database_url: str | None,
     no_console: bool,
+    allowed_hosts: tuple[str, ...],
     log_level: str,
 ) -> None:
     tokens = tuple(t.strip() for raw in tokens for t in raw.split(",") if t.strip())
-    from toren.api.server import check_bind
+    from toren.api.server import check_bind, check_tokens
 
+    check_tokens(tokens)
     check_bind(host, tokens)
+    hosts = _allowed_hosts(allowed_hosts, host, tokens)
     _setup_logging(log_level)
     _check_port(host, port)
     root = agents_root.resolve()
     url = database_url_for(root, database_url)
-    run_async(lambda: _serve(root, url, host, port, tokens, not no_console))
+    run_async(lambda: _serve(root, url, host, port, tokens, not no_console, hosts, log_level))
 
 
 async def _serve(
-    root: Path, url: str, host: str, port: int, tokens: Sequence[str], console: bool
+    root: Path,
+    url: str,
+    host: str,
+    port: int,
+    tokens: Sequence[str],
+    console: bool,
+    allowed_hosts: Sequence[str] = (),
+    log_level: str = "info",
 ) -> None:
     from toren.api.server import serve as serve_app
+    from toren.api.server import url_for
 
     runtime = await open_runtime(root, url, settings_from(database_url=url))
     try:
-        app = _create_app(runtime, tokens, None, console)
+        app = _create_app(runtime, tokens, None, console, allowed_hosts)
+        base = url_for(host, port)
         out().print(
-            f"toren serve · API http://{host}:{port}/v1"
-            + (f" · console http://{host}:{port}/" if console else "")
+            f"toren serve · API {base}/v1"
+            + (f" · console {base}/" if console else "")
             + ("" if tokens else " · no token: loopback only")
         )
-        await serve_app(app, host, port, log_level=_uvicorn_level())
+        # --log-level reaches uvicorn (info and up: the access log); its lines go through
+        # Toren's handler (setup_logging), hence no logging config of uvicorn's own.
+        await serve_app(app, host, port, log_level=log_level.lower(), log_config=None)
     finally:
         await close_runtime(runtime)
-
-
-def _uvicorn_level() -> str:
-    return logging.getLevelName(logging.getLogger().getEffectiveLevel()).lower()
 
 
 # -- toren worker -----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Python clients for the Toren HTTP API: :class:`TorenClient` (blocking) and
 :class:`AsyncTorenClient`, with typed results and :class:`TorenAPIError` carrying the
-server's error code.
+server's error code (its subclasses, drawn in ``toren.client._errors``, say what else went
+wrong: unreachable, a silent stream, an answer that is not the Toren API's, a bad token).
 
     from toren.client import TorenClient
 
@@ -12,7 +13,13 @@ server's error code.
 """
 
 from toren.client._async import AsyncTorenClient
-from toren.client._errors import TorenAPIError, TorenConnectionError
+from toren.client._errors import (
+    TorenAPIError,
+    TorenConnectionError,
+    TorenResponseError,
+    TorenStreamTimeout,
+    TorenTokenError,
+)
 from toren.client._sync import TorenClient
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage, Usage
 
@@ -27,5 +34,8 @@ __all__ = [
     "TorenAPIError",
     "TorenClient",
     "TorenConnectionError",
+    "TorenResponseError",
+    "TorenStreamTimeout",
+    "TorenTokenError",
     "Usage",
 ]

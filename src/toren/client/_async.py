@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import httpx
 
 from toren.client import _protocol as p
-from toren.client._errors import TorenAPIError
+from toren.client._errors import TorenAPIError, TorenConnectionError
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
 
 T = TypeVar("T")
@@ -134,11 +134,24 @@ class AsyncTorenClient:
         return await self._send(p.invalidations(run_id))
 
     async def wait(self, run_id: str, timeout: float = 60.0) -> Run:
-        """Until the run is completed, failed or cancelled; ``TimeoutError`` otherwise."""
+        """Until the run is completed, failed or cancelled; ``TimeoutError`` otherwise.
+        Connection errors are retried with backoff until ``timeout``; then the last one
+        (:class:`TorenConnectionError`) is raised."""
         deadline = time.monotonic() + timeout
         delay = 0.02
+        failures = 0
         while True:
-            run = await self.get_run(run_id)
+            try:
+                run = await self.get_run(run_id)
+            except TorenConnectionError:
+                # A blip (a restarting server, a load balancer) is retried with backoff
+                # until the timeout; a server that stays away raises the last error.
+                failures += 1
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(min(p.backoff(failures), max(deadline - time.monotonic(), 0.0)))
+                continue
+            failures = 0
             if run.terminal:
                 return run
             if time.monotonic() >= deadline:
@@ -153,9 +166,15 @@ class AsyncTorenClient:
     ) -> AsyncIterator[Event | Delta]:
         """The run's events from ``after`` on, live, until the run ends. A dropped
         connection is resumed with ``Last-Event-ID``: every event arrives once, in order.
-        With ``deltas=True``, token deltas of model calls in flight are yielded too."""
+        With ``deltas=True``, token deltas of model calls in flight are yielded too.
+
+        Each connection that ends before the run does (broken, silent for
+        ``stream_timeout`` seconds, closed early, or a 200 that is not an event stream)
+        counts against ``max_reconnects``; an event resets the count. Past it the stream
+        raises :class:`TorenConnectionError`, :class:`TorenStreamTimeout` or
+        :class:`TorenResponseError`."""
         state = p.StreamState(run_id, after, deltas, self._redact)
-        failures = 0
+        attempts = p.StreamAttempts(run_id, self.max_reconnects, self._redact)
         while not state.done:
             path, params, headers = state.request()
             try:
@@ -169,27 +188,23 @@ class AsyncTorenClient:
                     if response.status_code >= 400:
                         await response.aread()
                         p.raise_for_status(response, self._redact)
-                    parser = p.SSEParser()
-                    async for line in response.aiter_lines():
-                        msg = parser.feed(line)
-                        if msg is None:
-                            continue
-                        failures = 0
-                        item = state.handle(msg)
-                        if item is not None:
-                            yield item
-                        if state.done:
-                            return
+                    if not p.is_event_stream(response):
+                        problem = attempts.not_a_stream(response)
+                    else:
+                        parser = p.SSEParser()
+                        async for line in response.aiter_lines():
+                            msg = parser.feed(line)
+                            if msg is None:
+                                continue
+                            attempts.progressed()
+                            item = state.handle(msg)
+                            if item is not None:
+                                yield item
+                            if state.done:
+                                return
+                        problem = attempts.closed(state)  # closed early (a server stopping)
             except TorenAPIError:
                 raise
             except httpx.TransportError as exc:
-                failures += 1
-                if failures > self.max_reconnects:
-                    raise p.connection_error(
-                        self._redact,
-                        f"the stream of run {run_id!r} broke {failures} times in a row "
-                        f"(last after event {state.last}): {exc!r}",
-                    ) from exc
-            else:
-                failures += 1  # the server closed the stream early (e.g. it is stopping)
-            await asyncio.sleep(p.backoff(failures))
+                problem = attempts.broken(state, exc)
+            await asyncio.sleep(attempts.failed(problem))

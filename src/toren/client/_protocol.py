@@ -13,7 +13,13 @@ from urllib.parse import quote
 
 import httpx
 
-from toren.client._errors import TorenAPIError, TorenConnectionError
+from toren.client._errors import (
+    TorenAPIError,
+    TorenConnectionError,
+    TorenResponseError,
+    TorenStreamTimeout,
+    TorenTokenError,
+)
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
 from toren.redact import Redactor, secrets_from_env
 
@@ -129,7 +135,30 @@ def needs_tls(base_url: str) -> bool:
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
+    check_token(token)
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def check_token(token: str | None) -> None:
+    """A token is one line of visible ASCII, as the server requires. Anything else would
+    fail inside the HTTP library with the header (token and all) in its message, called a
+    connection problem; this says what is wrong, where, and never quotes it."""
+    if not token:
+        return
+    for i, char in enumerate(token, 1):
+        if "\x21" <= char <= "\x7e":
+            continue
+        if char in "\r\n":
+            what = "a line break"
+        elif char.isascii():
+            what = "a space or control character"
+        else:
+            what = "a non-ASCII character"
+        raise TorenTokenError(
+            f"the API token contains {what} (character {i} of {len(token)}); a token is "
+            "visible ASCII on one line. Check --token / TOREN_API_TOKEN (a trailing newline "
+            "from a file, a pasted quote?); nothing was sent"
+        )
 
 
 def redactor(token: str | None) -> Redactor:
@@ -142,7 +171,31 @@ def redactor(token: str | None) -> Redactor:
 
 def result(call: Call[T], response: httpx.Response, redact: Redactor) -> T:
     raise_for_status(response, redact)
-    return call.parse(response.json())
+    what = f"{call.method} {call.path}"
+    media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise unexpected(
+            redact,
+            response,
+            f"the answer to {what} is not JSON ({media or 'no Content-Type'})",
+        )
+    try:
+        return call.parse(response.json())
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"[:200]
+        raise unexpected(
+            redact, response, f"the answer to {what} is not what the Toren API sends ({problem})"
+        ) from None
+
+
+def unexpected(redact: Redactor, response: httpx.Response, problem: str) -> TorenResponseError:
+    return TorenResponseError(
+        response.status_code,
+        redact.text(
+            f"{problem}, from {response.request.url.copy_with(query=None)}; is a proxy, a "
+            "login portal or another service answering there instead of a Toren server?"
+        ),
+    )
 
 
 def raise_for_status(response: httpx.Response, redact: Redactor) -> None:
@@ -165,6 +218,59 @@ def api_error(
 
 def connection_error(redact: Redactor, message: str) -> TorenConnectionError:
     return TorenConnectionError(redact.text(message))
+
+
+class StreamAttempts:
+    """The reconnect budget of one ``stream()`` call. Every way a connection can end
+    before the run's ``end`` (a broken connection, silence past ``stream_timeout``, an
+    early close, a 200 that is no event stream) counts; a message received resets it.
+    Past ``max_reconnects`` the last problem is raised, typed by what happened."""
+
+    def __init__(self, run_id: str, max_reconnects: int, redact: Redactor) -> None:
+        self.run_id = run_id
+        self.max_reconnects = max_reconnects
+        self.redact = redact
+        self.failures = 0
+
+    def progressed(self) -> None:
+        self.failures = 0
+
+    def failed(self, problem: TorenAPIError) -> float:
+        """Count a failure; raise ``problem`` past the budget, else return the delay."""
+        self.failures += 1
+        if self.failures > self.max_reconnects:
+            raise problem
+        return backoff(self.failures)
+
+    def broken(self, state: StreamState, exc: Exception) -> TorenAPIError:
+        where = f"the stream of run {self.run_id!r} (last event {state.last})"
+        attempts = f"{self.failures + 1} times in a row"
+        if isinstance(exc, httpx.ReadTimeout):
+            return TorenStreamTimeout(
+                self.redact.text(f"{where} sent nothing, not even a heartbeat, {attempts}")
+            )
+        return connection_error(self.redact, f"{where} broke {attempts}: {exc!r}")
+
+    def closed(self, state: StreamState) -> TorenAPIError:
+        return connection_error(
+            self.redact,
+            f"the server closed the stream of run {self.run_id!r} before its end "
+            f"{self.failures + 1} times in a row (last event {state.last})",
+        )
+
+    def not_a_stream(self, response: httpx.Response) -> TorenAPIError:
+        media = response.headers.get("content-type", "") or "no Content-Type"
+        return unexpected(
+            self.redact,
+            response,
+            f"the stream of run {self.run_id!r} answered HTTP {response.status_code} with "
+            f"{media}, not text/event-stream, {self.failures + 1} times in a row",
+        )
+
+
+def is_event_stream(response: httpx.Response) -> bool:
+    media = str(response.headers.get("content-type", "")).partition(";")[0].strip().lower()
+    return media == "text/event-stream"
 
 
 # -- Server-Sent Events -------------------------------------------------------------------
@@ -224,6 +330,18 @@ class StreamState:
         return _run_path(self.run_id, "/stream"), {"after": self.last}, headers
 
     def handle(self, msg: SSEMessage) -> Event | Delta | None:
+        try:
+            return self._handle(msg)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise TorenResponseError(
+                200,
+                self.redact.text(
+                    f"a {msg.event!r} message of the stream of run {self.run_id!r} is not "
+                    f"what the Toren API sends ({type(exc).__name__}: {exc})"[:300]
+                ),
+            ) from None
+
+    def _handle(self, msg: SSEMessage) -> Event | Delta | None:
         if msg.event == "event":
             event = Event.from_json(json.loads(msg.data))
             if event.seq <= self.last:

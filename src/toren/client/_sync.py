@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 import httpx
 
 from toren.client import _protocol as p
-from toren.client._errors import TorenAPIError
+from toren.client._errors import TorenAPIError, TorenConnectionError
 from toren.client._types import Agent, Delta, Event, EventPage, Run, RunPage
 
 T = TypeVar("T")
@@ -127,10 +127,22 @@ class TorenClient:
         return self._send(p.invalidations(run_id))
 
     def wait(self, run_id: str, timeout: float = 60.0) -> Run:
+        """See :meth:`AsyncTorenClient.wait`."""
         deadline = time.monotonic() + timeout
         delay = 0.02
+        failures = 0
         while True:
-            run = self.get_run(run_id)
+            try:
+                run = self.get_run(run_id)
+            except TorenConnectionError:
+                # A blip (a restarting server, a load balancer) is retried with backoff
+                # until the timeout; a server that stays away raises the last error.
+                failures += 1
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(p.backoff(failures), max(deadline - time.monotonic(), 0.0)))
+                continue
+            failures = 0
             if run.terminal:
                 return run
             if time.monotonic() >= deadline:
@@ -143,7 +155,7 @@ class TorenClient:
     ) -> Iterator[Event | Delta]:
         """See :meth:`AsyncTorenClient.stream`."""
         state = p.StreamState(run_id, after, deltas, self._redact)
-        failures = 0
+        attempts = p.StreamAttempts(run_id, self.max_reconnects, self._redact)
         while not state.done:
             path, params, headers = state.request()
             try:
@@ -157,27 +169,23 @@ class TorenClient:
                     if response.status_code >= 400:
                         response.read()
                         p.raise_for_status(response, self._redact)
-                    parser = p.SSEParser()
-                    for line in response.iter_lines():
-                        msg = parser.feed(line)
-                        if msg is None:
-                            continue
-                        failures = 0
-                        item = state.handle(msg)
-                        if item is not None:
-                            yield item
-                        if state.done:
-                            return
+                    if not p.is_event_stream(response):
+                        problem = attempts.not_a_stream(response)
+                    else:
+                        parser = p.SSEParser()
+                        for line in response.iter_lines():
+                            msg = parser.feed(line)
+                            if msg is None:
+                                continue
+                            attempts.progressed()
+                            item = state.handle(msg)
+                            if item is not None:
+                                yield item
+                            if state.done:
+                                return
+                        problem = attempts.closed(state)  # closed early (a server stopping)
             except TorenAPIError:
                 raise
             except httpx.TransportError as exc:
-                failures += 1
-                if failures > self.max_reconnects:
-                    raise p.connection_error(
-                        self._redact,
-                        f"the stream of run {run_id!r} broke {failures} times in a row "
-                        f"(last after event {state.last}): {exc!r}",
-                    ) from exc
-            else:
-                failures += 1
-            time.sleep(p.backoff(failures))
+                problem = attempts.broken(state, exc)
+            time.sleep(attempts.failed(problem))

@@ -29,6 +29,7 @@ from toren.store.base import from_nano
 
 STATIC = Path(__file__).parent / "static"
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the API's run routes accept
+SEQ = re.compile(r"[0-9]{1,18}", re.ASCII)  # ASCII digits only: int() also takes '٢'
 
 # The pages hold no data, so they are safe to serve without a token; strict CSP keeps any
 # injected markup inert (no inline script or style, only same-origin fetches).
@@ -129,8 +130,13 @@ async def model_call(request: Request) -> Response:
     state = _state(request)
     run_id = request.path_params["run_id"]
     seq_text = request.path_params["seq"]
-    if not RUN_ID.match(run_id) or not seq_text.isdigit() or len(seq_text) > 18:
-        raise ApiError(404, "not_found", f"no model call {seq_text!r} in run {run_id!r}")
+    if not SEQ.fullmatch(seq_text) or not RUN_ID.match(run_id):
+        # Not a seq at all (as before: a 404), and said so: only ASCII digits name one.
+        raise ApiError(
+            404,
+            "not_found",
+            f"no model call {seq_text[:40]!r} in run {run_id!r}: a seq is 1-18 ASCII digits 0-9",
+        )
     seq = int(seq_text)
     found = await state.store.load_events(run_id, after_seq=seq - 1, limit=1) if seq else []
     event = found[0] if found and found[0].seq == seq else None

@@ -27,6 +27,18 @@ def from_nano(nano: int) -> Decimal:
 
 
 @dataclass(frozen=True)
+class ValueSummary:
+    """A run's input, output or error left out of a list of runs: its size (bytes of its
+    JSON text) and the start of that text. The run's own read has the whole value."""
+
+    bytes: int
+    preview: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "preview": self.preview, "truncated": True}
+
+
+@dataclass(frozen=True)
 class RunRecord:
     id: str
     agent: str
@@ -61,6 +73,9 @@ class RunRecord:
     blocked_error: dict[str, Any] | None = None
     blocked_attempts: int = 0
     blocked_since: float | None = None
+    # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
+    # large to list whole; the value itself is then None.
+    summaries: Mapping[str, ValueSummary] | None = None
 
     @property
     def cost_usd(self) -> Decimal:
@@ -112,6 +127,7 @@ class RunRecord:
                 if self.lease_owner is not None and not self.terminal
                 else None
             ),
+            **{f"{k}_summary": v.to_dict() for k, v in (self.summaries or {}).items()},
         }
 
     def blocked_dict(self) -> dict[str, Any] | None:
@@ -224,6 +240,8 @@ class Store(Protocol):
         limit: int = 50,
         before: str | None = None,
         search: str | None = None,
+        summary: bool = False,
+        updated_after: float | None = None,
     ) -> list[RunRecord]: ...
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None

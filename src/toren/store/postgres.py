@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from toren.core.events import Event
 from toren.errors import LeaseLost, SchemaError, StorageError
 from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
-from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, render
+from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,
     RELEASE_NOT_BEFORE,
@@ -804,7 +804,7 @@ class PostgresStore(SqlStore):
                 present = _present_schema(cur)
                 cur.execute("SET lock_timeout = '30s'")
                 for migration in SCHEMA:
-                    if not _is_present(migration, present):
+                    if applies(migration, "postgres") and not _is_present(migration, present):
                         cur.execute(render(migration, "postgres"))
             finally:
                 cur.execute("RESET lock_timeout")

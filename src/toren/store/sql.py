@@ -35,9 +35,11 @@ from toren.store.base import (
     Release,
     RunDelta,
     RunRecord,
+    ValueSummary,
     WorkerInfo,
     read_json,
 )
+from toren.store.schema import LIST_COLUMNS, summary_expressions
 
 T = TypeVar("T")
 
@@ -126,6 +128,54 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         blocked_error=read_json(row[27], "runs", "blocked_error", id=run_id),
         blocked_attempts=row[28],
         blocked_since=row[29],
+    )
+
+
+_LISTED = len(LIST_COLUMNS.split(","))  # the summary expressions follow these columns
+
+
+def summary_from_row(row: Sequence[Any]) -> RunRecord:
+    """A row of ``LIST_COLUMNS`` and ``summary_expressions`` (see ``list_runs``)."""
+    run_id = row[0]
+    values: dict[str, Any] = {}
+    summaries: dict[str, ValueSummary] = {}
+    for i, name in enumerate(("input", "output", "error")):
+        inline, size, preview = row[_LISTED + 3 * i : _LISTED + 3 + 3 * i]
+        if preview is not None:
+            summaries[name] = ValueSummary(int(size), str(preview))
+            values[name] = None
+        else:
+            values[name] = read_json(inline, "runs", name, id=run_id)
+    return RunRecord(
+        id=run_id,
+        agent=row[1],
+        process=row[2],
+        status=row[3],
+        idempotency_key=row[4],
+        created_at=row[5],
+        updated_at=row[6],
+        lease_owner=row[7],
+        lease_epoch=row[8],
+        lease_expires_at=row[9],
+        not_before=row[10],
+        cancel_requested=bool(row[11]),
+        waiting_for=read_json(row[12], "runs", "waiting_for", id=run_id),
+        input_tokens=row[13],
+        output_tokens=row[14],
+        cost_nanousd=row[15],
+        saved_nanousd=row[16],
+        steps=row[17],
+        code_version=row[18],
+        lease_recoveries=row[19],
+        invalidations=row[20],
+        retries=row[21],
+        forked_from=row[22],
+        forked_at=row[23],
+        blocked_error=read_json(row[24], "runs", "blocked_error", id=run_id),
+        blocked_attempts=row[25],
+        blocked_since=row[26],
+        summaries=summaries or None,
+        **values,
     )
 
 
@@ -263,8 +313,15 @@ class SqlStore:
         limit: int = 50,
         before: str | None = None,
         search: str | None = None,
+        summary: bool = False,
+        updated_after: float | None = None,
     ) -> list[RunRecord]:
-        where, params = [], []
+        """Runs newest first. ``summary``: inputs, outputs and errors larger than
+        ``schema.SUMMARY_INLINE`` come as a :class:`ValueSummary` instead (what a list
+        shows; the memory and time of a page no longer grow with what runs carry).
+        ``updated_after``: only runs whose row changed after that time."""
+        where: list[str] = []
+        params: list[Any] = []
         for column, value in (("status", status), ("agent", agent), ("process", process)):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -277,11 +334,20 @@ class SqlStore:
         if before is not None:
             where.append("id < ?")
             params.append(before)
+        if updated_after is not None:
+            where.append("updated_at > ?")
+            params.append(updated_after)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
-        sql = f"SELECT {RUN_COLUMNS} FROM runs {clause} ORDER BY id DESC LIMIT ?"
+        if summary:
+            columns = f"{LIST_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
+            source = "runs INDEXED BY runs_list" if self.dialect == "sqlite" else "runs"
+            read: Callable[[Sequence[Any]], RunRecord] = summary_from_row
+        else:
+            columns, source, read = RUN_COLUMNS, "runs", run_from_row
+        sql = f"SELECT {columns} FROM {source} {clause} ORDER BY id DESC LIMIT ?"
 
         def tx(cur: Any) -> list[RunRecord]:
-            return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
+            return [read(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
 
         return await self._run(tx, write=False)
 

@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
-from toren.store.schema import SCHEMA, AddColumn, render
+from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import CLAIMABLE, InlineGate, SqlStore, settle
 
 T = TypeVar("T")
@@ -314,6 +314,8 @@ class SQLiteStore(SqlStore):
     async def migrate(self) -> None:
         def apply(cur: Any) -> None:
             for migration in SCHEMA:
+                if not applies(migration, "sqlite"):
+                    continue
                 if isinstance(migration, AddColumn):
                     # SQLite has no ADD COLUMN IF NOT EXISTS: look before adding.
                     cols = {r[1] for r in cur.execute(f"PRAGMA table_info({migration.table})")}

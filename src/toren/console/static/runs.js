@@ -37,12 +37,69 @@ function restoreFilters() {
   return params.get("agent") || "";
 }
 
-async function loadRuns() {
-  const f = filters();
-  const params = new URLSearchParams({ limit: String(Math.min(limit, 200)) });
+// The table is kept up to date by asking only for what changed: a full page when the
+// filters (or the page size) change and every FULL_EVERY polls, and in between only the
+// runs updated since the last poll (`updated_after`, with an overlap for clocks that
+// differ between workers), merged in place. Lists carry no large inputs or outputs
+// (they come as summaries), so a poll costs the server little whatever the runs hold.
+const FULL_EVERY = 15;
+const OVERLAP_S = 10;
+let table = { key: null, runs: [], since: 0, polls: 0, more: false };
+
+function matches(run, f) {
+  return (!f.status || run.status === f.status) && (!f.agent || run.agent === f.agent)
+    && (!f.process || run.process === f.process);
+}
+
+async function fullPage(f, size) {
+  const params = new URLSearchParams({ limit: String(size) });
   for (const key of ["status", "agent", "process", "search"]) if (f[key]) params.set(key, f[key]);
   const page = await api(`/v1/runs?${params}`);
-  let runs = page.runs;
+  return { runs: page.runs, more: Boolean(page.next_cursor) };
+}
+
+async function changedSince(f, since) {
+  // No status filter here: a run that left the filtered status must leave the table.
+  const params = new URLSearchParams({ limit: "200", updated_after: String(Math.max(0, since - OVERLAP_S)) });
+  for (const key of ["agent", "process"]) if (f[key]) params.set(key, f[key]);
+  const page = await api(`/v1/runs?${params}`);
+  return page.next_cursor ? null : page.runs; // too many changes: reload instead
+}
+
+function merge(runs, changed, f, size) {
+  const byId = new Map(runs.map((r) => [r.id, r]));
+  for (const run of changed) {
+    if (matches(run, f)) byId.set(run.id, run);
+    else byId.delete(run.id);
+  }
+  const merged = [...byId.values()].sort((a, b) => (a.id < b.id ? 1 : a.id > b.id ? -1 : 0));
+  return merged.slice(0, size);
+}
+
+async function loadTable(f) {
+  const size = Math.min(limit, 200);
+  const key = JSON.stringify([f.status, f.agent, f.process, f.search, size]);
+  let changed = null;
+  // With a search every poll is a full page: whether a changed run's input matches is the
+  // server's to say (a list may carry only a summary of it).
+  const incremental = table.key === key && table.polls % FULL_EVERY !== 0 && !f.search;
+  if (incremental) changed = await changedSince(f, table.since);
+  if (changed === null) {
+    const page = await fullPage(f, size);
+    table = { key, runs: page.runs, since: 0, polls: 0, more: page.more };
+    changed = page.runs;
+  } else {
+    table.runs = merge(table.runs, changed, f, size);
+  }
+  table.polls += 1;
+  for (const run of changed) table.since = Math.max(table.since, run.updated_at || 0);
+  return table;
+}
+
+async function loadRuns() {
+  const f = filters();
+  const current = await loadTable(f);
+  let runs = current.runs;
   if (f.q) {
     runs = runs.filter((r) => r.id.toLowerCase().includes(f.q.toLowerCase()));
     // An exact id beyond the loaded page (or outside the filters) is looked up directly.
@@ -54,7 +111,7 @@ async function loadRuns() {
       }
     }
   }
-  $("more").hidden = !page.next_cursor || Boolean(f.q) || limit >= 200;
+  $("more").hidden = !current.more || Boolean(f.q) || limit >= 200;
   return runs;
 }
 
@@ -64,7 +121,11 @@ function cell(label, content, cls) {
 
 // What the run was asked, in one line: the built-in loop's message, a string, or JSON.
 function inputSummary(run) {
-  if (typeof run.input_summary === "string") return run.input_summary;
+  // A large input is left out of a list: its summary carries the start of its JSON text.
+  if (run.input_summary && typeof run.input_summary.preview === "string") {
+    const preview = run.input_summary.preview;
+    return preview.length > 80 ? preview.slice(0, 79) + "…" : preview + "…";
+  }
   const input = run.input;
   const text = typeof input === "string" ? input
     : input && typeof input === "object" && typeof input.message === "string" ? input.message

@@ -1,0 +1,318 @@
+"""Heavy rows under load: 200 concurrent clients list runs from a table of 1,000 runs with
+1 MB inputs, against a real server process; the list latency (p50/p95/p99) and the server
+process's resident memory, sampled every 20 ms from /proc, throughout.
+
+    python -m bench.list_load [--database-url URL] [--runs 1000] [--input-bytes 1000000]
+                              [--clients 200] [--requests 10] [--limit 50] [--json PATH]
+
+Without --database-url a fresh SQLite file is used; pass ``postgresql://...`` for
+PostgreSQL (a fresh database is created on the server of that URL and dropped after).
+The latency bound (p95 < 200 ms) is reported, not asserted by the test suite: wall-clock
+depends on the machine. ``tests/api/test_load.py`` asserts the memory bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TOKEN = "bench-list-load-token-0123456789"
+
+
+@dataclass
+class Result:
+    backend: str
+    runs: int
+    input_bytes: int
+    clients: int
+    requests: int
+    limit: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    errors: int
+    response_bytes_max: int
+    rss_start_mb: float
+    rss_max_mb: float
+    seconds: float
+    server_cpu_ms_per_request: float  # CPU the server spent per list request
+    load_average: float  # the machine's 1-minute load average when the run ended
+
+
+async def seed(url: str, runs: int, input_bytes: int) -> None:
+    """``runs`` queued runs whose input is a JSON object of about ``input_bytes``."""
+    import toren
+    from toren.store import connect
+
+    async def big(ctx: Any, input: Any) -> Any:
+        return None
+
+    registry = toren.Registry()
+    registry.add("big", big)
+    store = await connect(url)
+    try:
+        text = "x" * max(0, input_bytes - 32)
+        for i in range(runs):
+            await toren.start_run(store, registry, "big", {"i": i, "text": text})
+    finally:
+        await store.close()
+
+
+SERVER = """
+import asyncio, sys
+import toren
+from toren.api import create_app
+from toren.api.server import serve
+from toren.store import connect
+
+async def main(url, port, token):
+    async def big(ctx, input):
+        return None
+    registry = toren.Registry()
+    registry.add("big", big)
+    store = await connect(url)
+    try:
+        app = create_app(store, registry, tokens=[token], console=False)
+        await serve(
+            app, "127.0.0.1", port, log_level="warning", access_log=False,
+            timeout_keep_alive=60, backlog=4096,
+        )
+    finally:
+        await store.close()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time ``pid`` has used (from /proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of ``pid`` (VmRSS), in MB; 0 once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+@contextlib.contextmanager
+def server_process(url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # A file, not a pipe: an unread pipe can block the server. Closed in the finally below.
+    log = tempfile.TemporaryFile()  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, url, str(port), TOKEN],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(log.read().decode(errors="replace") or "the server died")
+            try:
+                if httpx.get(f"{base}/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not start")
+            time.sleep(0.05)
+        yield base, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+async def hammer(
+    base: str, pid: int, clients: int, requests: int, limit: int
+) -> tuple[list[float], int, int, float, float]:
+    """Latencies (ms), errors, the largest response, RSS at the start and its maximum."""
+    latencies: list[float] = []
+    errors = 0
+    biggest = 0
+    start_rss = rss_mb(pid)
+    peak = start_rss
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, rss_mb(pid))
+            await asyncio.sleep(0.02)
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(
+        base_url=base, headers=headers, limits=limits, timeout=120
+    ) as http:
+
+        async def client(i: int) -> None:
+            nonlocal errors, biggest
+            for _ in range(requests):
+                began = time.perf_counter()
+                try:
+                    response = await http.get("/v1/runs", params={"limit": limit})
+                except httpx.TransportError:
+                    errors += 1
+                    continue
+                latencies.append((time.perf_counter() - began) * 1000)
+                if response.status_code != 200 or len(response.json()["runs"]) != limit:
+                    errors += 1
+                biggest = max(biggest, len(response.content))
+
+        sampler = asyncio.ensure_future(sample())
+        try:
+            await asyncio.gather(*(client(i) for i in range(clients)))
+        finally:
+            done.set()
+            await sampler
+    return latencies, errors, biggest, start_rss, peak
+
+
+@contextlib.asynccontextmanager
+async def database(url: str | None, fresh: bool = True) -> AsyncIterator[tuple[str, str]]:
+    if url is not None and not fresh:
+        yield url, "sqlite" if url.startswith("sqlite") else "postgres"
+        return
+    if url is None or url.startswith("sqlite"):
+        path = Path(tempfile.mkdtemp(prefix="toren_list_load_")) / "toren.db"
+        yield url or f"sqlite:///{path}", "sqlite"
+        return
+    import psycopg
+
+    name = f"toren_list_load_{uuid.uuid4().hex[:8]}"
+    admin = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield url.rsplit("/", 1)[0] + f"/{name}", "postgres"
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _seeded(url: str, runs: int) -> bool:
+    """A SQLite file given with --database-url that already holds the runs is reused."""
+    if not url.startswith("sqlite") or not Path(url.removeprefix("sqlite:///")).exists():
+        return False
+    from toren.store import connect
+
+    store = await connect(url)
+    try:
+        return len(await store.list_runs(limit=runs, summary=True)) >= runs
+    finally:
+        await store.close()
+
+
+async def measure(
+    url: str | None,
+    runs: int = 1000,
+    input_bytes: int = 1_000_000,
+    clients: int = 200,
+    requests: int = 10,
+    limit: int = 50,
+    fresh: bool = True,
+) -> Result:
+    """``fresh``: on PostgreSQL, seed a new database on the URL's server (dropped after);
+    False: use the URL's database as it is."""
+    async with database(url, fresh) as (db, backend):
+        if not await _seeded(db, runs):
+            await seed(db, runs, input_bytes)
+        with server_process(db) as (base, proc):
+            began, cpu = time.monotonic(), cpu_seconds(proc.pid)
+            latencies, errors, biggest, start, peak = await hammer(
+                base, proc.pid, clients, requests, limit
+            )
+            seconds = time.monotonic() - began
+            cpu = cpu_seconds(proc.pid) - cpu
+    ordered = sorted(latencies)
+
+    def pct(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 1)
+
+    return Result(
+        backend=backend,
+        runs=runs,
+        input_bytes=input_bytes,
+        clients=clients,
+        requests=len(latencies),
+        limit=limit,
+        p50_ms=round(statistics.median(ordered), 1),
+        p95_ms=pct(0.95),
+        p99_ms=pct(0.99),
+        max_ms=round(ordered[-1], 1),
+        errors=errors,
+        response_bytes_max=biggest,
+        rss_start_mb=round(start, 1),
+        rss_max_mb=round(peak, 1),
+        seconds=round(seconds, 1),
+        server_cpu_ms_per_request=round(cpu * 1000 / max(1, len(latencies)), 2),
+        load_average=round(os.getloadavg()[0], 1),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", default=None)
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--input-bytes", type=int, default=1_000_000)
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--requests", type=int, default=10, help="per client")
+    parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument("--json", type=Path, default=None, help="append the result here")
+    args = parser.parse_args()
+    result = asyncio.run(
+        measure(
+            args.database_url, args.runs, args.input_bytes, args.clients, args.requests, args.limit
+        )
+    )
+    print(json.dumps(asdict(result), indent=2))
+    if args.json is not None:
+        found = json.loads(args.json.read_text()) if args.json.exists() else []
+        args.json.write_text(json.dumps([*found, asdict(result)], indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
