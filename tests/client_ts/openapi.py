@@ -28,7 +28,7 @@ def current_document() -> dict[str, Any]:
     store, the agents or the tokens: the app is built over an empty SQLite database)."""
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(f"sqlite:///{tmp}/openapi.db")
-        app = create_app(store, toren.Registry(), tokens=["unused-token"], console=False)
+        app = create_app(store, toren.Registry(), tokens=["unused-token-0123456789"], console=False)
         return app.openapi()
 
 

@@ -5,7 +5,7 @@
 
 import { TorenAPIError, TorenClient, isEventType } from "@toren-run/client";
 
-const client = new TorenClient("http://127.0.0.1:8000", { token: "s3cret" }); // or { apiKey }
+const client = new TorenClient("http://127.0.0.1:8000", { token: "s3cret-0123456789abcdef" }); // or { apiKey }
 const run = await client.startRun("support", { question: "Where is my order?" }, {
   idempotencyKey: "order-17",
 });

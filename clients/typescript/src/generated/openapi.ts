@@ -11,7 +11,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List runs, newest first */
+        /**
+         * List runs, newest first
+         * @description Inputs, outputs and errors whose JSON text is larger than 4096 bytes are left out (null, with `input_summary` / `output_summary` / `error_summary` giving their size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is therefore at most about `limit` × 14 KB.
+         */
         get: operations["list_runs"];
         put?: never;
         /** Start a run */
@@ -46,7 +49,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** Read a run's event log */
+        /**
+         * Read a run's event log
+         * @description At most `limit` events, and no more than 8 MiB of them (a page always holds at least one event): a page cut short by either has `next_after` set.
+         */
         get: operations["list_events"];
         put?: never;
         post?: never;
@@ -303,6 +309,31 @@ export interface components {
             /** Agents */
             agents: components["schemas"]["AgentInfo"][];
         };
+        /** Blocked */
+        Blocked: {
+            /**
+             * Error
+             * @description `{type, code, message}` of the last failure.
+             */
+            error: {
+                [key: string]: unknown;
+            };
+            /**
+             * Attempts
+             * @description Failed ticks in a row.
+             */
+            attempts: number;
+            /**
+             * Since
+             * @description When the first of them failed.
+             */
+            since?: number | null;
+            /**
+             * Retry At
+             * @description When it is tried again.
+             */
+            retry_at?: number | null;
+        };
         /**
          * ErrorBody
          * @description Every error response has this shape, whatever the status code.
@@ -374,7 +405,7 @@ export interface components {
             events: components["schemas"]["Event"][];
             /**
              * Next After
-             * @description Pass as `after` for the next page; null when this page was not full.
+             * @description Pass as `after` for the next page; null when this page was not full (a page is also cut at 8 MiB of events).
              */
             next_after: number | null;
         };
@@ -432,6 +463,13 @@ export interface components {
         InvalidationList: {
             /** Invalidations */
             invalidations: components["schemas"]["InvalidationExplained"][];
+        };
+        /** LeaseInfo */
+        LeaseInfo: {
+            /** Worker */
+            worker: string;
+            /** Expires At */
+            expires_at?: number | null;
         };
         /** Lineage */
         Lineage: {
@@ -592,6 +630,16 @@ export interface components {
             retries: number;
             /** @description The run and step this run was forked from, if forked. */
             forked_from?: components["schemas"]["Lineage"] | null;
+            /** @description Set while the run's ticks fail on an infrastructure error (no API key, provider unreachable, database error, agent not deployed): what failed and when it is tried again. Null otherwise. */
+            blocked?: components["schemas"]["Blocked"] | null;
+            /** @description The worker holding the run and until when its lease runs (a run held by a worker that is gone waits for this time). Null when no worker holds it. */
+            lease?: components["schemas"]["LeaseInfo"] | null;
+            /** @description In a list of runs, set when `input` was too large to list (it is then null); null otherwise. */
+            input_summary?: components["schemas"]["ValueSummary"] | null;
+            /** @description As `input_summary`, for `output`. */
+            output_summary?: components["schemas"]["ValueSummary"] | null;
+            /** @description As `input_summary`, for `error`. */
+            error_summary?: components["schemas"]["ValueSummary"] | null;
         };
         /** RunList */
         RunList: {
@@ -819,6 +867,51 @@ export interface components {
             /** Context */
             ctx?: Record<string, never>;
         };
+        /**
+         * ValueSummary
+         * @description A value a list of runs leaves out because its JSON text is larger than
+         *     ``SUMMARY_INLINE`` bytes (4096); ``GET /v1/runs/{run_id}`` has it whole.
+         */
+        ValueSummary: {
+            /**
+             * Bytes
+             * @description Size of the value's JSON text, in bytes.
+             */
+            bytes: number;
+            /**
+             * Preview
+             * @description The first 256 characters of that JSON text.
+             */
+            preview: string;
+            /**
+             * Truncated
+             * @default true
+             * @constant
+             */
+            truncated: true;
+        };
+        /**
+         * StreamDelta
+         * @description The data of an SSE ``delta`` message: model output of a call still in flight.
+         */
+        StreamDelta: {
+            /** Stream */
+            stream: string;
+            /** Position */
+            position: number | null;
+            /**
+             * Text
+             * @description The next piece of text (redacted like everything else).
+             */
+            text: string;
+        };
+        /**
+         * StreamEnd
+         * @description The data of an SSE ``end`` message: the run as it ended.
+         */
+        StreamEnd: {
+            run: components["schemas"]["Run"] | null;
+        };
     };
     responses: never;
     parameters: never;
@@ -837,6 +930,10 @@ export interface operations {
                 limit?: number;
                 /** @description The `next_cursor` of the previous page (a run id, `run_` and 22 lowercase hex digits): older runs. */
                 cursor?: string;
+                /** @description Only runs whose input contains this text (case-insensitive, matched against the input's JSON text; no control characters). */
+                search?: string;
+                /** @description Only runs whose `updated_at` is later (Unix seconds): what changed since a previous poll (pass the largest `updated_at` it returned). */
+                updated_after?: number;
             };
             header?: never;
             path?: never;
@@ -1284,7 +1381,24 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content: {
-                    "text/event-stream": string;
+                    "text/event-stream": {
+                        /** @constant */
+                        event: "event";
+                        data: string;
+                        id: string;
+                    } | {
+                        /** @constant */
+                        event: "delta";
+                        data: string;
+                    } | {
+                        /** @constant */
+                        event: "end";
+                        data: string;
+                    } | {
+                        /** @constant */
+                        event: "error";
+                        data: string;
+                    };
                 };
             };
             /** @description unauthorized */
