@@ -24,3 +24,13 @@ try {
 } catch (error) {
   if (error instanceof TorenAPIError && error.code === "run_not_found") console.log("no such run");
 }
+try {
+  await client.retry(done.id, { maxSteps: 40 });                  // a failed run, once its code is fixed
+} catch (error) {
+  if (error instanceof TorenAPIError && error.code === "run_not_retryable") {
+    const forked = await client.fork(done.id, "main:2");           // a completed one: fork it
+    console.log(forked.forked_from);                               // { run_id, at: "main:2" }
+  }
+}
+const report = await client.verify(done.id);                      // every digest re-derived
+console.log(report.ok, await client.invalidations(done.id));      // what changed, per invalidation

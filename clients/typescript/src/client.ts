@@ -8,14 +8,18 @@ import {
   type EventPage,
   type EventsQuery,
   type Event,
+  type ForkRunRequest,
   type Health,
+  type InvalidationExplained,
   type ListRunsQuery,
   type MessageAccepted,
   type PlanQuery,
   type PlanReport,
   type Ready,
+  type RetryRunRequest,
   type Run,
   type RunPage,
+  type RunVerification,
   type StreamEvent,
   type StreamItem,
 } from "./types.js";
@@ -50,6 +54,21 @@ export interface StartRunOptions extends CallOptions {
   process?: string;
   /** The same key returns the same run; reusing it with other arguments is a 409. */
   idempotencyKey?: string;
+}
+
+export interface RetryOptions extends CallOptions {
+  /** Raise the run's `limits.max_steps` for this run (a retry never lowers a limit). */
+  maxSteps?: RetryRunRequest["max_steps"];
+  /** Raise the run's `limits.max_cost_usd` (USD) for this run. */
+  maxCostUsd?: RetryRunRequest["max_cost_usd"];
+}
+
+export interface ForkOptions extends CallOptions {
+  /**
+   * The new run's input. Left out (or `undefined`): the source run's input; `null` is an
+   * input like any other JSON value.
+   */
+  input?: ForkRunRequest["input"];
 }
 
 export type ListRunsOptions = ListRunsQuery & CallOptions;
@@ -214,6 +233,85 @@ export class TorenClient {
       parse: runOf,
       signal: options.signal,
     });
+  }
+
+  /**
+   * `POST /v1/runs/{id}/retry`: queue a failed run again under the code now deployed
+   * (202, the run `queued` with `retries` one higher). Its recorded successful steps
+   * replay for free and the failure that ended it runs again live. `maxSteps` /
+   * `maxCostUsd` raise its limits. A run that is not `failed` (completed: fork it;
+   * cancelled: final; still going) is a 409 `run_not_retryable`; a run whose agent is no
+   * longer deployed a 404 `agent_not_found`.
+   */
+  retry(runId: string, options: RetryOptions = {}): Promise<Run> {
+    const body: RetryRunRequest = {};
+    if (options.maxSteps !== undefined && options.maxSteps !== null) body.max_steps = options.maxSteps;
+    if (options.maxCostUsd !== undefined && options.maxCostUsd !== null) {
+      body.max_cost_usd = options.maxCostUsd;
+    }
+    return this.send({
+      method: "POST",
+      path: runPath(runId, "/retry"),
+      body,
+      parse: runOf,
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * `POST /v1/runs/{id}/fork`: a new run (201, `queued`, `forked_from` `{run_id, at}`)
+   * whose steps before `at` (`STREAM:POSITION`, e.g. `main:2`) replay from this run's log
+   * without being paid again, and which runs live from there under the code now deployed.
+   * The source run is not changed. A fork point the run does not have is a 422
+   * `invalid_input`; an `at` that is not `STREAM:POSITION` a 422 `invalid_request`.
+   */
+  fork(runId: string, at: string, options: ForkOptions = {}): Promise<Run> {
+    const body: ForkRunRequest = { at };
+    if (options.input !== undefined) body.input = options.input;
+    return this.send({
+      method: "POST",
+      path: runPath(runId, "/fork"),
+      body,
+      parse: runOf,
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * `GET /v1/runs/{id}/verify`: every recorded step's request digest re-derived by the
+   * server from the stored events and blobs; `ok` is false when one mismatches (the same
+   * report as `toren runs verify RUN --json`).
+   */
+  verify(runId: string, options: CallOptions = {}): Promise<RunVerification> {
+    return this.send({
+      method: "GET",
+      path: runPath(runId, "/verify"),
+      parse: (data) => {
+        const report = objectWith(data, "checks") as RunVerification;
+        if (!Array.isArray(report.checks)) throw invalid("'checks' is not a list");
+        return report;
+      },
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * `GET /v1/runs/{id}/invalidations`: every `StreamInvalidated` of the run, with the parts
+   * of the request that changed there (`changes`; empty, with a `note` saying why, when
+   * there is nothing to compare). `[]` for a run never invalidated.
+   */
+  async invalidations(runId: string, options: CallOptions = {}): Promise<InvalidationExplained[]> {
+    const list = await this.send({
+      method: "GET",
+      path: runPath(runId, "/invalidations"),
+      parse: (data) => {
+        const body = objectWith(data, "invalidations") as { invalidations: InvalidationExplained[] };
+        if (!Array.isArray(body.invalidations)) throw invalid("'invalidations' is not a list");
+        return body;
+      },
+      signal: options.signal,
+    });
+    return list.invalidations;
   }
 
   /** Until the run is completed, failed or cancelled; `TorenTimeoutError` after `timeout` ms. */

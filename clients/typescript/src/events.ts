@@ -20,6 +20,8 @@ export interface EventError {
   type?: string;
   code?: string;
   message: string;
+  /** When code raised (a tool, a child, agent code): the trimmed, redacted traceback. */
+  traceback?: string;
   [key: string]: unknown;
 }
 
@@ -49,7 +51,15 @@ export interface EventPayloads {
     reused_from_seq?: number | null;
   };
   ValueRecorded: { what: "now" | "random" | "uuid" | (string & {}); value: unknown };
-  TimerScheduled: { fire_at: number; seconds: number; purpose: string };
+  TimerScheduled: {
+    fire_at: number;
+    seconds: number;
+    purpose: string;
+    /** The duration or timeout as the code gave it (what the digest covers). */
+    requested_seconds?: number;
+    /** For `purpose: "message"`: the name waited for. */
+    message?: string | null;
+  };
   TimerFired: { fired_at: number };
   MessageReceived: { name: string; payload: unknown; inbox_id: number };
   ChildStarted: {
@@ -70,7 +80,29 @@ export interface EventPayloads {
   };
   RunWaiting: { not_before?: number | null; messages?: string[] | null };
   RunCompleted: { output: unknown };
-  RunFailed: { error: EventError };
+  RunFailed: {
+    error: EventError;
+    /** The seqs of the recorded step failures that ended the run (`[]`: agent code or a limit). */
+    failed_seqs?: number[];
+  };
+  /** A failed run queued again (`retry()`); the failures in `retried_seqs` run again live. */
+  RunRetried: {
+    attempt: number;
+    failed_seq: number | null;
+    error?: EventError | null;
+    retried_seqs: number[];
+    raise_limits: { max_steps?: number; max_cost_usd?: number };
+    code_version: string;
+  };
+  /** The start of a forked run's log (`fork()`): the source and the fork point. */
+  RunForked: {
+    source_run: string;
+    stream: string;
+    position: number;
+    source_seq: number;
+    pins: Record<string, number>;
+    input_changed: boolean;
+  };
   RunCancelled: { reason?: string | null };
 }
 

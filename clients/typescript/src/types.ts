@@ -24,6 +24,20 @@ export type PlanReport = Schemas["PlanReport"];
 export type RunPlan = Schemas["RunPlan"];
 export type StreamFinding = Schemas["StreamFinding"];
 export type MessageAccepted = Schemas["MessageAccepted"];
+/** Where a forked run comes from: `{run_id, at}` (`at` is `STREAM:POSITION`). */
+export type Lineage = Schemas["Lineage"];
+/** The body of `POST /v1/runs/{id}/retry`: limits to raise for the run (`max_steps`, `max_cost_usd`). */
+export type RetryRunRequest = Schemas["RetryRunRequest"];
+/** The body of `POST /v1/runs/{id}/fork`: `at` (`STREAM:POSITION`) and, optionally, `input`. */
+export type ForkRunRequest = Schemas["ForkRunRequest"];
+/** `GET /v1/runs/{id}/verify`: every recorded step's digest re-derived (`ok` unless one mismatches). */
+export type RunVerification = Schemas["RunVerification"];
+/** One step of a `RunVerification`: `verdict` is `verified`, `unverifiable` or `mismatch`. */
+export type StepCheck = Schemas["StepCheck"];
+/** One invalidation of a run and the parts of the request that changed there. */
+export type InvalidationExplained = Schemas["InvalidationExplained"];
+/** One part of a step's request that differs (`part`, `text`, `name`, `index`, `old`, `new`). */
+export type RequestChange = Schemas["RequestChange"];
 export type ErrorBody = Schemas["ErrorBody"];
 
 /** The filters and page of `GET /v1/runs` (`status`, `agent`, `process`, `limit`, `cursor`). */

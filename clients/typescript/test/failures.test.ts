@@ -46,14 +46,23 @@ describe("server down", () => {
   test("a request to a port nothing listens on: TorenConnectionError", async () => {
     const port = await freePort();
     const client = new TorenClient(`http://127.0.0.1:${port}`, { token: "tok-down-0123456789" });
-    await assert.rejects(client.getRun("run_00000000000000000000ff"), (error: unknown) => {
-      assert.ok(error instanceof TorenConnectionError);
-      assert.ok(error instanceof TorenAPIError, "a TorenAPIError, as in the Python client");
-      assert.equal(error.code, "connection_error");
-      assert.equal(error.status, 0);
-      assert.match(error.message, new RegExp(`cannot reach http://127\\.0\\.0\\.1:${port}`));
-      return true;
-    });
+    const id = "run_00000000000000000000ff";
+    for (const call of [
+      () => client.getRun(id),
+      () => client.retry(id),
+      () => client.fork(id, "main:0"),
+      () => client.verify(id),
+      () => client.invalidations(id),
+    ]) {
+      await assert.rejects(call(), (error: unknown) => {
+        assert.ok(error instanceof TorenConnectionError);
+        assert.ok(error instanceof TorenAPIError, "a TorenAPIError, as in the Python client");
+        assert.equal(error.code, "connection_error");
+        assert.equal(error.status, 0);
+        assert.match(error.message, new RegExp(`cannot reach http://127\\.0\\.0\\.1:${port}`));
+        return true;
+      });
+    }
   });
 
   test("a stream whose server stays down gives up after maxReconnects: TorenConnectionError", async () => {
@@ -147,6 +156,70 @@ describe("malformed response bodies", () => {
     const sent = requests.at(-1)!;
     assert.equal(sent.headers["authorization"], `Bearer ${token}`);
     assert.equal(sent.headers["content-type"], "application/json");
+  });
+
+  test("retry, fork, verify, invalidations: the requests they send, and answers of another shape", async () => {
+    const sent: { method: string; url: string; type: string | undefined; body: string }[] = [];
+    let reply = "{}";
+    handler = (request, response) => {
+      let body = "";
+      request.on("data", (chunk: Buffer) => (body += chunk.toString()));
+      request.on("end", () => {
+        const type = request.headers["content-type"];
+        sent.push({ method: request.method!, url: request.url!, type, body });
+        response.writeHead(200, { "Content-Type": "application/json" });
+        response.end(reply);
+      });
+    };
+    const client = new TorenClient(url);
+    reply = JSON.stringify({ id: "run_1", status: "queued" });
+    await client.retry("run/1");
+    await client.retry("run_1", { maxSteps: 40, maxCostUsd: 2.5 });
+    await client.fork("run_1", "main:2");
+    await client.fork("run_1", "main:2", { input: null });
+    await client.fork("run_1", "main:2", { input: { q: 1 } });
+    reply = JSON.stringify({ run_id: "run_1", ok: true, checks: [] });
+    assert.deepEqual(await client.verify("run_1"), { run_id: "run_1", ok: true, checks: [] });
+    reply = JSON.stringify({ invalidations: [{ seq: 3 }] });
+    assert.deepEqual(await client.invalidations("run_1"), [{ seq: 3 }]);
+    assert.deepEqual(sent, [
+      { method: "POST", url: "/v1/runs/run%2F1/retry", type: "application/json", body: "{}" },
+      {
+        method: "POST",
+        url: "/v1/runs/run_1/retry",
+        type: "application/json",
+        body: '{"max_steps":40,"max_cost_usd":2.5}',
+      },
+      { method: "POST", url: "/v1/runs/run_1/fork", type: "application/json", body: '{"at":"main:2"}' },
+      {
+        method: "POST",
+        url: "/v1/runs/run_1/fork",
+        type: "application/json",
+        body: '{"at":"main:2","input":null}',
+      },
+      {
+        method: "POST",
+        url: "/v1/runs/run_1/fork",
+        type: "application/json",
+        body: '{"at":"main:2","input":{"q":1}}',
+      },
+      { method: "GET", url: "/v1/runs/run_1/verify", type: undefined, body: "" },
+      { method: "GET", url: "/v1/runs/run_1/invalidations", type: undefined, body: "" },
+    ]);
+
+    reply = JSON.stringify({ run_id: "run_1", ok: true });
+    await assert.rejects(client.verify("run_1"), {
+      code: "invalid_response",
+      message: /\/verify answered HTTP 200 with JSON of another shape: the object has no 'checks'/,
+    });
+    reply = JSON.stringify({ invalidations: {} });
+    await assert.rejects(client.invalidations("run_1"), {
+      code: "invalid_response",
+      message: /'invalidations' is not a list/,
+    });
+    reply = JSON.stringify({ queued: true });
+    await assert.rejects(client.retry("run_1"), { code: "invalid_response", message: /no 'id'/ });
+    await assert.rejects(client.fork("run_1", "main:0"), { code: "invalid_response", message: /no 'id'/ });
   });
 
   test("a stream message whose data is not JSON: invalid_response", async () => {
