@@ -69,10 +69,13 @@ def test_toren_init_project_builds_from_a_local_wheel_and_completes_a_run(
         stack.wait_healthy()
         assert len(stack.containers("worker")) == 2
         with stack.client() as client:
-            run = client.start_run("weather-bot", {"question": "Weather in Paris?"})
+            run = client.start_run("weather-bot", "What is the weather in Paris?")
         done = stack.wait_run(run.id, lambda r: r.terminal, "the run to finish", 180)
         assert done.status == "completed", done.error
-        assert done.output
+        assert "Paris" in str(done.output)
+    except BaseException:
+        print(stack.logs())  # pytest shows it with the failure
+        raise
     finally:
         stack.run("down", "--volumes", "--remove-orphans", "--timeout", "5", check=False)
         dockerkit.sh(["docker", "image", "rm", "-f", f"{name}:1"], check=False)

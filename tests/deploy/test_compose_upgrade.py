@@ -91,7 +91,12 @@ def model() -> Iterator[ModelServer]:
 
 @pytest.fixture
 def stack(
-    tmp_path: Path, compose_cmd: list[str], base_image: str, postgres_image: str, model: ModelServer
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    compose_cmd: list[str],
+    base_image: str,
+    postgres_image: str,
+    model: ModelServer,
 ) -> Iterator[ComposeStack]:
     directory = tmp_path / "project"
     directory.mkdir()
@@ -110,10 +115,12 @@ def stack(
         TOREN_IMAGE=f"{name}:v1",
     )
     stack = ComposeStack(compose_cmd, directory, name, env, api_port, token)
+    failed_before = request.session.testsfailed
     try:
         yield stack
     finally:
-        print(stack.logs())  # shown by pytest when the test failed
+        if request.session.testsfailed > failed_before:
+            print(stack.logs())  # pytest shows it with the failure
         stack.run("down", "--volumes", "--remove-orphans", "--timeout", "5", check=False)
         for release in ("v1", "v2"):
             dockerkit.sh(["docker", "image", "rm", "-f", f"{name}:{release}"], check=False)
