@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 AGENT = "upgrade-agent"
 GREETING = {"v1": "Greet the customer by name.", "v2": "Greet the customer warmly, by name."}
 FINAL = {"v1": "Summarise the work in one line.", "v2": "Summarise the work in two lines."}
-SLOW_LATENCY = 5.0  # seconds the loopback model takes for each slow step
+SLOW_LATENCY = 8.0  # seconds the loopback model takes for each slow step (room for `up -d`)
 RUN_TIMEOUT = 180.0
 
 
