@@ -180,14 +180,22 @@ class ComposeStack:
                     return out
                 after = page.next_after
 
-    def wait_healthy(self, timeout: float = 180) -> None:
-        """The API answers, two workers and the API run the expected image, the db is healthy."""
+    def wait_healthy(self, image: str, timeout: float = 180) -> None:
+        """The API answers, two workers and one API run ``image``, the db is healthy."""
 
         def probe() -> bool:
             with self.client() as client:
                 client.health()
             db = self.containers("db")
-            return bool(db) and db[0]["State"].get("Health", {}).get("Status") == "healthy"
+            running = {
+                service: [c["Config"]["Image"] for c in self.containers(service)]
+                for service in ("worker", "api")
+            }
+            return (
+                bool(db)
+                and db[0]["State"].get("Health", {}).get("Status") == "healthy"
+                and running == {"worker": [image, image], "api": [image]}
+            )
 
         try:
             dockerkit.wait_for("the stack to answer /v1/health", probe, timeout)

@@ -66,7 +66,7 @@ def test_toren_init_project_builds_from_a_local_wheel_and_completes_a_run(
         assert installed[0] == wheel.name.split("-")[1]
         assert installed[1].startswith("/opt/toren/")
         stack.up(f"{name}:1")
-        stack.wait_healthy()
+        stack.wait_healthy(f"{name}:1")
         assert len(stack.containers("worker")) == 2
         with stack.client() as client:
             run = client.start_run("weather-bot", "What is the weather in Paris?")

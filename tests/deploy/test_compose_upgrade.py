@@ -166,7 +166,7 @@ def test_upgrade_and_rollback_with_runs_in_flight(stack: ComposeStack, model: Mo
 
     # 1. up -d: PostgreSQL healthy, two workers and the API up, the token enforced.
     stack.up(images["v1"])
-    stack.wait_healthy()
+    stack.wait_healthy(images["v1"])
     assert len(stack.containers("worker")) == 2
     assert len(stack.containers("api")) == 1
     with stack.client(token=None) as anonymous:
@@ -201,7 +201,7 @@ def test_upgrade_and_rollback_with_runs_in_flight(stack: ComposeStack, model: Mo
     #    drain (stop_grace_period), the new ones migrate the schema on boot.
     stack.up(images["v2"])
     assert model.count("B: slow 1") == 1, "the step in flight finished before its worker left"
-    stack.wait_healthy()
+    stack.wait_healthy(images["v2"])
     dockerkit.wait_for(
         f"the new image to migrate the schema (indexes {sorted(held_back)})",
         lambda: held_back <= db_indexes(stack),
@@ -249,7 +249,7 @@ def test_upgrade_and_rollback_with_runs_in_flight(stack: ComposeStack, model: Mo
     )
     stack.up(images["v1"])
     assert model.count("D: slow 0") == 1
-    stack.wait_healthy()
+    stack.wait_healthy(images["v1"])
     with stack.client() as client:
         client.send_message(waiting2, "approval", "ok")
     for run_id in (waiting2, busy2):
@@ -269,7 +269,7 @@ def test_upgrade_and_rollback_with_runs_in_flight(stack: ComposeStack, model: Mo
     stack.run("down")
     assert stack.containers("db") == []
     stack.up(images["v1"])
-    stack.wait_healthy()
+    stack.wait_healthy(images["v1"])
     with stack.client() as client:
         after = {r.id: (r.status, r.output) for r in client.list_runs(limit=100).runs}
     assert after == before
