@@ -100,6 +100,28 @@ def test_project_image_installs_toren_run_from_pypi_and_copies_the_agent() -> No
     assert Instruction("COPY", "--chown=toren:toren . /app") in stages[-1]
 
 
+def test_project_image_can_install_toren_from_a_local_wheel() -> None:
+    # TOREN_WHEEL names a wheel in wheels/; the COPY works whether wheels/ exists or not
+    # (the Dockerfile itself always matches). Built for real in test_compose_scaffold.
+    builder = parse(DOCKERFILES["project"])[1]
+    assert Instruction("ARG", "TOREN_WHEEL=") in builder
+    assert Instruction("COPY", "Dockerfile wheel[s] /tmp/wheels/") in builder
+    runs = " ".join(i.args for i in builder if i.keyword == "RUN")
+    assert '/opt/toren/bin/pip install "/tmp/wheels/${TOREN_WHEEL}[postgres]"' in runs
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_pip_only_installs_into_virtual_environments(name: str) -> None:
+    # A Debian python3 base refuses `pip install` into the system (PEP 668): every install
+    # goes through a venv's own pip, created with python3 (present on every Debian image).
+    for stage in parse(DOCKERFILES[name])[1:]:
+        for run in (i.args for i in stage if i.keyword == "RUN"):
+            for n, word in enumerate(run.split()):
+                if word == "install" and n and run.split()[n - 1].endswith("pip"):
+                    assert run.split()[n - 1].startswith("/opt/"), run
+            assert "python -m venv" not in run, "the venv must be made with python3"
+
+
 def test_templates_ship_and_keep_secrets_and_history_out() -> None:
     ignore = render_project_dockerignore().splitlines()
     for entry in (".git", ".env", ".toren", "deploy"):

@@ -37,7 +37,8 @@ def _template(name: str) -> str:
 
 
 def render_project_dockerfile() -> str:
-    """The Dockerfile of an agent project: toren-run 0.x from PyPI plus the project files."""
+    """The Dockerfile of an agent project: toren-run 0.x (from PyPI, or from a wheel in
+    ``wheels/`` named by the build argument ``TOREN_WHEEL``) plus the project files."""
     return _template("Dockerfile.project")
 
 

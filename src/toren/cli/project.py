@@ -105,6 +105,17 @@ $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 - `prompts/system.md`: the system prompt.
 - `tools.py`: the agent's tools.
 - `Dockerfile`, `compose.yaml`: PostgreSQL, workers and the API with `docker compose up`.
+
+The image installs `toren-run` from PyPI. To install a wheel instead (one you built from a
+Toren checkout with `pip wheel --no-deps -w wheels/ PATH/TO/toren`), put it in `wheels/`
+and name it when you build:
+
+```console
+$ docker compose build --build-arg TOREN_WHEEL=toren_run-0.1.0-py3-none-any.whl
+$ docker compose up -d
+```
+
+Upgrading and rolling back: see Toren's docs/deploy.md.
 """
 
 
