@@ -29,7 +29,7 @@ def test_deprecated_worker_flag_still_works_and_warns(tmp_path, monkeypatch) -> 
 
     seen: dict[str, object] = {}
 
-    async def fake_worker(root, settings, worker_id=None):  # type: ignore[no-untyped-def]
+    async def fake_worker(root, settings, worker_id=None, early_stop=None):  # type: ignore[no-untyped-def]
         seen["drain_window"] = settings.drain_window
 
     monkeypatch.setattr(servers, "_worker", fake_worker)

@@ -6,6 +6,7 @@
     │   │   └── MissingProviderKey     a model's provider has no API key (nor base URL)
     │   ├── AgentNotFound          no agent (or process) by that name
     │   ├── InvalidInput           a run input, message or argument of the wrong shape
+    │   │   └── ForkPointNotFound      a fork at a step the source run does not have
     │   ├── IdempotencyConflict    an idempotency key reused with different arguments
     │   ├── RunNotFound            no run with that id
     │   └── RunNotRetryable        a retry of a run that is not failed (cancelled, ...)
@@ -65,6 +66,14 @@ class AgentNotFound(UserError):
 
 class InvalidInput(UserError):
     code = "invalid_input"
+
+
+class ForkPointNotFound(InvalidInput):
+    """A fork point (``STREAM:POSITION``) the source run does not have: a stream it never
+    had (or that an invalidation superseded), or a position past the stream's end. The
+    request was well formed; the run's log says no (HTTP 409)."""
+
+    code = "fork_point_not_found"
 
 
 class IdempotencyConflict(UserError):

@@ -33,7 +33,7 @@ def _check(doc: dict[str, Any], message: dict[str, Any]) -> None:
 async def test_stream_messages_match_the_openapi_document(api: Api) -> None:
     async with api.http() as http:
         doc = (await http.get("/v1/openapi.json")).json()
-        assert set(_branches(doc)) == {"event", "delta", "end", "error"}
+        assert set(_branches(doc)) == {"event", "delta", "replayed", "end", "error"}
         run = await api.client.start_run("approval", {})
         seen: dict[str, int] = {}
         pending: list[Any] = []
@@ -55,6 +55,8 @@ async def test_stream_messages_match_the_openapi_document(api: Api) -> None:
             _check(doc, message)
             seen[message["event"]] = seen.get(message["event"], 0) + 1
         assert seen.get("event") and seen.get("delta") and seen.get("end") == 1, seen
+        # The tick after the message replays the steps before the wait: announced, valid.
+        assert seen.get("replayed"), seen
         # An error message: a resume point that is not an event of this run.
         async with http.stream("GET", f"/v1/runs/{run.id}/stream?after=999999") as response:
             errors = [m for m in await read_sse(response) if "comment" not in m]

@@ -193,7 +193,7 @@ async def test_http_retry_through_the_client(
             assert failed.error is not None and "in file_report" in failed.error["traceback"]
             with pytest.raises(TorenAPIError) as refused:
                 await client.fork(run.id, at="main:99")
-            assert refused.value.status == 422
+            assert refused.value.status == 409 and refused.value.code == "fork_point_not_found"
             fix_tools(root)
             queued = await client.retry(run.id)
             assert queued.status == "queued" and queued.retries == 1

@@ -171,10 +171,10 @@ describe("fork", () => {
     assert.equal((await client.wait(nulled.id)).status, "completed");
   });
 
-  test("a fork point the run does not have is 422 invalid_input; an `at` of another shape 422 invalid_request", async () => {
+  test("a fork point the run does not have is 409 fork_point_not_found; an `at` of another shape 422 invalid_request", async () => {
     const source = await client.startRun("demo", { steps: 1 });
     await client.wait(source.id);
-    await assert.rejects(client.fork(source.id, "main:99"), apiError(422, "invalid_input"));
+    await assert.rejects(client.fork(source.id, "main:99"), apiError(409, "fork_point_not_found"));
     await assert.rejects(client.fork(source.id, "main"), apiError(422, "invalid_request", /STREAM:POSITION/));
     await assert.rejects(client.fork(UNKNOWN, "main:0"), apiError(404, "run_not_found"));
   });

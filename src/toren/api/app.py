@@ -197,9 +197,9 @@ def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, Any]
 
 def _add_stream_schemas(schema: dict[str, Any]) -> None:
     """``GET /v1/runs/{run_id}/stream`` documents each of its messages: an ``event`` (the
-    log's Event, id = seq), a ``delta``, the ``end`` and an ``error``."""
+    log's Event, id = seq), a ``delta``, a ``replayed`` step, the ``end`` and an ``error``."""
     components = schema["components"]["schemas"]
-    for model in (models.StreamDelta, models.StreamEnd):
+    for model in (models.StreamDelta, models.StreamReplayed, models.StreamEnd):
         found = model.model_json_schema(ref_template="#/components/schemas/{model}")
         for name, definition in found.pop("$defs", {}).items():
             components.setdefault(name, definition)
@@ -210,6 +210,7 @@ def _add_stream_schemas(schema: dict[str, Any]) -> None:
             "oneOf": [
                 _sse_message("event", "Event", with_id=True),
                 _sse_message("delta", "StreamDelta"),
+                _sse_message("replayed", "StreamReplayed"),
                 _sse_message("end", "StreamEnd"),
                 _sse_message("error", "ErrorBody"),
             ]
@@ -655,8 +656,9 @@ async def retry_run(
     summary="Fork a run from one of its steps",
     description="A new run whose steps before `at` replay from this run's log without "
     "being paid again, and which runs live from there under the code now deployed. The "
-    "source run is not changed. The new run's `forked_from` names the source and `at`.",
-    responses=_errors(404, 415, 422),
+    "source run is not changed. The new run's `forked_from` names the source and `at`. "
+    "409 `fork_point_not_found` for a point the run does not have.",
+    responses=_errors(404, 409, 415, 422),
 )
 async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> dict[str, Any]:
     await _run_or_404(state, run_id)

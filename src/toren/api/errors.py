@@ -21,6 +21,7 @@ from toren.api.models import CURSOR_HELP, NAME_HELP
 from toren.core.inputs import MAX_JSON_DEPTH, MESSAGE_NAME_HELP, text_depth, too_deep
 from toren.errors import (
     AgentNotFound,
+    ForkPointNotFound,
     IdempotencyConflict,
     InvalidInput,
     RunNotFound,
@@ -82,6 +83,8 @@ def error_response(
 def status_for(exc: TorenError) -> int:
     if isinstance(exc, RunNotFound | AgentNotFound):
         return 404
+    if isinstance(exc, ForkPointNotFound):
+        return 409
     if isinstance(exc, InvalidInput):
         return 422
     if isinstance(exc, IdempotencyConflict | RunNotRetryable):

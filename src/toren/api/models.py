@@ -293,6 +293,15 @@ class StreamDelta(BaseModel):
     text: str = Field(description="The next piece of text (redacted like everything else).")
 
 
+class StreamReplayed(BaseModel):
+    """The data of an SSE ``replayed`` message: a tick replayed this recorded step from
+    the log (nothing was paid for it), while the stream was open."""
+
+    stream: str
+    position: int | None
+    seq: int | None = Field(default=None, description="The seq of the replayed step's event.")
+
+
 class StreamEnd(BaseModel):
     """The data of an SSE ``end`` message: the run as it ended."""
 

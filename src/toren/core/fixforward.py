@@ -46,7 +46,7 @@ from toren.core.inputs import json_data
 from toren.core.program import AgentResolver
 from toren.core.replay import RunLog, Step, step_slot
 from toren.core.runs import new_run_id
-from toren.errors import InvalidInput, RunNotFound, RunNotRetryable
+from toren.errors import ForkPointNotFound, InvalidInput, RunNotFound, RunNotRetryable
 from toren.store.base import NewRun, RunRecord, Store
 
 _UNSET: Any = object()
@@ -240,20 +240,20 @@ def _check_point(log: RunLog, run: RunRecord, stream: str, position: int) -> Non
     view = log.streams.get(stream)
     if view is None and stream != run.process:
         known = sorted({run.process, *log.streams})
-        raise InvalidInput(
+        raise ForkPointNotFound(
             f"run {run.id!r} has no stream {stream!r}; its streams are {known}", field="at"
         )
     length = view.length if view is not None else 0
     if position > length:
         steps = f"{length} steps (positions 0-{length - 1})" if length else "no steps yet"
-        raise InvalidInput(
+        raise ForkPointNotFound(
             f"stream {stream!r} of run {run.id!r} has {steps}; fork at a position from 0 "
             f"to {length} (the step there runs live)",
             field="at",
         )
     parts = stream.split("/")
     if parts[0] != run.process:
-        raise InvalidInput(
+        raise ForkPointNotFound(
             f"stream {stream!r} is not of run {run.id!r} (its root stream is {run.process!r})",
             field="at",
         )
@@ -262,7 +262,7 @@ def _check_point(log: RunLog, run: RunRecord, stream: str, position: int) -> Non
         parent_view = log.streams.get(parent)
         step = parent_view.steps.get(int(spawn)) if parent_view and spawn.isdigit() else None
         if step is None or not isinstance(step.first.payload, ChildStarted):
-            raise InvalidInput(
+            raise ForkPointNotFound(
                 f"stream {stream!r} of run {run.id!r} is not a child stream of its current "
                 "view (a stream superseded by an invalidation cannot be forked from)",
                 field="at",

@@ -188,7 +188,7 @@ export interface paths {
         put?: never;
         /**
          * Fork a run from one of its steps
-         * @description A new run whose steps before `at` replay from this run's log without being paid again, and which runs live from there under the code now deployed. The source run is not changed. The new run's `forked_from` names the source and `at`.
+         * @description A new run whose steps before `at` replay from this run's log without being paid again, and which runs live from there under the code now deployed. The source run is not changed. The new run's `forked_from` names the source and `at`. 409 `fork_point_not_found` for a point the run does not have.
          */
         post: operations["fork_run"];
         delete?: never;
@@ -906,6 +906,23 @@ export interface components {
             text: string;
         };
         /**
+         * StreamReplayed
+         * @description The data of an SSE ``replayed`` message: a tick replayed this recorded step from
+         *     the log (nothing was paid for it), while the stream was open.
+         */
+        StreamReplayed: {
+            /** Stream */
+            stream: string;
+            /** Position */
+            position: number | null;
+            /**
+             * Seq
+             * @description The seq of the replayed step's event.
+             * @default null
+             */
+            seq: number | null;
+        };
+        /**
          * StreamEnd
          * @description The data of an SSE ``end`` message: the run as it ended.
          */
@@ -1392,6 +1409,10 @@ export interface operations {
                         data: string;
                     } | {
                         /** @constant */
+                        event: "replayed";
+                        data: string;
+                    } | {
+                        /** @constant */
                         event: "end";
                         data: string;
                     } | {
@@ -1728,6 +1749,15 @@ export interface operations {
             };
             /** @description not_found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description conflict */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
