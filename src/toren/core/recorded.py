@@ -9,7 +9,7 @@ reference.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -234,32 +234,12 @@ def _derive_model(payload: ModelCallRecorded, blobs: Mapping[str, Any]) -> Deriv
             tampered=f"its message list holds {len(chain)} messages, the event says "
             f"message_count {payload.message_count}",
         )
-    messages: list[tuple[str, str | None]] = []
-    for i, address in enumerate(chain):
-        if address not in blobs:
-            return Derived("model", problem=f"message {i} (blob {address}) is missing")
-        body = blobs[address]
-        if not isinstance(body, Mapping) or message_hash(body) != address:
-            return Derived(
-                "model",
-                tampered=f"message {i}: the stored body of blob {address} does not hash "
-                "to that address",
-            )
-        role = body.get("role")
-        messages.append((address, role if isinstance(role, str) else None))
-    tools: list[tuple[str, str | None]] = []
-    for i, address in enumerate(payload.tools):
-        if address not in blobs:
-            return Derived("model", problem=f"tool spec {i} (blob {address}) is missing")
-        body = blobs[address]
-        if not isinstance(body, Mapping) or tool_spec_hash(body) != address:
-            return Derived(
-                "model",
-                tampered=f"tool spec {i}: the stored body of blob {address} does not hash "
-                "to that address",
-            )
-        name = body.get("name")
-        tools.append((address, name if isinstance(name, str) else None))
+    messages = _named_bodies(chain, blobs, "message", message_hash, "role")
+    if isinstance(messages, _Bad):
+        return Derived("model", **messages.fields())
+    tools = _named_bodies(payload.tools, blobs, "tool spec", tool_spec_hash, "name")
+    if isinstance(tools, _Bad):
+        return Derived("model", **tools.fields())
     body = {
         "provider": payload.provider,
         "model": payload.model,
@@ -277,6 +257,30 @@ class _Bad:
 
     def fields(self) -> dict[str, Any]:
         return {"problem": self.problem, "tampered": self.tampered}
+
+
+def _named_bodies(
+    addresses: Sequence[str],
+    blobs: Mapping[str, Any],
+    what: str,
+    address_of: Callable[[Any], str],
+    label: str,
+) -> list[tuple[str, str | None]] | _Bad:
+    """Each address with its body's ``label`` field (a message's role, a tool's name),
+    after checking the body is stored and hashes to its address."""
+    found: list[tuple[str, str | None]] = []
+    for i, address in enumerate(addresses):
+        if address not in blobs:
+            return _Bad(problem=f"{what} {i} (blob {address}) is missing")
+        body = blobs[address]
+        if not isinstance(body, Mapping) or address_of(body) != address:
+            return _Bad(
+                tampered=f"{what} {i}: the stored body of blob {address} does not hash "
+                "to that address"
+            )
+        value = body.get(label)
+        found.append((address, value if isinstance(value, str) else None))
+    return found
 
 
 def _message_hashes(node: str | None, blobs: Mapping[str, Any]) -> list[str] | _Bad:
