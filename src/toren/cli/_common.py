@@ -32,7 +32,7 @@ from toren.errors import (
     UserError,
 )
 from toren.redact import Redactor, secrets_from_env
-from toren.runtime import sqlite_url_for
+from toren.runtime import Runtime, open_runtime, sqlite_url_for
 from toren.store.sqlite import parse_sqlite_url
 from toren.store.urls import shown_url
 
@@ -357,6 +357,16 @@ def database_url_for(root: Path, database_url: str | None, *, create: bool = Tru
         if path != ":memory:" and not Path(path).exists():
             raise NoDatabase(Path(path).resolve())
     return url
+
+
+async def open_existing_runtime(
+    agents_root: Path, database_url: str | None, code_version: str | None
+) -> Runtime:
+    """The runtime of a command that reads or steers existing runs: the agents under
+    ``agents_root`` over a database that must already exist (see :func:`database_url_for`)."""
+    root = agents_root.resolve()
+    settings = settings_from(database_url=database_url, code_version=code_version)
+    return await open_runtime(root, database_url_for(root, database_url, create=False), settings)
 
 
 def follow_up_options(agents_root: Path | None = None, *, ctx: click.Context | None = None) -> str:

@@ -13,17 +13,16 @@ import click
 from rich.markup import escape
 
 from toren.cli._common import (
-    database_url_for,
     examples,
     follow_up_options,
+    open_existing_runtime,
     out,
     parse_payload,
     run_async,
-    settings_from,
 )
 from toren.cli.backend import UNSET, Backend, EmbeddedBackend
 from toren.cli.runs import INTERACTIVE_DRAIN, backend_options, follow, open_backend
-from toren.runtime import close_runtime, open_runtime
+from toren.runtime import close_runtime
 
 
 def _go(
@@ -49,10 +48,7 @@ def _go(
             return await follow(backend, run["id"], resume_hint=False, reach=reach)
 
     async def embedded() -> int:
-        root = agents_root.resolve()
-        settings = settings_from(database_url=database_url, code_version=code_version)
-        found = database_url_for(root, database_url, create=False)
-        runtime = await open_runtime(root, found, settings)
+        runtime = await open_existing_runtime(agents_root, database_url, code_version)
         backend = EmbeddedBackend(runtime)
         try:
             run = await action(backend)

@@ -15,17 +15,16 @@ from rich.table import Table
 from toren.cli._common import (
     EXIT_OK,
     NoDatabase,
-    database_url_for,
     err,
     examples,
+    open_existing_runtime,
     out,
     run_async,
-    settings_from,
 )
 from toren.cli.runs import backend_options
 from toren.cli.view import money
 from toren.core.plan import plan_report
-from toren.runtime import close_runtime, open_runtime
+from toren.runtime import close_runtime
 
 EXIT_WOULD_INVALIDATE = 6  # --fail-on-invalidation and something would be re-run
 EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
@@ -94,10 +93,7 @@ async def _report(
 
         async with AsyncTorenClient(url, token) as client:
             return await client.plan()
-    root = agents_root.resolve()
-    settings = settings_from(database_url=database_url, code_version=code_version)
-    found = database_url_for(root, database_url, create=False)
-    runtime = await open_runtime(root, found, settings)
+    runtime = await open_existing_runtime(agents_root, database_url, code_version)
     try:
         return await plan_report(
             runtime.store, runtime.resolver, code_version=runtime.deps.code_version

@@ -30,6 +30,7 @@ from toren.cli._common import (
     err,
     examples,
     follow_up_options,
+    open_existing_runtime,
     out,
     parse_payload,
     read_input,
@@ -813,10 +814,7 @@ async def _resume_embedded(
     code_version: str | None,
     reach: str,
 ) -> int:
-    root = agents_root.resolve()
-    settings = settings_from(database_url=database_url, code_version=code_version)
-    url = database_url_for(root, database_url, create=False)
-    runtime = await open_runtime(root, url, settings)
+    runtime = await open_existing_runtime(agents_root, database_url, code_version)
     backend = EmbeddedBackend(runtime)
     try:
         found = await backend.get_run(run_id)
