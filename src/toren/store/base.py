@@ -11,19 +11,12 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from toren.core.events import Event
+from toren.core.values import NANO as NANO
+from toren.core.values import STATUSES as STATUSES
+from toren.core.values import TERMINAL_STATUSES as TERMINAL_STATUSES
+from toren.core.values import from_nano as from_nano
+from toren.core.values import to_nano as to_nano
 from toren.errors import CorruptRow
-
-STATUSES = ("queued", "running", "waiting", "completed", "failed", "cancelled")
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
-NANO = Decimal("1e9")
-
-
-def to_nano(usd: Decimal | float | str) -> int:
-    return int((Decimal(str(usd)) * NANO).to_integral_value())
-
-
-def from_nano(nano: int) -> Decimal:
-    return (Decimal(nano) / NANO).normalize() if nano else Decimal("0")
 
 
 @dataclass(frozen=True)
