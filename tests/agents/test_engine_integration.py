@@ -39,7 +39,7 @@ default: {text: "done"}
 
 
 def test_the_context_offers_what_the_loop_uses() -> None:
-    for name in ("model", "tool", "wait_for_message", "usage", "run_id", "process"):
+    for name in ("model", "tool", "wait_for_message", "gather", "usage", "run_id", "process"):
         assert hasattr(Context, name), name
 
 
