@@ -4,13 +4,30 @@ durable wait, never while a branch is in the middle of work outside ``ctx``."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
+
+import pytest
 
 import toren
 from toren.config import Settings
-from toren.core.branches import BUSY, IDLE, READY, verdict
+from toren.core import branches as branches_module
+from toren.core.branches import (
+    _TASKGROUP_EXIT,
+    _WAIT_CODES,
+    _WAIT_FOR,
+    BUSY,
+    IDLE,
+    READY,
+    Branches,
+    _combinator_children,
+    _frames,
+    verdict,
+)
+from toren.core.combinators import gather
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
+from toren.store.sql import loop_is_idle
 
 from .test_engine import Mailbox, make_deps
 
@@ -156,3 +173,163 @@ async def test_verdict_lets_a_ready_branch_run() -> None:
     assert waits.verdict(task) == IDLE
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+# -- what the engine was told: facts before the fallback ----------------------------------
+
+
+async def test_facts_answer_without_reading_asyncio_internals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Branches joined by a Toren combinator and parked through Branches are judged from
+    those facts alone: with the internals made unreadable, the walk still says IDLE."""
+    monkeypatch.setattr(branches_module, "_WAITER", "_no_such_attribute")
+    known = Branches()
+
+    async def parked() -> None:
+        future = asyncio.get_running_loop().create_future()
+        with known.parked(future):
+            await future
+
+    async def main() -> Any:
+        return await gather(parked(), parked(), branches=known)
+
+    task = asyncio.ensure_future(main())
+    await settle()
+    try:
+        found = verdict(task, lambda f: False, known)
+        assert (found.state, found.inferred) == (IDLE, False)
+        assert len(known.tasks()) == 3  # the joining task and its two branches
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert known.held() == 0
+
+
+async def test_a_join_whose_branch_just_failed_is_ready_before_its_wake_up_runs() -> None:
+    """The moment a branch fails, its join is about to wake (asyncio.wait's contract),
+    even though the callbacks that wake it have not run yet: ready, not idle."""
+    known = Branches()
+    first, second = asyncio.Future[None](), asyncio.Future[None]()
+
+    async def join() -> None:
+        with known.joining([first, second], first_exception=True):
+            await asyncio.wait([first, second], return_when=asyncio.FIRST_EXCEPTION)
+        await asyncio.Future()  # stays, so the test can look at it
+
+    task = asyncio.ensure_future(join())
+    await settle()
+    parked_forever = {second}  # the other branch is a durable wait
+    # ``first`` stands for work outside ctx: busy until it ends
+    assert verdict(task, parked_forever.__contains__, known).state == BUSY
+    first.set_exception(ValueError("x"))
+    assert verdict(task, parked_forever.__contains__, known).state == READY
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    first.exception()  # retrieved
+
+
+# -- the fallback's reads of asyncio's internals: fail loudly if they change --------------
+#
+# core/branches.py reads these for tasks the engine was not told about (bare asyncio
+# combinators), and store/sql.py loop_is_idle reads the loop's ready queue. They are not
+# public API. If one of these tests fails on a new Python, the fallback there gives
+# UNKNOWN (bare combinators park after letting ready branches run) and group commit never
+# goes inline: update core/branches.py for that Python, and the list of verified versions
+# in docs/agent-code.md.
+
+PY = sys.version.split()[0]
+
+
+def _changed(what: str) -> str:
+    return (
+        f"asyncio on Python {PY} no longer has {what}, which toren.core.branches' fallback "
+        "reads to see through bare asyncio combinators (see the note above these tests)"
+    )
+
+
+async def test_internals_task_fut_waiter() -> None:
+    fut = asyncio.get_running_loop().create_future()
+    task = asyncio.ensure_future(_await(fut))
+    if getattr(task, "_fut_waiter", _ABSENT) is not None:
+        pytest.fail(_changed("Task._fut_waiter (None while a task is ready to run)"))
+    await settle()
+    if getattr(task, "_fut_waiter", _ABSENT) is not fut:
+        pytest.fail(_changed("Task._fut_waiter (the future a blocked task awaits)"))
+    fut.set_result(None)
+    await task
+
+
+async def test_internals_gather_children() -> None:
+    loop = asyncio.get_running_loop()
+    children = [loop.create_future(), loop.create_future()]
+    outer = asyncio.gather(*children)
+    if list(getattr(outer, "_children", ())) != children:
+        pytest.fail(_changed("the _children of asyncio.gather's future"))
+    for child in children:
+        child.set_result(None)
+    await outer
+
+
+async def _await(aw: Any) -> Any:
+    return await aw
+
+
+async def _frame_children(make: Any, code: Any, what: str) -> None:
+    """Run ``make(waits)`` until it blocks, find the combinator frame ``code`` on its
+    await chain, and check the fallback reads the branches from it."""
+    if code is None:
+        pytest.fail(_changed(what))
+    waits = Waits()
+    task = asyncio.ensure_future(make(waits))
+    await settle()
+    try:
+        frames = [f for f in _frames(task) if f.f_code is code]
+        if not frames:
+            pytest.fail(_changed(f"{what} on the await chain of a task blocked in it"))
+        children = _combinator_children(frames[0])
+        if not children or not all(isinstance(c, asyncio.Future) for c in children):
+            pytest.fail(_changed(f"the branches in the frame locals of {what}"))
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_internals_task_group_aexit_frame() -> None:
+    async def grouped(w: Waits) -> None:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(w.wait())
+
+    await _frame_children(
+        grouped, _TASKGROUP_EXIT, "TaskGroup.__aexit__ with locals 'self' and self._tasks"
+    )
+
+
+async def test_internals_wait_frame() -> None:
+    async def first_of(w: Waits) -> Any:
+        return await asyncio.wait({asyncio.ensure_future(w.wait())})
+
+    code = next(iter(_WAIT_CODES), None)
+    await _frame_children(first_of, code, "asyncio.wait's frame with local 'fs'")
+
+
+async def test_internals_wait_for_frame() -> None:
+    """wait_for's ``fut`` is a task on 3.11; a Python that awaits a coroutine in place
+    (no branch of its own) is seen through the frames below it, so only the code object
+    is required here; the walk itself is checked in the tests above."""
+    if _WAIT_FOR is None:
+        pytest.fail(_changed("asyncio.wait_for as a Python function (its __code__)"))
+
+
+async def test_internals_loop_ready_queue() -> None:
+    loop = asyncio.get_running_loop()
+    ready = getattr(loop, "_ready", _ABSENT)
+    if ready is _ABSENT or not hasattr(ready, "__len__"):
+        pytest.fail(
+            f"the asyncio loop on Python {PY} ({type(loop).__name__}) has no _ready queue, "
+            "which toren.store.sql.loop_is_idle reads: writes will never go inline"
+        )
+    assert loop_is_idle(loop) == (len(ready) == 0)
+
+
+_ABSENT = object()

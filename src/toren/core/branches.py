@@ -112,6 +112,13 @@ class Branches:
         """How many tasks the engine holds facts about (0 once every branch unwound)."""
         return len(self._parked) + len(self._joins)
 
+    def tasks(self) -> set[asyncio.Future[Any]]:
+        """Every task the facts name: parked, joining, and the branches joined."""
+        found: set[asyncio.Future[Any]] = {*self._parked, *self._joins}
+        for join in self._joins.values():
+            found.update(join.tasks)
+        return found
+
     def fact(self, task: asyncio.Task[Any]) -> tuple[bool, list[asyncio.Future[Any]]] | None:
         """``(ready, branches to look at)`` for a task the engine was told about, or None.
         A parked task whose future is done (cancelled: the run stops) is ready; so is a
@@ -127,6 +134,8 @@ class Branches:
 
 
 _MISSING = object()
+_WAITER = "_fut_waiter"  # the future a CPython task is blocked on (None: ready to run)
+_CHILDREN = "_children"  # the futures an asyncio.gather future waits for
 
 
 def _combinator_children(frame: FrameType) -> list[Any] | None:
@@ -191,13 +200,13 @@ def verdict(
         if not isinstance(item, asyncio.Task):  # a plain future some branch waits on
             if durable(item):
                 continue
-            children = getattr(item, "_children", None)  # asyncio.gather's future
+            children = getattr(item, _CHILDREN, None)  # asyncio.gather's future
             if children is not None:
                 todo.extend(children)
             else:
                 busy.append(item)
             continue
-        waiter: Any = getattr(item, "_fut_waiter", _MISSING)
+        waiter: Any = getattr(item, _WAITER, _MISSING)
         if waiter is _MISSING:
             return Verdict(UNKNOWN, inferred=True)
         if waiter is None:
