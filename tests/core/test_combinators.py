@@ -239,11 +239,16 @@ async def test_without_the_asyncio_internals_ctx_gather_still_parks_from_facts(
         assert final.status == "completed" and final.output == [1, 2], final
 
 
+@pytest.mark.parametrize("internals", ["readable", "unreadable"])
 async def test_a_ctx_gather_branch_busy_outside_ctx_holds_the_run_until_it_reaches_ctx(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch, internals: str
 ) -> None:
     """A foreign await inside a ctx.gather branch: the engine was not told about it, so
-    it looks at that branch through the fallback and waits for it (up to park_grace)."""
+    it looks at that branch through the fallback and waits for it (up to park_grace).
+    Where the fallback cannot read asyncio (simulated), a branch the engine knows is
+    waited for all the same: it is not cut off by the UNKNOWN path."""
+    if internals == "unreadable":
+        monkeypatch.setattr(branches_module, "_WAITER", "_no_such_attribute")
     spy = Spy(monkeypatch)
     mailbox = Mailbox()
     reached, gate = asyncio.Event(), asyncio.Event()

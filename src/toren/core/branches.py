@@ -21,9 +21,11 @@ Two sources answer, in this order:
    ``TaskGroup.__aexit__``, ``fs`` in ``asyncio.wait``, ``fut`` in ``asyncio.wait_for``).
    None of it is public API: every read is guarded, and an interpreter that lays it out
    differently gives :data:`UNKNOWN`, on which the tick parks as it would with no way to
-   tell (after letting ready branches run). ``tests/core/test_branches.py`` fails, naming
-   the attribute, on a Python whose asyncio no longer has what this reads. Verified on
-   CPython 3.11 only (see docs/agent-code.md).
+   tell (after letting ready branches run). A branch of a Toren combinator that the
+   fallback cannot read is not guessed about: it is waited for as busy (until it ends or
+   reaches a durable wait, up to ``park_grace``), so its work is never cut off.
+   ``tests/core/test_branches.py`` fails, naming the attribute, on a Python whose asyncio
+   no longer has what this reads. Verified on CPython 3.11 only (docs/agent-code.md).
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ def verdict(
     busy: list[asyncio.Future[Any]] = []
     todo: list[Any] = [root]
     seen: set[int] = set()
+    joined: set[int] = set()  # branches of a Toren combinator
     inferred = False
     while todo:
         item = todo.pop()
@@ -195,6 +198,7 @@ def verdict(
             if ready:
                 return Verdict(READY, inferred=inferred)
             todo.extend(branches)
+            joined.update(map(id, branches))
             continue
         inferred = True
         if not isinstance(item, asyncio.Task):  # a plain future some branch waits on
@@ -208,6 +212,9 @@ def verdict(
             continue
         waiter: Any = getattr(item, _WAITER, _MISSING)
         if waiter is _MISSING:
+            if id(item) in joined:  # a branch the engine knows, at work it cannot see:
+                busy.append(item)  # wait for it to end or reach a durable wait
+                continue
             return Verdict(UNKNOWN, inferred=True)
         if waiter is None:
             return Verdict(READY, inferred=True)
