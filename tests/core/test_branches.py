@@ -4,7 +4,6 @@ durable wait, never while a branch is in the middle of work outside ``ctx``."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Any
 
 import pytest
@@ -13,15 +12,10 @@ import toren
 from toren.config import Settings
 from toren.core import branches as branches_module
 from toren.core.branches import (
-    _TASKGROUP_EXIT,
-    _WAIT_CODES,
-    _WAIT_FOR,
     BUSY,
     IDLE,
     READY,
     Branches,
-    _combinator_children,
-    _frames,
     verdict,
 )
 from toren.core.combinators import gather
@@ -29,6 +23,7 @@ from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
 from toren.store.sql import loop_is_idle
 
+from .asyncio_probe import CHECKS, Waits, settle
 from .test_engine import Mailbox, make_deps
 
 
@@ -88,26 +83,6 @@ async def test_park_grace_bounds_the_wait_for_a_branch_busy_outside_ctx(store: S
 
 
 # -- the walk itself, over each way agent code may combine branches -----------------------
-
-
-class Waits:
-    """Durable waits as the tick makes them: futures it knows, resolved only by parking."""
-
-    def __init__(self) -> None:
-        self.futures: set[asyncio.Future[Any]] = set()
-
-    async def wait(self) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self.futures.add(fut)
-        await fut
-
-    def verdict(self, task: asyncio.Task[Any]) -> str:
-        return verdict(task, self.futures.__contains__).state
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 async def check(make: Any, expected: str) -> None:
@@ -233,103 +208,22 @@ async def test_a_join_whose_branch_just_failed_is_ready_before_its_wake_up_runs(
 #
 # core/branches.py reads these for tasks the engine was not told about (bare asyncio
 # combinators), and store/sql.py loop_is_idle reads the loop's ready queue. They are not
-# public API. If one of these tests fails on a new Python, the fallback there gives
-# UNKNOWN (bare combinators park after letting ready branches run) and group commit never
-# goes inline: update core/branches.py for that Python, and the list of verified versions
-# in docs/agent-code.md.
-
-PY = sys.version.split()[0]
+# public API. If one of these fails on a new Python, the fallback there gives UNKNOWN
+# (bare combinators park after letting ready branches run) and group commit never goes
+# inline: update core/branches.py for that Python, and the verified versions in
+# docs/agent-code.md. The same checks run alone on any Python: tests/core/asyncio_probe.py.
 
 
-def _changed(what: str) -> str:
-    return (
-        f"asyncio on Python {PY} no longer has {what}, which toren.core.branches' fallback "
-        "reads to see through bare asyncio combinators (see the note above these tests)"
-    )
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+async def test_asyncio_internals_the_fallback_reads(check: Any) -> None:
+    problem = await check()
+    if problem is not None:
+        pytest.fail(problem)
 
 
-async def test_internals_task_fut_waiter() -> None:
-    fut = asyncio.get_running_loop().create_future()
-    task = asyncio.ensure_future(_await(fut))
-    if getattr(task, "_fut_waiter", _ABSENT) is not None:
-        pytest.fail(_changed("Task._fut_waiter (None while a task is ready to run)"))
-    await settle()
-    if getattr(task, "_fut_waiter", _ABSENT) is not fut:
-        pytest.fail(_changed("Task._fut_waiter (the future a blocked task awaits)"))
-    fut.set_result(None)
-    await task
-
-
-async def test_internals_gather_children() -> None:
+async def test_loop_is_idle_reads_the_ready_queue() -> None:
     loop = asyncio.get_running_loop()
-    children = [loop.create_future(), loop.create_future()]
-    outer = asyncio.gather(*children)
-    if list(getattr(outer, "_children", ())) != children:
-        pytest.fail(_changed("the _children of asyncio.gather's future"))
-    for child in children:
-        child.set_result(None)
-    await outer
-
-
-async def _await(aw: Any) -> Any:
-    return await aw
-
-
-async def _frame_children(make: Any, code: Any, what: str) -> None:
-    """Run ``make(waits)`` until it blocks, find the combinator frame ``code`` on its
-    await chain, and check the fallback reads the branches from it."""
-    if code is None:
-        pytest.fail(_changed(what))
-    waits = Waits()
-    task = asyncio.ensure_future(make(waits))
-    await settle()
-    try:
-        frames = [f for f in _frames(task) if f.f_code is code]
-        if not frames:
-            pytest.fail(_changed(f"{what} on the await chain of a task blocked in it"))
-        children = _combinator_children(frames[0])
-        if not children or not all(isinstance(c, asyncio.Future) for c in children):
-            pytest.fail(_changed(f"the branches in the frame locals of {what}"))
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def test_internals_task_group_aexit_frame() -> None:
-    async def grouped(w: Waits) -> None:
-        async with asyncio.TaskGroup() as group:
-            group.create_task(w.wait())
-
-    await _frame_children(
-        grouped, _TASKGROUP_EXIT, "TaskGroup.__aexit__ with locals 'self' and self._tasks"
-    )
-
-
-async def test_internals_wait_frame() -> None:
-    async def first_of(w: Waits) -> Any:
-        return await asyncio.wait({asyncio.ensure_future(w.wait())})
-
-    code = next(iter(_WAIT_CODES), None)
-    await _frame_children(first_of, code, "asyncio.wait's frame with local 'fs'")
-
-
-async def test_internals_wait_for_frame() -> None:
-    """wait_for's ``fut`` is a task on 3.11; a Python that awaits a coroutine in place
-    (no branch of its own) is seen through the frames below it, so only the code object
-    is required here; the walk itself is checked in the tests above."""
-    if _WAIT_FOR is None:
-        pytest.fail(_changed("asyncio.wait_for as a Python function (its __code__)"))
-
-
-async def test_internals_loop_ready_queue() -> None:
-    loop = asyncio.get_running_loop()
-    ready = getattr(loop, "_ready", _ABSENT)
-    if ready is _ABSENT or not hasattr(ready, "__len__"):
-        pytest.fail(
-            f"the asyncio loop on Python {PY} ({type(loop).__name__}) has no _ready queue, "
-            "which toren.store.sql.loop_is_idle reads: writes will never go inline"
-        )
-    assert loop_is_idle(loop) == (len(ready) == 0)
-
-
-_ABSENT = object()
+    assert loop_is_idle(loop)
+    loop.call_soon(lambda: None)
+    assert not loop_is_idle(loop)
+    await asyncio.sleep(0)

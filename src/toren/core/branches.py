@@ -24,8 +24,9 @@ Two sources answer, in this order:
    tell (after letting ready branches run). A branch of a Toren combinator that the
    fallback cannot read is not guessed about: it is waited for as busy (until it ends or
    reaches a durable wait, up to ``park_grace``), so its work is never cut off.
-   ``tests/core/test_branches.py`` fails, naming the attribute, on a Python whose asyncio
-   no longer has what this reads. Verified on CPython 3.11 only (docs/agent-code.md).
+   ``tests/core/asyncio_probe.py`` (also run by ``tests/core/test_branches.py``) fails,
+   naming the attribute, on a Python whose asyncio no longer has what this reads.
+   Verified on CPython 3.11.7, 3.12.1 and 3.13.0 (docs/agent-code.md).
 """
 
 from __future__ import annotations
