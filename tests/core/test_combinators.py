@@ -31,11 +31,13 @@ class Spy:
         self.verdicts: list[Verdict] = []
         self.tasks: set[asyncio.Future[Any]] = set()
         self.known: list[Branches] = []
+        self.taken = asyncio.Event()  # a verdict was taken: the tick considered parking
         real = tick_module.verdict
 
         def spy(root: Any, durable: Any, known: Branches | None = None) -> Verdict:
             found = real(root, durable, known)
             self.verdicts.append(found)
+            self.taken.set()
             self.tasks.add(root)
             if known is not None:
                 self.known.append(known)
@@ -268,9 +270,10 @@ async def test_a_ctx_gather_branch_busy_outside_ctx_holds_the_run_until_it_reach
     run = await toren.start_run(store, reg, "a")
     tick = asyncio.ensure_future(toren.tick(run.id, deps))
     await reached.wait()
+    await spy.taken.wait()  # the other branch parked: the tick asked whether to park
     for _ in range(50):  # give a tick that would park early every chance to do so
         await asyncio.sleep(0)
-    assert not tick.done()
+    assert not tick.done(), spy.verdicts
     gate.set()
     first = await tick
     assert first.status == "waiting", first
@@ -368,3 +371,49 @@ async def test_task_group_is_asyncio_s_with_aborts_raised_as_themselves() -> Non
 
         second = tg.create_task(nested())
     assert (first.result(), second.result()) == ("a", "b")
+
+
+@pytest.mark.parametrize("internals", ["readable", "unreadable"])
+async def test_a_task_group_branch_at_work_while_the_body_waits_is_not_cut_off(
+    store: Store, monkeypatch: pytest.MonkeyPatch, internals: str
+) -> None:
+    """The body of a ctx.task_group waits on a message while one of its branches works
+    outside ctx: nobody awaits that branch yet, but the engine knows the group is open,
+    so it waits for the branch before parking."""
+    if internals == "unreadable":
+        monkeypatch.setattr(branches_module, "_WAITER", "_no_such_attribute")
+    spy = Spy(monkeypatch)
+    mailbox = Mailbox()
+    reached, gate = asyncio.Event(), asyncio.Event()
+
+    async def fetch_then_send(ctx: toren.Context) -> Any:
+        reached.set()
+        await gate.wait()  # e.g. an HTTP call made without ctx
+        return await ctx.tool("send_email", {"to": "a@example.com", "body": "fetched"})
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        async with ctx.task_group() as tg:
+            sent = tg.create_task(fetch_then_send(ctx))
+            go = await ctx.wait_for_message("go")
+        return {"go": go, "sent": sent.result()}
+
+    reg = toren.Registry()
+    reg.add("a", agent, tools=mailbox.tools())
+    deps = make_deps(store, reg, ScriptedProvider(), settings=toren.Settings(park_grace=3600))
+    run = await toren.start_run(store, reg, "a")
+    tick = asyncio.ensure_future(toren.tick(run.id, deps))
+    await reached.wait()
+    await spy.taken.wait()  # the other branch parked: the tick asked whether to park
+    for _ in range(50):  # give a tick that would park early every chance to do so
+        await asyncio.sleep(0)
+    assert not tick.done(), spy.verdicts
+    gate.set()
+    first = await tick
+    assert first.status == "waiting", first
+    assert len(mailbox.sent) == 1  # the branch got to its tool before the run parked
+    assert spy.verdicts[-1].state == IDLE and spy.nothing_held()
+    await store.send_message(run.id, "go", "now", now=0)
+    final = await toren.tick(run.id, deps)
+    assert final.status == "completed", final
+    assert final.output == {"go": "now", "sent": {"status": "sent", "n": 1}}
+    assert len(mailbox.sent) == 1

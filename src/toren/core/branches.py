@@ -72,11 +72,14 @@ class Branches:
     which task is parked on a durable wait (and on which future), which waits in a Toren
     combinator (and for which branches). Entries live exactly as long as the wait."""
 
-    __slots__ = ("_joins", "_parked")
+    __slots__ = ("_groups", "_joins", "_parked")
 
     def __init__(self) -> None:
         self._parked: dict[asyncio.Task[Any], asyncio.Future[Any]] = {}
         self._joins: dict[asyncio.Task[Any], _Join] = {}
+        # The branches of the task groups a task has open, whatever the task itself
+        # awaits meanwhile (its body may wait on a message while they work).
+        self._groups: dict[asyncio.Task[Any], list[Sequence[asyncio.Future[Any]]]] = {}
 
     @contextmanager
     def parked(self, future: asyncio.Future[Any]) -> Iterator[None]:
@@ -111,15 +114,34 @@ class Branches:
             else:
                 self._joins[task] = outer
 
+    def open_group(self, owner: asyncio.Task[Any], tasks: Sequence[asyncio.Future[Any]]) -> None:
+        """``owner`` entered a task group whose branches are (and will be) ``tasks``."""
+        self._groups.setdefault(owner, []).append(tasks)
+
+    def close_group(self, owner: asyncio.Task[Any], tasks: Sequence[asyncio.Future[Any]]) -> None:
+        groups = self._groups.get(owner, [])
+        if any(g is tasks for g in groups):
+            groups[:] = [g for g in groups if g is not tasks]
+        if not groups:
+            self._groups.pop(owner, None)
+
+    def owned(self, task: asyncio.Task[Any]) -> list[asyncio.Future[Any]]:
+        """The unfinished branches of the task groups ``task`` has open."""
+        return [t for group in self._groups.get(task, ()) for t in group if not t.done()]
+
     def held(self) -> int:
         """How many tasks the engine holds facts about (0 once every branch unwound)."""
-        return len(self._parked) + len(self._joins)
+        return len(self._parked) + len(self._joins) + len(self._groups)
 
     def tasks(self) -> set[asyncio.Future[Any]]:
-        """Every task the facts name: parked, joining, and the branches joined."""
-        found: set[asyncio.Future[Any]] = {*self._parked, *self._joins}
+        """Every task the facts name: parked, joining, the branches joined, the owners of
+        open task groups and their branches."""
+        found: set[asyncio.Future[Any]] = {*self._parked, *self._joins, *self._groups}
         for join in self._joins.values():
             found.update(join.tasks)
+        for groups in self._groups.values():
+            for group in groups:
+                found.update(group)
         return found
 
     def fact(self, task: asyncio.Task[Any]) -> tuple[bool, list[asyncio.Future[Any]]] | None:
@@ -193,6 +215,10 @@ def verdict(
         if id(item) in seen or not isinstance(item, asyncio.Future) or item.done():
             continue
         seen.add(id(item))
+        if known is not None and isinstance(item, asyncio.Task):
+            owned = known.owned(item)  # its open groups' branches, whatever it awaits
+            todo.extend(owned)
+            joined.update(map(id, owned))
         fact = known.fact(item) if known is not None and isinstance(item, asyncio.Task) else None
         if fact is not None:
             ready, branches = fact

@@ -150,15 +150,21 @@ class TaskGroup:
     ``RunCancelledSignal``) is raised as itself, as asyncio does for ``SystemExit`` and
     ``KeyboardInterrupt``, never inside a group an ``except*`` could take apart."""
 
-    __slots__ = ("_branches", "_group", "_tasks")
+    __slots__ = ("_branches", "_group", "_owner", "_tasks")
 
     def __init__(self, branches: Branches | None = None) -> None:
         self._branches = branches if branches is not None else Branches()
         self._group = asyncio.TaskGroup()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._owner: asyncio.Task[Any] | None = None
 
     async def __aenter__(self) -> TaskGroup:
         await self._group.__aenter__()
+        # While open, the group's branches are the body's task's branches, whatever the
+        # body awaits meanwhile (a message, say: the branches may still be at work).
+        self._owner = asyncio.current_task()
+        if self._owner is not None:
+            self._branches.open_group(self._owner, self._tasks)
         return self
 
     def create_task(
@@ -193,6 +199,9 @@ class TaskGroup:
             if abort is None:
                 raise
             raise abort from None
+        finally:
+            if self._owner is not None:
+                self._branches.close_group(self._owner, self._tasks)
 
     async def _until_stopped(self) -> None:
         """The body is over: wait, as the engine can see, until every branch (branches
