@@ -24,12 +24,16 @@ from toren.store import Store
 from toren.store.sql import loop_is_idle
 
 from .asyncio_probe import CHECKS, Waits, settle
+from .test_combinators import Spy
 from .test_engine import Mailbox, make_deps
 
 
-async def test_a_branch_busy_outside_ctx_is_not_cancelled_by_parking(store: Store) -> None:
+async def test_a_branch_busy_outside_ctx_is_not_cancelled_by_parking(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One branch waits for a message (durable); the other awaits work the log does not
     cover, then calls a tool. The run parks only after that branch reached its tool."""
+    spy = Spy(monkeypatch)
     mailbox = Mailbox()
     reached, gate = asyncio.Event(), asyncio.Event()
 
@@ -48,9 +52,10 @@ async def test_a_branch_busy_outside_ctx_is_not_cancelled_by_parking(store: Stor
     run = await toren.start_run(store, reg, "a")
     tick = asyncio.ensure_future(toren.tick(run.id, deps))
     await reached.wait()
+    await spy.taken.wait()  # the other branch parked: the tick asked whether to park
     for _ in range(50):  # give a tick that would park early every chance to do so
         await asyncio.sleep(0)
-    assert not tick.done()
+    assert not tick.done(), spy.verdicts
     gate.set()
     first = await tick
     assert first.status == "waiting", first
