@@ -1,9 +1,11 @@
 """Durable combinators: ``ctx.gather`` and ``ctx.task_group``, branches the engine knows.
 
 A run parks only when every branch of its agent code waits on a durable wait (see
-:mod:`toren.core.branches`). Branches started here are recorded with the tick as they are
-joined, so for code that uses them that is a fact the engine holds, not something it
-infers from asyncio's private state.
+:mod:`toren.core.branches`). Branches started here are recorded with the tick: the task
+that joins them while it waits for them, and a task group's branches from the moment it is
+opened (its body may wait on a message while they work). For code that uses them, "every
+branch waits durably" is a fact the engine holds, not something it infers from asyncio's
+private state.
 
 Positions: a branch takes its steps' positions in its first slice, before its first
 await, and tasks first run in the order they were created. Both combinators create their
@@ -14,7 +16,8 @@ the other gives every step the position it had: recorded runs replay unchanged.
 A branch may await anything, not only ``ctx`` steps (an HTTP call, a thread, a bare
 ``asyncio.gather``). The engine was not told about such a wait; it falls back to reading
 asyncio's bookkeeping for that branch alone, and waits while the branch is busy outside
-``ctx`` (up to ``park_grace``, as anywhere else).
+``ctx`` (up to ``park_grace``, as anywhere else). Where that bookkeeping cannot be read,
+the branch is waited for as busy all the same: it is known to exist and not to be parked.
 """
 
 from __future__ import annotations
