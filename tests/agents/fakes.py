@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from toren.core import combinators
 from toren.core.program import AgentProgram
 from toren.errors import ToolFailed
 from toren.providers.base import ModelResponse, ToolCall, ToolSpec, Usage
@@ -110,6 +111,9 @@ class FakeContext:
     async def sleep(self, seconds: float) -> None:
         self._step("sleep", str(seconds))
         await asyncio.sleep(0)
+
+    def gather(self, *aws: Any, return_exceptions: bool = False) -> Any:
+        return combinators.gather(*aws, return_exceptions=return_exceptions)
 
     def _step(self, kind: str, detail: str) -> None:
         self.usage.steps += 1

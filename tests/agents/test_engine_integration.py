@@ -24,6 +24,8 @@ from toren.agents.telemetry import NoopTelemetry
 from toren.core.context import Context
 from toren.store import Store
 
+from ..core.test_combinators import Spy
+
 EXAMPLE = Path(__file__).parents[2] / "examples" / "support-agent"
 
 HITL_SCRIPT = """
@@ -39,7 +41,7 @@ default: {text: "done"}
 
 
 def test_the_context_offers_what_the_loop_uses() -> None:
-    for name in ("model", "tool", "wait_for_message", "usage", "run_id", "process"):
+    for name in ("model", "tool", "wait_for_message", "gather", "usage", "run_id", "process"):
         assert hasattr(Context, name), name
 
 
@@ -244,3 +246,39 @@ async def test_an_agent_on_scripted_echo_loads_and_runs(store: Store, tmp_path: 
             result = await toren.tick(run.id, deps)
             assert result.status == "completed", result
             assert result.output["answer"] == "hello"
+
+
+async def test_the_loop_s_parallel_tool_calls_park_from_facts(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ledger: Path
+) -> None:
+    """A turn whose calls all wait on a human (two ask_human calls) parks on what the
+    engine was told by ctx.gather, not on asyncio's internals, and holds no task."""
+    spy = Spy(monkeypatch)
+    script = (
+        "responses:\n"
+        "  - tool_calls: [{name: fast}, {name: ask_human, arguments: {question: 'a'}},\n"
+        "                 {name: ask_human, arguments: {question: 'b'}}]\n"
+        "  - text: 'last tool: {last_tool}'\n"
+    )
+    _two_tools_agent(tmp_path, script, human=True)
+    with DirectoryResolver(tmp_path / "agents") as resolver:
+        deps = toren.TickDeps(store=store, agents=resolver, pricing=cost)
+        run = await toren.start_run(store, resolver, "two-tools", "go")
+        first = await toren.tick(run.id, deps)
+        assert first.status == "waiting", first
+        assert spy.parked_from_facts(), spy.verdicts
+        assert spy.nothing_held()
+        for answer in ("yes", "no"):
+            await store.send_message(run.id, "human", {"message": answer}, now=time.time())
+        second = await toren.tick(run.id, deps)
+    assert second.status == "completed", second
+    assert second.output["answer"] == "last tool: no"
+    assert second.invalidations == 0
+    steps = [(e.type, e.position) for e in await store.load_events(run.id) if e.digest]
+    assert steps == [
+        ("ModelCallRecorded", 0),
+        ("ToolCallRecorded", 1),  # fast, in the model's order
+        ("MessageReceived", 2),
+        ("MessageReceived", 3),
+        ("ModelCallRecorded", 4),
+    ]

@@ -6,18 +6,34 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 import toren
 from toren.config import Settings
-from toren.core.branches import BUSY, IDLE, READY, verdict
+from toren.core import branches as branches_module
+from toren.core.branches import (
+    BUSY,
+    IDLE,
+    READY,
+    Branches,
+    verdict,
+)
+from toren.core.combinators import gather
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
+from toren.store.sql import loop_is_idle
 
+from .asyncio_probe import CHECKS, Waits, settle
+from .test_combinators import Spy
 from .test_engine import Mailbox, make_deps
 
 
-async def test_a_branch_busy_outside_ctx_is_not_cancelled_by_parking(store: Store) -> None:
+async def test_a_branch_busy_outside_ctx_is_not_cancelled_by_parking(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One branch waits for a message (durable); the other awaits work the log does not
     cover, then calls a tool. The run parks only after that branch reached its tool."""
+    spy = Spy(monkeypatch)
     mailbox = Mailbox()
     reached, gate = asyncio.Event(), asyncio.Event()
 
@@ -36,9 +52,10 @@ async def test_a_branch_busy_outside_ctx_is_not_cancelled_by_parking(store: Stor
     run = await toren.start_run(store, reg, "a")
     tick = asyncio.ensure_future(toren.tick(run.id, deps))
     await reached.wait()
+    await spy.taken.wait()  # the other branch parked: the tick asked whether to park
     for _ in range(50):  # give a tick that would park early every chance to do so
         await asyncio.sleep(0)
-    assert not tick.done()
+    assert not tick.done(), spy.verdicts
     gate.set()
     first = await tick
     assert first.status == "waiting", first
@@ -71,26 +88,6 @@ async def test_park_grace_bounds_the_wait_for_a_branch_busy_outside_ctx(store: S
 
 
 # -- the walk itself, over each way agent code may combine branches -----------------------
-
-
-class Waits:
-    """Durable waits as the tick makes them: futures it knows, resolved only by parking."""
-
-    def __init__(self) -> None:
-        self.futures: set[asyncio.Future[Any]] = set()
-
-    async def wait(self) -> None:
-        fut = asyncio.get_running_loop().create_future()
-        self.futures.add(fut)
-        await fut
-
-    def verdict(self, task: asyncio.Task[Any]) -> str:
-        return verdict(task, self.futures.__contains__).state
-
-
-async def settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
 
 
 async def check(make: Any, expected: str) -> None:
@@ -156,3 +153,82 @@ async def test_verdict_lets_a_ready_branch_run() -> None:
     assert waits.verdict(task) == IDLE
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+# -- what the engine was told: facts before the fallback ----------------------------------
+
+
+async def test_facts_answer_without_reading_asyncio_internals(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Branches joined by a Toren combinator and parked through Branches are judged from
+    those facts alone: with the internals made unreadable, the walk still says IDLE."""
+    monkeypatch.setattr(branches_module, "_WAITER", "_no_such_attribute")
+    known = Branches()
+
+    async def parked() -> None:
+        future = asyncio.get_running_loop().create_future()
+        with known.parked(future):
+            await future
+
+    async def main() -> Any:
+        return await gather(parked(), parked(), branches=known)
+
+    task = asyncio.ensure_future(main())
+    await settle()
+    try:
+        found = verdict(task, lambda f: False, known)
+        assert (found.state, found.inferred) == (IDLE, False)
+        assert len(known.tasks()) == 3  # the joining task and its two branches
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert known.held() == 0
+
+
+async def test_a_join_whose_branch_just_failed_is_ready_before_its_wake_up_runs() -> None:
+    """The moment a branch fails, its join is about to wake (asyncio.wait's contract),
+    even though the callbacks that wake it have not run yet: ready, not idle."""
+    known = Branches()
+    first, second = asyncio.Future[None](), asyncio.Future[None]()
+
+    async def join() -> None:
+        with known.joining([first, second], first_exception=True):
+            await asyncio.wait([first, second], return_when=asyncio.FIRST_EXCEPTION)
+        await asyncio.Future()  # stays, so the test can look at it
+
+    task = asyncio.ensure_future(join())
+    await settle()
+    parked_forever = {second}  # the other branch is a durable wait
+    # ``first`` stands for work outside ctx: busy until it ends
+    assert verdict(task, parked_forever.__contains__, known).state == BUSY
+    first.set_exception(ValueError("x"))
+    assert verdict(task, parked_forever.__contains__, known).state == READY
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    first.exception()  # retrieved
+
+
+# -- the fallback's reads of asyncio's internals: fail loudly if they change --------------
+#
+# core/branches.py reads these for tasks the engine was not told about (bare asyncio
+# combinators), and store/sql.py loop_is_idle reads the loop's ready queue. They are not
+# public API. If one of these fails on a new Python, the fallback there gives UNKNOWN
+# (bare combinators park after letting ready branches run) and group commit never goes
+# inline: update core/branches.py for that Python, and the verified versions in
+# docs/agent-code.md. The same checks run alone on any Python: tests/core/asyncio_probe.py.
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda check: check.__name__)
+async def test_asyncio_internals_the_fallback_reads(check: Any) -> None:
+    problem = await check()
+    if problem is not None:
+        pytest.fail(problem)
+
+
+async def test_loop_is_idle_reads_the_ready_queue() -> None:
+    loop = asyncio.get_running_loop()
+    assert loop_is_idle(loop)
+    loop.call_soon(lambda: None)
+    assert not loop_is_idle(loop)
+    await asyncio.sleep(0)

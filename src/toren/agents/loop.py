@@ -8,10 +8,15 @@ garbled (not a JSON object): it is answered with the problem, and the tool is no
 The loop ends on an answer without tool calls, or on a limit (``LimitExceeded`` naming
 the limit and the setting).
 
-The tool calls of a turn are structured, as in a task group: anything else a tool call
-raises (an agent bug, an engine abort) cancels its siblings and waits for them to unwind
-before it propagates, as itself. A sibling left running would go on working (a tool
-sending an email, say) after the run has failed or been given back.
+The tool calls of a turn are structured, as in a task group: they run as the branches of
+one ``ctx.gather`` (so the engine knows them, and parks a turn whose calls all wait on a
+human without reading asyncio's internals). Anything else a tool call raises (an agent
+bug, an engine abort) cancels its siblings and waits for them to unwind before it
+propagates, as itself. A sibling left running would go on working (a tool sending an
+email, say) after the run has failed or been given back. Positions: each call takes its
+step's position in its branch's first slice, and branches start in the model's order of
+calls, so positions follow that order on every replay (as they did with the bare
+``asyncio`` combinators this replaced).
 
 Determinism: replay re-executes this code and must make the same requests in the same
 order. Everything the loop decides on is either recorded (model responses, tool results)
@@ -28,12 +33,11 @@ live passes on replay too; once live, it is everything spent, superseded steps i
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from toren.agents.config import HumanConfig
 from toren.core.program import AgentFn, Limits, raised
@@ -44,8 +48,6 @@ if TYPE_CHECKING:
     from toren.core.context import Context
 
 __all__ = ["ASK_HUMAN_SPEC", "LoopSpec", "make_loop", "parse_input", "tool_result_text"]
-
-T = TypeVar("T")
 
 ASK_HUMAN_SPEC = ToolSpec(
     name="ask_human",
@@ -137,7 +139,7 @@ class _Loop:
             needed = self._steps_for(response.tool_calls)
             self._check_limits(next_steps=needed)
             self.steps += needed
-            results = await _all_or_none(self._run_tool(c) for c in response.tool_calls)
+            results = await self.ctx.gather(*(self._run_tool(c) for c in response.tool_calls))
             tool_calls += len(results)
             messages.extend(results)
 
@@ -206,67 +208,6 @@ class _Loop:
                     value=str(budget),
                     cost_usd=str(usage.cost_usd),
                 )
-
-
-async def _all_or_none(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run ``coros`` concurrently; their results in order. As soon as one raises, the others
-    are cancelled and awaited, then that error is raised as itself (not in an exception
-    group: the engine's aborts and ``RunCancelledSignal`` must reach the engine unchanged).
-
-    Positions: each coroutine takes its step's position in its first slice, before its
-    first await. Tasks start in the order they are created, so the positions follow the
-    model's order of calls on every replay, as they did with ``asyncio.gather``.
-    """
-    tasks = [asyncio.ensure_future(coro) for coro in coros]
-    if not tasks:
-        return []
-    cancelled: asyncio.CancelledError | None = None
-    stopped_by: Iterable[asyncio.Future[Any]] = ()
-    try:
-        stopped_by, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    except asyncio.CancelledError as exc:  # the engine parks, drains or stops the run
-        cancelled = exc
-    if cancelled is None and _first_error(tasks, stopped_by) is None:
-        return [task.result() for task in tasks]
-    cancelled = await _cancel_and_wait(tasks) or cancelled
-    error = _first_error(tasks, stopped_by)
-    # An abort wins over a cancellation; an ordinary error does not: an ``except
-    # Exception`` in agent code must never swallow the cancellation of its task.
-    if error is not None and (cancelled is None or not isinstance(error, Exception)):
-        raise error
-    assert cancelled is not None
-    raise cancelled
-
-
-async def _cancel_and_wait(tasks: Sequence[asyncio.Future[Any]]) -> asyncio.CancelledError | None:
-    """Cancel ``tasks`` and wait until every one has finished unwinding, even if this task
-    is cancelled meanwhile (that cancellation is returned): none may outlive the turn."""
-    for task in tasks:
-        task.cancel()
-    interrupted = None
-    while unfinished := [task for task in tasks if not task.done()]:
-        try:
-            await asyncio.wait(unfinished)
-        except asyncio.CancelledError as exc:
-            interrupted = exc
-    return interrupted
-
-
-def _first_error(
-    tasks: Sequence[asyncio.Future[Any]], stopped_by: Iterable[asyncio.Future[Any]]
-) -> BaseException | None:
-    """The error to raise for a turn whose tools failed: an abort (a BaseException that is
-    not an Exception) before an ordinary error; among those, one of the tasks that stopped
-    the turn (``stopped_by``) before one raised while unwinding; then the model's order.
-    Cancellations are not errors here."""
-    first = set(stopped_by)
-    errors = [
-        exc
-        for task in sorted(tasks, key=lambda task: task not in first)  # stable: call order
-        if task.done() and not task.cancelled() and (exc := task.exception()) is not None
-    ]
-    aborts = [exc for exc in errors if not isinstance(exc, Exception)]
-    return (aborts or errors)[0] if errors else None
 
 
 def _garbled_arguments(call: ToolCall) -> dict[str, Any]:

@@ -4,6 +4,10 @@ Every ``ctx.<effect>(...)`` is one durable step. Its position in the stream is t
 is *called* (these are plain methods returning awaitables), so steps started together with
 ``asyncio.gather`` get the same positions on every replay, whatever order they finish in.
 The replay decision is taken at call time as well; only the live execution is awaited.
+
+Branches run side by side with :meth:`Context.gather` and :meth:`Context.task_group`
+(:mod:`toren.core.combinators`): the engine knows their branches, so it can tell that
+every one waits on a durable wait and park the run without reading asyncio's internals.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
+from toren.core import combinators
 from toren.core.digest import request_digest
 from toren.errors import InvalidInput
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
@@ -20,6 +25,8 @@ from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, Too
 if TYPE_CHECKING:
     from toren.core.program import AgentProgram
     from toren.core.steps import Steps
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -148,6 +155,36 @@ class Context:
         pos = self._position()
         digest = request_digest("message", {"name": name, "timeout": timeout})
         return self._runner.message_step(self, pos, digest, name, timeout)
+
+    # -- branches --------------------------------------------------------------------------
+
+    @overload
+    def gather(
+        self, *aws: Awaitable[T], return_exceptions: Literal[False] = False
+    ) -> Awaitable[list[T]]: ...
+
+    @overload
+    def gather(
+        self, *aws: Awaitable[T], return_exceptions: bool
+    ) -> Awaitable[list[T | BaseException]]: ...
+
+    def gather(self, *aws: Awaitable[Any], return_exceptions: bool = False) -> Awaitable[Any]:
+        """Run ``aws`` side by side as branches the engine knows; their results in order.
+        Branches start at once and in order, as with ``asyncio.gather`` (so their steps
+        take the positions they would there). Unlike ``asyncio.gather``, the first error
+        cancels the other branches and waits for them before it is raised, as itself;
+        ``return_exceptions=True`` returns ordinary errors in place (never an abort of the
+        run). Await it once. See docs/agent-code.md."""
+        return combinators.gather(
+            *aws, return_exceptions=return_exceptions, branches=self._runner.branches
+        )
+
+    def task_group(self) -> combinators.TaskGroup:
+        """``async with ctx.task_group() as tg: tg.create_task(...)``: an
+        ``asyncio.TaskGroup`` whose branches the engine knows (a failure cancels the body
+        and the other branches; errors come out as an ``ExceptionGroup``; an abort of the
+        run as itself). See docs/agent-code.md."""
+        return combinators.TaskGroup(self._runner.branches)
 
     def spawn(self, process: str, input: Any = None) -> Awaitable[Any]:
         """Run another process of this agent as a child stream and return its output."""

@@ -413,7 +413,8 @@ class Steps(TickState):
         if self._inflight == 0:
             self._wake.set()
         try:
-            await parked
+            with self.branches.parked(parked):  # the tick knows this task waits durably
+                await parked
         finally:
             self._inflight += 1
             self._waiters.remove(entry)

@@ -194,7 +194,7 @@ class TickRunner(Steps):
         while self._parkable() and not self._task.done():
             if self._abort is not None or self._draining:
                 return False
-            found = verdict(self._task, self._park_futures.__contains__)
+            found = verdict(self._task, self._park_futures.__contains__, self.branches)
             if found.state == IDLE:
                 return True
             if found.state == UNKNOWN:  # no way to tell: let ready branches run, then park

@@ -18,6 +18,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from toren.config import Settings
+from toren.core.branches import Branches
 from toren.core.clock import Clock, SystemClock
 from toren.core.context import Context, RunUsage
 from toren.core.digest import (
@@ -346,6 +347,7 @@ class TickState:
         self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
         self._parked: list[tuple[float | None, tuple[str, ...]]] = []
         self._park_futures: set[asyncio.Future[None]] = set()  # what parked branches await
+        self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
         self._wake = asyncio.Event()
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
