@@ -32,7 +32,13 @@ import pytest
 from tests.cli.conftest import free_port, sub_env, toren_exe
 from tests.cli.test_processes import wait_until
 from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
-from tests.providers.fakes import FAKE_KEY, Completion, FakeModelServer, serve_fake_models
+from tests.providers.fakes import (
+    FAKE_KEY,
+    Completion,
+    FakeModelServer,
+    render_anthropic,
+    serve_fake_models,
+)
 from toren.agents.pricing import default_table
 from toren.providers.base import Usage
 
@@ -243,4 +249,141 @@ def test_dev_reload_resends_nothing_and_counts_every_call(
         f"identical re-sent {resent}, served {sum(u.input_tokens for u in served.usage)} in / "
         f"{sum(u.output_tokens for u in served.usage)} out = ${cost}; run cost "
         f"${done.usage.cost_usd}, steps {done.usage.steps}"
+    )
+
+
+# -- a call cut off past the drain window ------------------------------------------------
+
+ANTHROPIC_MODEL = "anthropic:claude-sonnet-4-5"
+PACE = 0.2  # seconds before each streamed event: a reply streams for about 5 s
+
+
+@dataclass
+class Streamed:
+    """An Anthropic-wire server whose replies stream slowly, and what it served: per
+    request, its body's digest and the usage of the last usage-bearing event it sent
+    (``message_start``: the input and 1 output token; ``message_delta``: the output), so a
+    stream cut off mid-answer counts exactly what the client could have read."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    digests: list[str] = field(default_factory=list)
+    served: list[Usage] = field(default_factory=list)
+    pulled: list[int] = field(default_factory=list)  # events handed to the server so far
+
+    def reply(self, body: dict[str, Any]) -> Completion:
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        with self.lock:
+            n = len(self.digests)
+            self.digests.append(digest)
+            self.served.append(Usage())
+            self.pulled.append(0)
+        return Completion(
+            text=f"answer {n:02d}".ljust(20, "."),
+            chunk_size=1,
+            input_tokens=1000 * (n + 1) + 7,
+            output_tokens=10 * (n + 1) + 3,
+            pace=PACE,
+        )
+
+    def render(self, reply: Completion, request: dict[str, Any]) -> Any:
+        response = render_anthropic(reply, request)
+        n = int(reply.text.split()[1][:2])
+        response._events = self._track(n, reply, response._events)
+        return response
+
+    def _track(self, n: int, reply: Completion, events: Iterator[str]) -> Iterator[str]:
+        # Event i has been sent once event i+1 is asked for (or the stream has ended).
+        pending: Usage | None = None
+        for event in events:
+            with self.lock:
+                if pending is not None:
+                    self.served[n] = pending
+                self.pulled[n] += 1
+            pending = None
+            if event.startswith("event: message_start"):
+                pending = Usage(reply.input_tokens, 1)
+            elif event.startswith("event: message_delta"):
+                pending = Usage(reply.input_tokens, reply.output_tokens)
+            yield event
+        with self.lock:
+            if pending is not None:
+                self.served[n] = pending
+
+    def streaming(self, n: int) -> bool:
+        """Request ``n`` has sent its first text delta (so its message_start too)."""
+        with self.lock:
+            return len(self.pulled) > n and self.pulled[n] >= 5
+
+
+def test_dev_reload_counts_a_call_cut_off_past_the_drain_window(
+    tmp_path: Path,
+    fake: FakeModelServer,
+    database: str | None,
+    procs: list[subprocess.Popen[str]],
+) -> None:
+    """With a drain window shorter than the call (0.5 s against ~5 s), a reload cuts the
+    call in flight off. It runs again (at-least-once for that one step: its identical
+    request is the only one sent twice), and both calls are in the run's cost: the cut one
+    with the usage its stream had reported (message_start), recorded as ModelCallCutOff."""
+    from toren.client import TorenClient
+
+    root = _agent(tmp_path / "slowchain")
+    (root / "agent.yaml").write_text(AGENT_YAML.replace(MODEL, ANTHROPIC_MODEL))
+    (root / "agent.py").write_text(AGENT_PY.replace(MODEL, ANTHROPIC_MODEL).replace("4)", "3)"))
+    streamed = Streamed()
+    fake.anthropic.responder = streamed.reply
+    fake.anthropic.render = streamed.render
+    port = free_port()
+    args = [*toren_exe(), "dev", str(root), "--port", str(port), "--no-console"]
+    if database is not None:
+        args += ["--database-url", database]
+    env = sub_env(
+        ANTHROPIC_API_KEY=FAKE_KEY, ANTHROPIC_BASE_URL=fake.anthropic_url, TOREN_DRAIN_WINDOW="0.5"
+    )
+    dev = subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    procs.append(dev)
+    banner = _banner(dev)
+
+    with TorenClient(f"http://127.0.0.1:{port}") as client:
+        run = client.start_run("slowchain", {})
+        # Step 1 is streaming: edit the prompt of step 2 (a later step), a new version.
+        wait_until(lambda: streamed.streaming(1), 60, "step 1 streaming")
+        (root / "prompts" / "step2.md").write_text("Say 2, briefly (v2).\n")
+        done = client.wait(run.id, timeout=120)
+        assert done.status == "completed", done.error
+        events = client.events(run.id, limit=500).events
+
+    dev.send_signal(signal.SIGINT)
+    output, _ = dev.communicate(timeout=60)
+    assert dev.returncode == 0, output
+    assert (banner + output).count("reloaded (prompts/step2.md)") == 1, banner + output
+
+    [cut] = [e for e in events if e.type == "ModelCallCutOff"]
+    assert (cut.payload["stream"], cut.payload["position"]) == ("main", 1)
+    assert (cut.payload["input_tokens"], cut.payload["output_tokens"]) == (2007, 1)
+    calls = [e for e in events if e.type == "ModelCallRecorded"]
+    assert [c.position for c in calls] == [0, 1, 2]
+    assert cut.payload["request_digest"] == calls[1].digest  # the same request, sent again
+
+    # Counted at the server: 4 requests, the cut-off one sent twice (the only repeat).
+    with streamed.lock:
+        digests, served = list(streamed.digests), list(streamed.served)
+    assert len(digests) == 4 and digests[1] == digests[2]
+    resent = sum(n - 1 for n in Counter(digests).values())
+    assert resent == 1
+    assert served[1] == Usage(2007, 1)  # cut after message_start, before message_delta
+
+    prices = default_table()
+    cost = sum((prices.cost(ANTHROPIC_MODEL, u) for u in served), Decimal(0))
+    assert done.usage.input_tokens == sum(u.input_tokens for u in served)
+    assert done.usage.output_tokens == sum(u.output_tokens for u in served)
+    assert done.usage.cost_usd == cost
+    assert done.usage.steps == 3
+    print(
+        f"\n[{'sqlite' if database is None else 'postgres'}] cut off past the drain window: "
+        f"requests {len(digests)}, identical re-sent {resent} (the cut-off call), served "
+        f"{sum(u.input_tokens for u in served)} in / {sum(u.output_tokens for u in served)} "
+        f"out = ${cost}; run cost ${done.usage.cost_usd}"
     )
