@@ -69,9 +69,22 @@ __all__ = [
 
 AGENT_FILE = "agent.yaml"
 TOOLS_FILE = "tools.py"
-# Directories never part of the agent's code, at any depth (the hidden ones, such as
-# .toren/ and .git/, are left out by the leading-dot rule of `is_code_path`).
-IGNORED_DIRS = frozenset({"__pycache__", "node_modules", "venv"})
+# Directories never part of the agent's code, at any depth. Every hidden directory is
+# left out too (the leading-dot rule of `is_code_path`); the hidden names here are the
+# ones this set listed before that rule, kept so that it still names all it did.
+IGNORED_DIRS = frozenset(
+    {
+        ".toren",
+        "__pycache__",
+        ".git",
+        ".venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+        "venv",
+    }
+)
 # Directories left out only at the top of the agent directory: an agent may well keep a
 # prompt under prompts/tests/, but a top-level tests/ or docs/ is the project's own.
 _TOP_LEVEL_DIRS = frozenset({"docs", "doc", "tests", "test"})

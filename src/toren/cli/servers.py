@@ -41,10 +41,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("toren.cli")
 
-# How long `toren dev` lets running steps finish before a reload takes their runs over.
-# Short on purpose: the point of a reload is to see the new code now. A step cut off
-# here was not recorded, so it simply runs again (under the new code).
-
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
 
@@ -201,7 +197,8 @@ class WorkerSwitch:
     "--code-version",
     envvar="TOREN_CODE_VERSION",
     default=None,
-    help="Fixed code version (default: the agent directory's hash, new on every edit). "
+    help="Fixed code version (default: a hash of the agent's code, new on every edit of a "
+    "file it may read; README, docs and tests do not count). "
     "[env: TOREN_CODE_VERSION]",
 )
 @click.option(
