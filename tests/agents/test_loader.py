@@ -11,6 +11,7 @@ import yaml
 
 from toren.agents import DirectoryResolver, directory_hash, load_agent
 from toren.agents.config import ProviderConfig
+from toren.agents.loader import code_files, is_code_path
 from toren.core.program import AgentResolver
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelRequest, ModelResponse, ToolCall
@@ -45,6 +46,94 @@ def test_code_version_is_a_hash_of_the_directory(tmp_path: Path) -> None:
     (root / "tools.py").write_text("X = 1\n")
     (root / "new.md").write_text("")
     assert directory_hash(root) != first
+
+
+def test_docs_tests_and_editor_files_are_not_part_of_the_code_version(tmp_path: Path) -> None:
+    """The rule of the code version (one function, also what ``toren dev`` reloads for):
+    a README edit is the same version, a prompt edit is a new one."""
+    root = _agent(
+        tmp_path / "a",
+        "name: a\nmodel: openai:gpt-4o\ninstructions_file: prompts/system.md\n",
+        **{"tools.py": "X = 1\n", "README.md": "# a\n"},
+    )
+    (root / "prompts").mkdir()
+    (root / "prompts" / "system.md").write_text("Be brief.\n")
+    first = directory_hash(root)
+    left_out = [
+        "README.md",
+        "readme.rst",
+        "prompts/README.txt",
+        "LICENSE",
+        "CHANGELOG.md",
+        "docs/guide.md",
+        "tests/test_tools.py",
+        "test_agent.py",
+        "tools_test.py",
+        "conftest.py",
+        ".gitignore",
+        ".env",
+        ".tools.py.swp",
+        "tools.py~",
+        "#tools.py#",
+        "tools.py.bak",
+        "tools.cpython-311.pyc",
+        "__pycache__/tools.cpython-311.pyc",
+        "venv/lib/x.py",
+        "node_modules/x/index.js",
+        ".git/HEAD",
+        ".toren/toren.db",
+        ".venv/lib/x.py",
+    ]
+    for rel in left_out:
+        assert not is_code_path(rel), rel
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(f"edited {rel}\n")
+        assert directory_hash(root) == first, rel
+    counted = [
+        "agent.yaml",
+        "tools.py",
+        "prompts/system.md",
+        "prompts/tests/case.md",  # only a top-level tests/ is the project's
+        "prompts/license.md",  # LICENSE is documentation only at the top
+        "license.py",
+        "history.md",
+        "script.yaml",
+        "data/rates.json",
+        "Dockerfile",
+        "pyproject.toml",
+    ]
+    for rel in counted:
+        assert is_code_path(rel), rel
+    rels = [p.relative_to(root).as_posix() for p in code_files(root)]
+    assert rels == ["agent.yaml", "prompts/system.md", "tools.py"]
+    (root / "prompts" / "system.md").write_text("Be thorough.\n")
+    assert directory_hash(root) != first
+
+
+def test_the_hash_of_a_directory_with_nothing_left_out_is_unchanged(tmp_path: Path) -> None:
+    """The rule changed which files count, not how they are hashed ("toren.agentdir.v1"):
+    a directory holding only counted files keeps the version it had before."""
+    root = _agent(tmp_path / "a", "name: a\nmodel: openai:gpt-4o\n", **{"tools.py": "X = 1\n"})
+    assert directory_hash(root) == "93dd6195b6fb4bcb"  # as computed before the rule
+
+
+def test_dev_watches_only_what_the_code_version_counts(tmp_path: Path) -> None:
+    one = _agent(tmp_path / "agents" / "one", "name: one\nmodel: openai:gpt-4o\n")
+    resolver = DirectoryResolver(tmp_path / "agents")
+    assert resolver.is_code_change(one / "agent.yaml")
+    assert resolver.is_code_change(one / "prompts" / "system.md")
+    assert not resolver.is_code_change(one / "README.md")
+    assert not resolver.is_code_change(one / ".agent.yaml.swp")
+    assert not resolver.is_code_change(tmp_path / "agents" / "README.md")
+    (tmp_path / "agents" / "two").mkdir()
+    assert resolver.is_code_change(tmp_path / "agents" / "two")  # an agent directory made
+    single = DirectoryResolver(one)
+    assert single.is_code_change(one / "tools.py")
+    assert not single.is_code_change(one / "docs" / "notes.md")
+    assert not single.is_code_change(tmp_path / "elsewhere.py")
+    resolver.load("one")
+    shutil.rmtree(one)
+    assert resolver.is_code_change(one)  # and one removed
 
 
 def test_code_version_does_not_depend_on_where_the_directory_is(tmp_path: Path) -> None:

@@ -60,17 +60,42 @@ __all__ = [
     "IGNORED_DIRS",
     "AgentDefinition",
     "ProcessDefinition",
+    "code_files",
     "directory_hash",
+    "is_code_path",
     "load_agent",
     "parse_yaml",
 ]
 
 AGENT_FILE = "agent.yaml"
 TOOLS_FILE = "tools.py"
-# Not part of the agent's code: runtime state, caches, VCS metadata.
+# Directories never part of the agent's code, at any depth. Every hidden directory is
+# left out too (the leading-dot rule of `is_code_path`); the hidden names here are the
+# ones this set listed before that rule, kept so that it still names all it did.
 IGNORED_DIRS = frozenset(
-    {".toren", "__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+    {
+        ".toren",
+        "__pycache__",
+        ".git",
+        ".venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+        "venv",
+    }
 )
+# Directories left out only at the top of the agent directory: an agent may well keep a
+# prompt under prompts/tests/, but a top-level tests/ or docs/ is the project's own.
+_TOP_LEVEL_DIRS = frozenset({"docs", "doc", "tests", "test"})
+# Documentation by name: README.* at any depth, the others at the top only (any case;
+# no extension or a documentation one, so a module named license.py still counts).
+_DOC_STEMS = frozenset(
+    {"changelog", "license", "licence", "copying", "notice", "authors", "contributing"}
+)
+_DOC_SUFFIXES = frozenset({"", ".md", ".rst", ".txt", ".markdown", ".adoc"})
+# Editor swap, backup and lock files, compiled Python, OS litter.
+_JUNK_SUFFIXES = (".pyc", ".pyo", ".swp", ".swo", ".swx", ".bak", ".orig", ".tmp", "~")
 
 
 # -- results ----------------------------------------------------------------------------
@@ -174,24 +199,78 @@ class AgentDefinition:
 
 
 # -- code version -----------------------------------------------------------------------
+#
+# What the default code version depends on. One rule, `is_code_path`, decides both the
+# hash and what `toren dev` reloads for, so a README edit is neither a new version nor a
+# reload, and every file the agent's code may read at run time (agent.yaml, Python
+# modules, prompts, scripts, data files) is both. The rule leaves out only what no running
+# agent reads: documentation, tests, VCS and tool state, editor files. Changing it changes
+# the code version of every directory holding such files (a one-time, rolling-deploy-like
+# version change: see CHANGELOG, 0.1.0, "Code version"); the hash of the files that
+# count is unchanged ("toren.agentdir.v1"), so a directory with nothing left out keeps
+# its version.
 
 
-def _agent_files(root: Path) -> list[Path]:
+def is_code_path(rel: str | Path) -> bool:
+    """Whether the file at ``rel`` (relative to the agent directory) is part of the
+    agent's code version. Left out: hidden files and directories (``.git/``, ``.toren/``,
+    ``.venv/``, ``.env``, ``.gitignore``, editor swap files such as ``.tools.py.swp``);
+    ``__pycache__/``, ``node_modules/``, ``venv/``; top-level ``docs/``, ``doc/``,
+    ``tests/``, ``test/``; ``test_*.py``, ``*_test.py`` and ``conftest.py``; ``README``
+    (bare or ``.md``, ``.rst``, ``.txt``, ``.markdown``, ``.adoc``; any case) at any depth
+    and, at the top, ``CHANGELOG``, ``LICENSE``/``LICENCE``, ``COPYING``, ``NOTICE``,
+    ``AUTHORS``, ``CONTRIBUTING`` spelled the same way; editor backups and compiled Python
+    (``*~``, ``#*#``, ``*.swp``, ``*.bak``, ``*.orig``, ``*.tmp``, ``*.pyc``)."""
+    parts = Path(rel).parts
+    if not parts:
+        return False
+    *dirs, name = parts
+    if any(d.startswith(".") or d in IGNORED_DIRS for d in dirs):
+        return False
+    if dirs and dirs[0].lower() in _TOP_LEVEL_DIRS:
+        return False
+    lower = name.lower()
+    if name.startswith((".", "#")) or lower.endswith(_JUNK_SUFFIXES):
+        return False
+    stem, dot, suffix = lower.partition(".")
+    if (stem == "readme" or (stem in _DOC_STEMS and not dirs)) and (
+        (dot + suffix) in _DOC_SUFFIXES
+    ):
+        return False
+    return not (
+        lower.endswith(".py")
+        and (lower.startswith("test_") or lower.endswith("_test.py") or lower == "conftest.py")
+    )
+
+
+def code_files(root: str | Path) -> list[Path]:
+    """The files of the agent directory ``root`` its code version depends on
+    (:func:`is_code_path`), in the order the hash reads them."""
+    root = Path(root)
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in IGNORED_DIRS)
-        files += [Path(dirpath, f) for f in filenames if not f.endswith((".pyc", ".pyo"))]
+        base = Path(dirpath)
+        rel_dir = base.relative_to(root)
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if is_code_path(rel_dir / d / "x")  # prune whole subtrees
+        )
+        files += [base / f for f in filenames if is_code_path(rel_dir / f)]
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
 def directory_hash(root: str | Path) -> str:
-    """A hash of the agent directory: sorted relative paths and file contents, without
-    ``IGNORED_DIRS``. It is the default code version, recorded on every event."""
+    """A hash of the agent directory's code (:func:`code_files`): sorted relative paths
+    and file contents. It is the default code version, recorded on every event."""
     root = Path(root)
     digest = hashlib.sha256(b"toren.agentdir.v1\n")
-    for path in _agent_files(root):
+    for path in code_files(root):
         rel = path.relative_to(root).as_posix().encode()
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # gone since the walk (an editor's probe file)
+            continue
         digest.update(b"%d:%s\0%d:" % (len(rel), rel, len(data)))
         digest.update(data)
     return digest.hexdigest()[:16]

@@ -17,7 +17,13 @@ from typing import Any, Protocol
 import yaml
 
 from toren.agents.config import ProviderConfig, parse_model_ref
-from toren.agents.loader import AGENT_FILE, AgentDefinition, directory_hash, load_agent
+from toren.agents.loader import (
+    AGENT_FILE,
+    AgentDefinition,
+    directory_hash,
+    is_code_path,
+    load_agent,
+)
 from toren.agents.mcp_tools import McpServer
 from toren.agents.readiness import check_providers, missing_key_message
 from toren.core.program import AgentProgram, ToolDef
@@ -165,6 +171,24 @@ class DirectoryResolver:
             elif root.is_dir():
                 out += [d for d in sorted(root.iterdir()) if (d / AGENT_FILE).is_file()]
         return out
+
+    def is_code_change(self, path: str | Path) -> bool:
+        """Whether a change at ``path`` can change an agent's code: a file its directory's
+        hash counts (:func:`~toren.agents.loader.is_code_path`, the rule of the code
+        version), or a directory that may hold or be an agent. ``toren dev`` watches with
+        it, so a README edit does not even wake the reload."""
+        path = Path(path).resolve()
+        for root in self.roots:
+            if not path.is_relative_to(root):
+                continue
+            rel = path.relative_to(root)
+            if not (root / AGENT_FILE).is_file():  # a root of agent directories
+                if len(rel.parts) == 1:  # an agent directory itself, made or removed
+                    return path.is_dir() or path in self._loaded
+                rel = Path(*rel.parts[1:])
+            if is_code_path(rel / "x" if path.is_dir() else rel):
+                return True
+        return False
 
     def names(self) -> list[str]:
         return sorted(self.agent_dirs())

@@ -41,10 +41,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 log = logging.getLogger("toren.cli")
 
-# How long `toren dev` lets running steps finish before a reload takes their runs over.
-# Short on purpose: the point of a reload is to see the new code now. A step cut off
-# here was not recorded, so it simply runs again (under the new code).
-
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
 
@@ -201,8 +197,17 @@ class WorkerSwitch:
     "--code-version",
     envvar="TOREN_CODE_VERSION",
     default=None,
-    help="Fixed code version (default: the agent directory's hash, new on every edit). "
+    help="Fixed code version (default: a hash of the agent's code, new on every edit of a "
+    "file it may read; README, docs and tests do not count). "
     "[env: TOREN_CODE_VERSION]",
+)
+@click.option(
+    "--database-url",
+    default=None,
+    help="Database URL (default: SQLite in DIR/.toren/toren.db), e.g. a PostgreSQL "
+    "database to develop against the backend production uses. Flag only: a "
+    "TOREN_DATABASE_URL in the shell is not read, so a development loop never writes to "
+    "a production database by accident.",
 )
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
 @allowed_hosts_option
@@ -211,6 +216,7 @@ def dev(
     directory: Path,
     port: int,
     code_version: str | None,
+    database_url: str | None,
     no_console: bool,
     allowed_hosts: tuple[str, ...],
     log_level: str,
@@ -221,7 +227,14 @@ def dev(
     _check_port(host, port)
     run_async(
         lambda: _dev(
-            directory.resolve(), host, port, code_version, not no_console, hosts, log_level
+            directory.resolve(),
+            host,
+            port,
+            code_version,
+            not no_console,
+            hosts,
+            log_level,
+            database_url,
         )
     )
 
@@ -234,11 +247,12 @@ async def _dev(
     console: bool,
     allowed_hosts: Sequence[str] = (),
     log_level: str = "warning",
+    database_url: str | None = None,
 ) -> None:
     from toren.api.server import running_server
 
     settings = settings_from(code_version=code_version)
-    runtime = await open_runtime(root, sqlite_url_for(root), settings)
+    runtime = await open_runtime(root, database_url or sqlite_url_for(root), settings)
     printer = out()
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)
@@ -259,13 +273,13 @@ async def _dev(
                     highlight=False,
                 )
             reporter = asyncio.ensure_future(report_runs(runtime))
-            for name, version in sorted((versions or {}).items()):
+            for name, (_, version) in sorted((versions or {}).items()):
                 printer.print(f"  agent [cyan]{escape(name)}[/] code version {escape(version)}")
                 _warn_not_ready(runtime, name)
             printer.print(f"  API      {server.url}/v1   (OpenAPI: {server.url}/v1/openapi.json)")
             if console:
                 printer.print(f"  console  {server.url}/")
-            printer.print(f"  database {escape(runtime.settings.database_url)}")
+            printer.print(f"  database {escape(shown_url(runtime.settings.database_url))}")
             printer.print("[dim]watching for changes · Ctrl-C to stop[/]")
             await _watch(root, runtime, switch, versions or {}, stop)
             printer.print("stopping: draining the worker…")
@@ -326,10 +340,17 @@ def _warn_not_ready(runtime: Runtime, name: str) -> None:
         pass  # a broken agent is reported by the reload
 
 
-def _agent_versions(runtime: Runtime) -> dict[str, str] | None:
-    """Agent name -> code version, or None (with the error printed) when an agent is broken."""
+def _agent_versions(runtime: Runtime) -> dict[str, tuple[str, str]] | None:
+    """Agent name -> (content hash, code version), or None (with the error printed) when
+    an agent is broken. The content hash decides a reload, also under a fixed
+    ``--code-version``; it counts only the files the code version depends on
+    (:func:`toren.agents.loader.is_code_path`), so a README edit reloads nothing."""
     try:
-        return {name: runtime.resolver.load(name).code_version for name in runtime.resolver.names()}
+        return {
+            name: (definition.content_hash, definition.code_version)
+            for name in runtime.resolver.names()
+            for definition in [runtime.resolver.load(name)]
+        }
     except TorenError as exc:
         err().print(f"[bold red]error:[/] {escape(exc.message)}")
         err().print("[dim]hint:[/] fix it and save: toren dev reloads (no runs execute until then)")
@@ -358,14 +379,16 @@ async def _watch(
     root: Path,
     runtime: Runtime,
     switch: WorkerSwitch,
-    versions: dict[str, str],
+    versions: dict[str, tuple[str, str]],
     stop: asyncio.Event,
 ) -> None:
-    from watchfiles import DefaultFilter, awatch
+    from watchfiles import Change, awatch
 
-    watch_filter = DefaultFilter(ignore_dirs=(*DefaultFilter.ignore_dirs, ".toren"))
+    def code_change(_: Change, path: str) -> bool:
+        return runtime.resolver.is_code_change(path)
+
     printer = out()
-    async for changes in awatch(root, watch_filter=watch_filter, stop_event=stop, debounce=200):
+    async for changes in awatch(root, watch_filter=code_change, stop_event=stop, debounce=200):
         names = sorted({Path(p).relative_to(root).as_posix() for _, p in changes})
         current = _agent_versions(runtime)
         if current is None:
@@ -374,13 +397,15 @@ async def _watch(
                 switch.current = None
             continue
         if current == versions and switch.current is not None:
-            continue
+            continue  # the same code (an edit undone, a file saved unchanged)
         started = time.monotonic()
         if switch.current is not None:
             await _drain_for_reload(switch.current, runtime)
         switch.current = await _start_worker(runtime)
         changed = [
-            f"{n} {versions.get(n, '-')} → {v}" for n, v in current.items() if versions.get(n) != v
+            f"{n} {versions[n][1] if n in versions else '-'} → {v}"
+            for n, (h, v) in current.items()
+            if versions.get(n, ("", ""))[0] != h
         ]
         versions.clear()
         versions.update(current)

@@ -152,6 +152,16 @@ class RunView:
             args = short(call.get("arguments") or {}, 120)
             self.print(f"  [dim]→ asks for[/] {name}({escape(args)})")
 
+    def _on_ModelCallCutOff(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+        key = f"{p.get('stream') or 'main'}/{p.get('position')}"
+        self.streaming.pop(key, None)
+        self.print(
+            f"[yellow]✂ model call cut off[/] [dim]{escape(key)}[/] "
+            f"({escape(str(p.get('reason') or 'cancelled'))}): "
+            f"{p.get('input_tokens', 0)} in / {p.get('output_tokens', 0)} out tok  "
+            f"{money(p.get('cost_usd', '0'))} counted; the step runs again"
+        )
+
     def _replayed(self, event: Mapping[str, Any]) -> str:
         """The mark of a step recorded before this view began (replayed, free)."""
         if event.get("position") is None or int(event.get("seq") or 0) > self.replayed_upto:

@@ -101,6 +101,28 @@ class ModelCallRecorded(Payload):
 
 
 @dataclass(frozen=True)
+class ModelCallCutOff(Payload):
+    """A model call cut off in flight (a drain window that ran out) after the provider had
+    reported usage for it: what it billed, counted in the run's totals. A run-level event
+    (root stream, no position, no digest), so it never occupies the step's place: the step
+    has no ``ModelCallRecorded`` and runs again. ``stream``, ``position`` and
+    ``request_digest`` name the step it was. Since 0.1 (a reader that does not know the
+    type skips it, and then counts the run's cost without it)."""
+
+    TYPE: ClassVar[str] = "ModelCallCutOff"
+    stream: str = ""
+    position: int = 0
+    request_digest: str = ""
+    provider: str = ""
+    model: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: str = "0"
+    latency_ms: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class ToolCallRecorded(Payload):
     TYPE: ClassVar[str] = "ToolCallRecorded"
     name: str = ""
@@ -270,6 +292,7 @@ EVENT_TYPES: dict[str, type[Payload]] = {
         RunCancelled,
         RunRetried,
         RunForked,
+        ModelCallCutOff,
     )
 }
 TERMINAL_TYPES = frozenset({"RunCompleted", "RunFailed", "RunCancelled"})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import random as _random
 import time
 import uuid as _uuid
@@ -25,6 +26,7 @@ from toren.core.events import (
     ChildCompleted,
     ChildStarted,
     MessageReceived,
+    ModelCallCutOff,
     ModelCallRecorded,
     TimerFired,
     TimerScheduled,
@@ -50,12 +52,14 @@ from toren.errors import (
     ToolFailed,
 )
 from toren.providers.base import (
+    CancelledWithUsage,
     ModelProvider,
     ModelRequest,
     ModelResponse,
     ToolSpec,
     Usage,
     frozen,
+    usage_cut_off,
 )
 from toren.store.base import RunDelta, to_nano
 
@@ -64,6 +68,7 @@ if TYPE_CHECKING:
 from toren.core.tickstate import TickState, error_dict, json_value, recorded_error
 
 _ZERO = Decimal(0)
+log = logging.getLogger("toren.tick")
 
 
 class Steps(TickState):
@@ -146,6 +151,9 @@ class Steps(TickState):
                     response = await self._timed(call, ctx.program, "model call")
             except StepFailed as exc:
                 error = repair({**exc.details, **error_dict(exc)})
+            except CancelledWithUsage as cut:  # cut off in flight: count what it billed
+                await self._record_cut_off(ctx, pos, hashed, request, cut.usage, started)
+                raise
             recorded = None
             if response is not None:  # paid for: recorded whatever its strings hold
                 response, recorded = repaired_response(response)
@@ -206,6 +214,58 @@ class Steps(TickState):
             assert response is not None
             return response
 
+    async def _record_cut_off(
+        self,
+        ctx: Context,
+        pos: int,
+        hashed: HashedRequest,
+        request: ModelRequest,
+        usage: Usage,
+        started: float,
+    ) -> None:
+        """Record what a model call cut off in flight had billed (``ModelCallCutOff``, a
+        run-level event: the step itself stays unrecorded and runs again), so the run's
+        cost holds every call served. Best effort: the tick is being stopped, and a
+        write that fails (the lease gone) loses only this count."""
+        pricing = ctx.program.pricing or self.deps.pricing
+        cost = pricing(f"{request.provider}:{request.model}", usage) if pricing else _ZERO
+        reason = str(self._abort) if self._abort is not None else "cancelled"
+        payload = frozen(
+            ModelCallCutOff,
+            stream=ctx.stream,
+            position=pos,
+            request_digest=hashed.digest,
+            provider=request.provider,
+            model=request.model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=str(cost),
+            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            reason=reason,
+        )
+        delta = frozen(
+            RunDelta,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_nanousd=to_nano(cost) if cost else 0,
+            saved_nanousd=0,
+            steps=0,
+            invalidations=0,
+            code_version=self.code_version,
+        )
+        try:
+            await self._write([self._run_event(payload)], delta=delta)
+        except BaseException:  # the cancellation in flight is re-raised by the caller
+            log.warning(
+                "run %s: could not record the usage of a model call cut off at %s:%d "
+                "(%d input, %d output tokens)",
+                self.run_id,
+                ctx.stream,
+                pos,
+                usage.input_tokens,
+                usage.output_tokens,
+            )
+
     def _new_blobs(
         self, stream: str, request: ModelRequest, hashed: HashedRequest
     ) -> tuple[dict[str, str], str]:
@@ -245,10 +305,14 @@ class Steps(TickState):
             return await aw
         try:
             return await asyncio.wait_for(aw, timeout)
-        except TimeoutError:
+        except TimeoutError as exc:
             cls = ModelCallFailed if what == "model call" else ToolFailed
+            details: dict[str, Any] = {"timeout": timeout}
+            usage = usage_cut_off(exc)  # billed before the timeout cut the call off
+            if usage is not None:
+                details["usage"] = usage.to_dict()
             raise cls(
-                f"{what} timed out after {timeout}s (limits.step_timeout)", timeout=timeout
+                f"{what} timed out after {timeout}s (limits.step_timeout)", **details
             ) from None
 
     def tool_step(

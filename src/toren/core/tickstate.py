@@ -27,6 +27,7 @@ from toren.core.digest import (
 from toren.core.events import (
     ChildStarted,
     Event,
+    ModelCallCutOff,
     ModelCallRecorded,
     Payload,
     StreamInvalidated,
@@ -138,14 +139,17 @@ def log_totals(events: Sequence[Event]) -> RunDelta:
     return UsageBySeq(events).final()
 
 
-def _usage_of(event: Event) -> tuple[int, int, int] | None:
-    """(input tokens, output tokens, cost nano-USD) of a step event that counts as a step
-    in the run's totals; None for any other event."""
+def _usage_of(event: Event) -> tuple[int, int, int, int] | None:
+    """(input tokens, output tokens, cost nano-USD, steps) of an event that counts in the
+    run's totals; None for any other event. A model call cut off in flight
+    (``ModelCallCutOff``) counts what the provider billed for it, but is not a step."""
     payload = event.payload
     if isinstance(payload, ModelCallRecorded):
-        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd)
+        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd), 1
     if isinstance(payload, (ToolCallRecorded, ValueRecorded)):
-        return 0, 0, 0
+        return 0, 0, 0, 1
+    if isinstance(payload, ModelCallCutOff):
+        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd), 0
     return None
 
 
@@ -170,7 +174,7 @@ class UsageBySeq:
         if used is not None:
             i, o, c, steps = self.spent()
             self.seqs.append(event.seq)
-            self.totals.append((i + used[0], o + used[1], c + used[2], steps + 1))
+            self.totals.append((i + used[0], o + used[1], c + used[2], steps + used[3]))
         elif isinstance(event.payload, StreamInvalidated):
             self.invalidations += 1
 

@@ -17,6 +17,8 @@ input tokens before any text; OpenAI may send usage chunks) rides on the failure
 ``details["usage"]`` ``{input_tokens, output_tokens}``: billed tokens must reach cost
 accounting and budgets even when the call fails. An attempt that reported usage had got
 an answer, and such an attempt is never retried, so that usage is all the call billed.
+A call cancelled from outside after such a report raises
+:class:`~toren.providers.base.CancelledWithUsage` (a ``CancelledError``) carrying it.
 
 Invariant: a :class:`ModelCallFailed` raised here is what the engine records and replay
 re-raises, so its message and details must be plain, serialisable and secret-free.
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
 from toren.errors import ModelCallFailed
-from toren.providers.base import RetryPolicy, Usage
+from toren.providers.base import CancelledWithUsage, RetryPolicy, Usage
 from toren.redact import Redactor
 
 T = TypeVar("T")
@@ -286,6 +288,12 @@ class Retrying:
                 async with asyncio.timeout(self.timeout) as deadline:
                     progress = Attempt(deadline)
                     return await attempt(progress)
+            except asyncio.CancelledError:
+                # Cut off from outside (a drain, a step timeout) after the provider had
+                # begun to bill: the usage it reported must still reach the run's cost.
+                if progress is None or progress.usage is None:
+                    raise
+                raise CancelledWithUsage(progress.usage) from None
             except Exception as exc:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:

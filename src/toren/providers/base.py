@@ -15,6 +15,7 @@ Toren's message format (provider-neutral; each provider converts it to its wire 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -272,10 +273,33 @@ class RetryPolicy:
         return float(full * (1 - self.jitter * rand))
 
 
+class CancelledWithUsage(asyncio.CancelledError):
+    """A model call cancelled (a drain window that ran out, a step timeout) after the
+    provider had reported usage for it: Anthropic's ``message_start`` gives the input
+    tokens before any text, and a stream's usage events the output so far. A
+    ``CancelledError`` still, so cancellation works as ever; the engine counts ``usage``
+    in the run's cost, since the provider bills a call it has begun to answer."""
+
+    def __init__(self, usage: Usage) -> None:
+        super().__init__("model call cancelled after the provider reported usage")
+        self.usage = usage
+
+
+def usage_cut_off(exc: BaseException | None) -> Usage | None:
+    """The usage of a model call cut off by ``exc``: a :class:`CancelledWithUsage`, or
+    the ``TimeoutError`` ``asyncio.wait_for``/``asyncio.timeout`` raised from one."""
+    while exc is not None:
+        if isinstance(exc, CancelledWithUsage):
+            return exc.usage
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 @runtime_checkable
 class ModelProvider(Protocol):
     """What the engine needs of a provider. ``on_delta`` receives text deltas as they
-    stream in; only the returned final response is recorded."""
+    stream in; only the returned final response is recorded. A provider that reported
+    usage for a call before it was cancelled raises :class:`CancelledWithUsage`."""
 
     name: str
 
