@@ -100,6 +100,7 @@ async def test_runs_continue_at_once_after_the_workers_connections_are_killed(
                 async def steps(run_id: str) -> int:
                     return sum(1 for e in await store.load_events(run_id) if e.digest)
 
+                delays: list[float] = []
                 for outage in range(2):
                     counts = [await steps(r.id) for r in runs]
                     deadline = time.monotonic() + 30
@@ -109,20 +110,26 @@ async def test_runs_continue_at_once_after_the_workers_connections_are_killed(
                         counts = [await steps(r.id) for r in runs]
                     assert terminate_backends(pg, app) >= 1
                     killed_at = time.monotonic()
-                    # Every run makes progress within 2 s of the database answering again
-                    # (it answers at once: only the connections died) plus one step.
+                    # Every run makes progress long before its lease (30 s) could have
+                    # expired: the worker re-asserted the lease it held instead of idling
+                    # until another claim (which lease_recoveries == 0 below also rules
+                    # out). The bound is structural (half the TTL), not a speed target: the
+                    # delay itself is measured and printed (about 0.1-2 s on a quiet
+                    # machine, more when the machine is loaded).
                     for run, before in zip(runs, counts, strict=True):
                         while await steps(run.id) <= before + 1:
-                            assert time.monotonic() - killed_at < 2.0 + 1.5, (
+                            assert time.monotonic() - killed_at < 15, (
                                 f"run {run.id} idled after its connections were killed:\n"
                                 + log.read_text()[-3000:]
                             )
                             alive()
                             await asyncio.sleep(0.01)
+                    delays.append(time.monotonic() - killed_at)
                 for run in runs:
                     final = await toren.wait_for_run(store, run.id, timeout=60)
                     assert final.status == "completed", final.error
                     assert final.lease_recoveries == 0  # same worker, same lease throughout
+                print(f"progress after the outage: {', '.join(f'{d:.2f} s' for d in delays)}")
                 text = log.read_text()
                 assert "re-asserting its lease" in text or "heartbeat failed" in text, text
                 assert ledger.repaid == []
