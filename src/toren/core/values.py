@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import TypeAlias
+from typing import Literal, TypeAlias, TypedDict
 
 JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
 """A value JSON can carry: run inputs and outputs, tool arguments and results."""
@@ -57,6 +57,13 @@ TERMINAL_STATUSES: frozenset[str] = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
 )
 STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
+# In flight: not finished, so a deploy replays it (``toren plan``, the retention sweep
+# never selects it).
+IN_FLIGHT_STATUSES: tuple[RunStatus, ...] = (
+    RunStatus.QUEUED,
+    RunStatus.RUNNING,
+    RunStatus.WAITING,
+)
 
 
 class StepKind(StrEnum):
@@ -96,6 +103,20 @@ class TickStatus(StrEnum):
     DEFERRED = "deferred"
     NOT_CLAIMED = "not_claimed"
     ERROR = "error"
+
+
+VerdictState = Literal["idle", "ready", "busy", "unknown"]
+"""What the branches of a run's streams are doing (``toren.core.branches.Verdict.state``)."""
+
+
+class RecordedError(TypedDict):
+    """A failure as it is recorded (``RunFailed.error``, a failed tool or model step, a
+    run's ``blocked`` error): the exception's class name, its stable code and its message.
+    A step's error may carry the exception's details as further keys."""
+
+    type: str
+    code: str
+    message: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,8 +29,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
+from toren.core.values import TERMINAL_STATUSES
 from toren.errors import InvalidInput, StorageError
-from toren.store.base import TERMINAL_STATUSES, Store, read_json
+from toren.store.base import Store, read_json
 from toren.store.sql import EVENT_COLUMNS, RUN_COLUMNS, insert_blobs_sql
 
 T = TypeVar("T")

@@ -15,10 +15,12 @@ import gc
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from toren.core.events import Event, parse_payload
 from toren.core.jsontext import dumps
+from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import (
     CorruptEventLog,
     IdempotencyConflict,
@@ -26,9 +28,7 @@ from toren.errors import (
     RunNotFound,
     RunNotRetryable,
 )
-from toren.providers.base import frozen
 from toren.store.base import (
-    TERMINAL_STATUSES,
     InboxMessage,
     Lease,
     NewRun,
@@ -625,7 +625,7 @@ class SqlStore:
                 f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
                 (*release_values(release, now), now, lease.run_id),
             )
-            if release.status == "waiting" and release.waiting_for:
+            if release.status == RunStatus.WAITING and release.waiting_for:
                 # A message that arrived while the run was still leased found it 'running'
                 # and could not wake it; look once more now that it is parked.
                 marks = ", ".join("?" for _ in release.waiting_for)
@@ -962,5 +962,6 @@ def _lease_lost(lease: Lease) -> LeaseLost:
 
 
 def _with_seq(event: Event, seq: int) -> Event:
-    # A copy made without the frozen __init__ (cheaper than replace()).
-    return frozen(Event, event.__dict__, seq=int(seq))
+    # Through the dataclass's own constructor, so the field name is checked (a copy made
+    # around __init__ saves about 4 µs per event, on a commit of 150 µs or more).
+    return replace(event, seq=int(seq))
