@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, TypeVar
 
+from toren.core.values import TERMINAL_STATUSES, RunStatus
+
 T = TypeVar("T")
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 
 def _known(cls: type[T], data: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,7 +43,7 @@ class Run:
     id: str
     agent: str
     process: str = "main"
-    status: str = "queued"
+    status: str = RunStatus.QUEUED  # as the server spells it (a newer one may add some)
     input: Any = None
     output: Any = None
     error: dict[str, Any] | None = None

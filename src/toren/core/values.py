@@ -39,7 +39,8 @@ def from_nano(nano: Nano) -> Decimal:
 
 
 class RunStatus(StrEnum):
-    """A run's status, as the ``runs`` table, the API and the CLI show it."""
+    """A run's status: queued, running or waiting while it is in flight; completed, failed
+    or cancelled once it has finished."""
 
     QUEUED = "queued"
     RUNNING = "running"
