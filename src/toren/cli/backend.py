@@ -25,6 +25,7 @@ from toren.cli._common import RunFinished
 from toren.core.fixforward import fork_run, retry_run
 from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
+from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import RunNotFound
 from toren.runtime import Runtime
@@ -41,7 +42,7 @@ POLL = 0.2
 
 
 def parked(run: Mapping[str, Any], now: float | None = None) -> bool:
-    if run.get("status") != "waiting" or not run.get("waiting_for"):
+    if run.get("status") != RunStatus.WAITING or not run.get("waiting_for"):
         return False
     not_before = run.get("not_before")
     now = time.time() if now is None else now
@@ -49,7 +50,7 @@ def parked(run: Mapping[str, Any], now: float | None = None) -> bool:
 
 
 def finished(run: Mapping[str, Any]) -> bool:
-    return run.get("status") in ("completed", "failed", "cancelled") or parked(run)
+    return run.get("status") in TERMINAL_STATUSES or parked(run)
 
 
 def as_dict(value: Any) -> dict[str, Any]:
@@ -212,7 +213,7 @@ class EmbeddedBackend:
             run = await self.store.get_run(self._run_id) if self._run_id else None
             if run is not None and not run.terminal and run.lease_owner == worker_id:
                 lease = Lease(run.id, worker_id, run.lease_epoch)
-                await self.store.release(lease, Release("running"), now=time.time())
+                await self.store.release(lease, Release(RunStatus.RUNNING), now=time.time())
         except Exception as exc:  # LeaseLost: another worker took it meanwhile
             log.debug("run %s not given back: %s", self._run_id, exc)
 

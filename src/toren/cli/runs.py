@@ -42,6 +42,7 @@ from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
 from toren.cli.view import RunView, money, short
 from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.takeover import take_over_gone
+from toren.core.values import STATUSES, TERMINAL_STATUSES, RunStatus
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
@@ -276,7 +277,7 @@ def exit_code(run: dict[str, Any], reach: str = "") -> int:
             "'toren dev' or 'toren worker' continues it by itself)"
         )
         return EXIT_WAITING
-    if run.get("status") == "failed":
+    if run.get("status") == RunStatus.FAILED:
         how = f"toren runs retry {run.get('id')}{reach}"
         err().print(
             f"[dim]hint:[/] fix the cause, then continue the run from its log with "
@@ -463,7 +464,7 @@ def stuck_rows(run: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     lease = run.get("lease")
-    if lease and run.get("status") not in ("completed", "failed", "cancelled"):
+    if lease and run.get("status") not in TERMINAL_STATUSES:
         rows.append(
             (
                 "held by",
@@ -488,13 +489,13 @@ def _when(ts: Any) -> str:
         return ""
 
 
-_STATUS_STYLE = {
-    "completed": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "waiting": "cyan",
-    "running": "magenta",
-    "queued": "dim",
+_STATUS_STYLE: dict[str, str] = {
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "yellow",
+    RunStatus.WAITING: "cyan",
+    RunStatus.RUNNING: "magenta",
+    RunStatus.QUEUED: "dim",
 }
 
 
@@ -509,7 +510,7 @@ _STATUS_STYLE = {
 )
 @click.option(
     "--status",
-    type=click.Choice(["queued", "running", "waiting", "completed", "failed", "cancelled"]),
+    type=click.Choice([s.value for s in STATUSES]),  # values: click takes members by name
     default=None,
     help="Only runs with this status.",
 )
@@ -618,7 +619,7 @@ def show(
         rows.append(("error", escape(f"{error.get('type')}: {error.get('message')}")))
         if error.get("traceback"):
             rows.append(("traceback", escape(str(error["traceback"]).rstrip())))
-        if found.get("status") == "failed":
+        if found.get("status") == RunStatus.FAILED:
             rows.append(("retry", escape(f"fix it, then: toren runs retry {found.get('id')}")))
     if found.get("forked_from"):
         lineage = found["forked_from"]
@@ -758,9 +759,9 @@ def cancel(
     )
     if printed_as_json(found, as_json):
         return
-    if found.get("status") == "cancelled":
+    if found.get("status") == RunStatus.CANCELLED:
         out().print(f"run {escape(run_id)} cancelled")
-    elif found.get("status") in ("completed", "failed"):
+    elif found.get("status") in TERMINAL_STATUSES:
         out().print(f"run {escape(run_id)} had already {found.get('status')}; nothing to cancel")
     else:
         out().print(
@@ -818,7 +819,7 @@ async def _resume_embedded(
     backend = EmbeddedBackend(runtime)
     try:
         found = await backend.get_run(run_id)
-        if found.get("status") in ("completed", "failed", "cancelled"):
+        if found.get("status") in TERMINAL_STATUSES:
             out().print(f"run {escape(run_id)} already {found.get('status')}")
             return await follow(backend, run_id, reach=reach)
         owner, expires = found.get("lease_owner"), found.get("lease_expires_at")

@@ -21,6 +21,8 @@ from rich.markup import escape
 from rich.spinner import Spinner
 from rich.text import Text
 
+from toren.core.values import RunStatus
+
 RESULT_WIDTH = 160
 
 
@@ -281,14 +283,14 @@ def _activity(event: Mapping[str, Any], p: Mapping[str, Any], current: str) -> s
 def _status_line(run: Mapping[str, Any], activity: str = "working") -> str:
     status = run.get("status")
     leased = run.get("lease_owner") and not run.get("_foreign_lease")
-    if status == "queued" and not leased and not run.get("usage", {}).get("steps"):
+    if status == RunStatus.QUEUED and not leased and not run.get("usage", {}).get("steps"):
         return "queued: waiting for a worker"
-    if status == "waiting":
+    if status == RunStatus.WAITING:
         nb = run.get("not_before")
         if nb and not run.get("waiting_for"):
             return f"sleeping ({max(0.0, float(nb) - time.time()):.0f}s left)"
         return f"waiting for message {', '.join(map(repr, run.get('waiting_for') or []))}"
-    if status in ("running", "queued"):
+    if status in (RunStatus.RUNNING, RunStatus.QUEUED):
         blocked = run.get("blocked")
         if blocked:
             message = (blocked.get("error") or {}).get("message")
