@@ -152,3 +152,15 @@ class Totals:
 
 
 ZERO = Totals()
+
+
+def vocabulary() -> dict[str, JSON]:
+    """The fixed sets as JSON, for clients that must not spell them again (the console
+    reads this from its pages): each enum as ``{NAME: value}``, and the terminal statuses
+    in the enum's order."""
+    sets: dict[str, JSON] = {
+        cls.__name__: {m.name: m.value for m in cls}
+        for cls in (RunStatus, StepKind, InvalidationCause)
+    }
+    sets["terminal"] = [s.value for s in STATUSES if s in TERMINAL_STATUSES]
+    return sets
