@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from toren.core.values import TERMINAL_STATUSES, RunStatus
 
@@ -69,7 +69,7 @@ class Run:
         return self.status in TERMINAL_STATUSES
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Run:
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
         values = _known(cls, data)
         values["usage"] = Usage.from_json(data.get("usage"))
         return cls(**values)
