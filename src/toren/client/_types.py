@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, Self, TypeVar
 
-from toren.core.values import TERMINAL_STATUSES, RunStatus
+from toren.core.values import JSON, TERMINAL_STATUSES, RunStatus
 
 T = TypeVar("T")
 
@@ -44,8 +44,8 @@ class Run:
     agent: str
     process: str = "main"
     status: str = RunStatus.QUEUED  # as the server spells it (a newer one may add some)
-    input: Any = None
-    output: Any = None
+    input: JSON = None
+    output: JSON = None
     error: dict[str, Any] | None = None
     idempotency_key: str | None = None
     created_at: float = 0.0

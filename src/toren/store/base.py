@@ -184,7 +184,7 @@ class Release:
     status: str
     not_before: float | None = None
     waiting_for: list[str] | None = None
-    output: Any = None
+    output: JSON = None
     error: dict[str, Any] | None = None
     events: Sequence[Event] = ()
     delta: RunDelta | None = None
@@ -206,7 +206,7 @@ class InboxMessage:
     id: int
     run_id: str
     name: str
-    payload: Any
+    payload: JSON
     created_at: float
 
 
