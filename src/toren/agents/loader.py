@@ -51,7 +51,7 @@ from toren.agents.diagnostics import (
 from toren.agents.loop import LoopSpec, make_loop
 from toren.agents.pricing import PriceTable, default_table
 from toren.agents.tools import tools_from_module
-from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef
+from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef, usd
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelProvider
 from toren.providers.scripted import ECHO_MODEL, load_script
@@ -778,6 +778,8 @@ def _merge_limits(top: LimitsConfig | None, override: LimitsConfig | None) -> Li
     cost = values.get("max_cost_usd")
     return Limits(
         max_steps=values.get("max_steps"),
-        max_cost_usd=float(cost) if cost is not None else None,
+        # Spelled as the float it was before 0.2 read it as (1 -> 1.0): the limit is
+        # quoted in the failure messages runs record, which must not change.
+        max_cost_usd=usd(float(cost)) if cost is not None else None,
         step_timeout=values.get("step_timeout"),
     )

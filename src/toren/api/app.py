@@ -38,6 +38,7 @@ from toren.core.recorded import load_blobs
 from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start_run as core_start_run
+from toren.core.values import RunStatus
 from toren.core.verify import verify_events
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
@@ -379,7 +380,7 @@ def _deprecated_key(response: Response, key: str | None, old: str) -> str:
 )
 async def list_runs(
     state: State,
-    status: models.RunStatus | None = None,
+    status: RunStatus | None = None,
     agent: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
     process: Annotated[str | None, Query(pattern=models.NAME_PATTERN)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_RUNS_PAGE), models.ASCII_INT] = 50,

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from toren.agents.config import NAME_PATTERN
 from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
+from toren.core.values import InvalidationCause, RunStatus
 from toren.errors import InvalidInput
 
 # Agent and process names follow agent.yaml's rule (one source of truth): an API that
@@ -48,8 +49,6 @@ def _ascii_int(value: Any) -> Any:
 # that order (before the Query, or nested, FastAPI publishes the bounds as ``ge``/``le``
 # instead of ``minimum``/``maximum``, or enforces none).
 ASCII_INT = BeforeValidator(_ascii_int)
-
-RunStatus = Literal["queued", "running", "waiting", "completed", "failed", "cancelled"]
 
 
 def _json_value(what: str, root: str) -> AfterValidator:
@@ -362,7 +361,11 @@ class StreamFinding(BaseModel):
 
     stream: str
     from_pos: int = Field(description="The first step that would be re-run.")
-    cause: Literal["digest_mismatch", "kind_mismatch", "stream_ended"]
+    cause: Literal[
+        InvalidationCause.DIGEST_MISMATCH,
+        InvalidationCause.KIND_MISMATCH,
+        InvalidationCause.STREAM_ENDED,
+    ]
     expected_digest: str | None = Field(description="The digest recorded at from_pos.")
     actual_digest: str | None = Field(description="The digest the current code asks for.")
     expected_kind: str | None

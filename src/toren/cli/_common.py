@@ -18,6 +18,7 @@ from rich.console import Console
 
 from toren.config import Settings
 from toren.core import inputs
+from toren.core.values import RunStatus
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
@@ -47,7 +48,11 @@ EXIT_WAITING = 4  # the run waits for a message; it stays waiting
 EXIT_ERROR = 5  # Toren could not do what was asked (bad agent, unknown run, no server...)
 EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM: the run goes on elsewhere or on resume
 
-STATUS_EXIT = {"completed": EXIT_OK, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+STATUS_EXIT: dict[str, int] = {
+    RunStatus.COMPLETED: EXIT_OK,
+    RunStatus.FAILED: EXIT_FAILED,
+    RunStatus.CANCELLED: EXIT_CANCELLED,
+}
 
 
 PIPE_WIDTH = 10_000  # columns of output that is not a terminal: lines are never cut

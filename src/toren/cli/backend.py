@@ -1,11 +1,13 @@
 """The two places a command can talk to: the embedded database (a store opened in this
 process) or a server (``--url``, through :mod:`toren.client`). Both give the commands
-the same plain-dict view of runs and events, and the same stream of live items:
+runs as the client's :class:`~toren.client.Run` (the embedded database's as a
+:class:`LocalRun`, which adds the lease as this process sees it), events as plain dicts in
+the API's shape, and the same stream of live items:
 
     ("event", event_dict)   a stored event, in sequence order
     ("delta", item)         a text delta of a model call in progress (best effort)
-    ("idle", run_dict)      nothing new for a moment (the view refreshes its spinner)
-    ("end", run_dict)       the run is terminal, or parked waiting for a message
+    ("idle", run)           nothing new for a moment (the view refreshes its spinner)
+    ("end", run)            the run is terminal, or parked waiting for a message
 """
 
 from __future__ import annotations
@@ -16,22 +18,24 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from toren.cli._common import RunFinished
+from toren.client import Run
 from toren.core.fixforward import fork_run, retry_run
 from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
+from toren.core.values import RunStatus
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import RunNotFound
 from toren.runtime import Runtime
-from toren.store.base import Lease, Release, Store
+from toren.store.base import Lease, Release, RunRecord, Store
 from toren.store.urls import shown_url
 
-Item = tuple[str, dict[str, Any]]
+Item: TypeAlias = tuple[str, "dict[str, Any] | Run"]
 UNSET: Any = object()  # a fork without --input: the source run's input
 
 # A run waiting for a message whose timeout is further away than this is "parked":
@@ -40,16 +44,35 @@ PARKED_AFTER = 5.0
 POLL = 0.2
 
 
-def parked(run: Mapping[str, Any], now: float | None = None) -> bool:
-    if run.get("status") != "waiting" or not run.get("waiting_for"):
+@dataclass(frozen=True)
+class LocalRun(Run):
+    """A run of the embedded database: the client's ``Run`` and the lease as the row holds
+    it (``--json`` prints both lease fields; ``foreign_lease``, held by a worker other
+    than this process's, only steers the live view)."""
+
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    foreign_lease: bool = False
+
+
+def run_json(run: Run) -> dict[str, Any]:
+    """A run as ``--json`` prints it: the API's shape (``RunRecord.to_dict()``), plus the
+    lease fields of a :class:`LocalRun`."""
+    data = asdict(run)
+    data.pop("foreign_lease", None)
+    data["usage"] = {k: str(v) if isinstance(v, Decimal) else v for k, v in data["usage"].items()}
+    return data
+
+
+def parked(run: Run, now: float | None = None) -> bool:
+    if run.status != RunStatus.WAITING or not run.waiting_for:
         return False
-    not_before = run.get("not_before")
     now = time.time() if now is None else now
-    return not_before is None or float(not_before) - now > PARKED_AFTER
+    return run.not_before is None or float(run.not_before) - now > PARKED_AFTER
 
 
-def finished(run: Mapping[str, Any]) -> bool:
-    return run.get("status") in ("completed", "failed", "cancelled") or parked(run)
+def finished(run: Run) -> bool:
+    return run.terminal or parked(run)
 
 
 def as_dict(value: Any) -> dict[str, Any]:
@@ -73,18 +96,18 @@ log = logging.getLogger("toren.cli")
 class Backend(Protocol):
     async def start_run(
         self, agent: str, input: Any, *, process: str, idempotency_key: str | None
-    ) -> dict[str, Any]: ...
-    async def get_run(self, run_id: str) -> dict[str, Any]: ...
+    ) -> Run: ...
+    async def get_run(self, run_id: str) -> Run: ...
     async def list_runs(
         self, *, status: str | None, agent: str | None, limit: int
-    ) -> list[dict[str, Any]]: ...
+    ) -> list[Run]: ...
     async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]: ...
     async def send(self, run_id: str, name: str, payload: Any) -> None: ...
-    async def cancel(self, run_id: str) -> dict[str, Any]: ...
+    async def cancel(self, run_id: str) -> Run: ...
     async def retry(
         self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
-    ) -> dict[str, Any]: ...
-    async def fork(self, run_id: str, *, at: str, input: Any) -> dict[str, Any]: ...
+    ) -> Run: ...
+    async def fork(self, run_id: str, *, at: str, input: Any) -> Run: ...
     def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]: ...
     async def close(self) -> None: ...
 
@@ -118,7 +141,7 @@ class EmbeddedBackend:
 
     async def start_run(
         self, agent: str, input: Any, *, process: str, idempotency_key: str | None
-    ) -> dict[str, Any]:
+    ) -> Run:
         run = await start_run(
             self.store,
             self.runtime.resolver,
@@ -127,9 +150,9 @@ class EmbeddedBackend:
             process=process,
             idempotency_key=idempotency_key,
         )
-        return run.to_dict()
+        return Run.from_json(run.to_dict())
 
-    async def _run(self, run_id: str) -> Any:
+    async def _run(self, run_id: str) -> RunRecord:
         run = await self.store.get_run(run_id)
         if run is None:
             raise RunNotFound(
@@ -138,20 +161,21 @@ class EmbeddedBackend:
             )
         return run
 
-    async def get_run(self, run_id: str) -> dict[str, Any]:
+    async def get_run(self, run_id: str) -> LocalRun:
         run = await self._run(run_id)
-        data: dict[str, Any] = run.to_dict()
-        data["lease_owner"] = run.lease_owner
-        data["lease_expires_at"] = run.lease_expires_at
         mine = self.worker.worker_id if self.worker is not None else None
-        data["_foreign_lease"] = bool(run.lease_owner) and run.lease_owner != mine
-        return data
+        return LocalRun.from_json(
+            {
+                **run.to_dict(),
+                "lease_owner": run.lease_owner,
+                "lease_expires_at": run.lease_expires_at,
+                "foreign_lease": bool(run.lease_owner) and run.lease_owner != mine,
+            }
+        )
 
-    async def list_runs(
-        self, *, status: str | None, agent: str | None, limit: int
-    ) -> list[dict[str, Any]]:
+    async def list_runs(self, *, status: str | None, agent: str | None, limit: int) -> list[Run]:
         runs = await self.store.list_runs(status=status, agent=agent, limit=limit)
-        return [r.to_dict() for r in runs]
+        return [Run.from_json(r.to_dict()) for r in runs]
 
     async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
         await self._run(run_id)
@@ -165,7 +189,7 @@ class EmbeddedBackend:
 
     async def retry(
         self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
-    ) -> dict[str, Any]:
+    ) -> LocalRun:
         await self._run(run_id)
         resolver = self.runtime.resolver
         await retry_run(
@@ -173,13 +197,13 @@ class EmbeddedBackend:
         )
         return await self.get_run(run_id)
 
-    async def fork(self, run_id: str, *, at: str, input: Any) -> dict[str, Any]:
+    async def fork(self, run_id: str, *, at: str, input: Any) -> LocalRun:
         await self._run(run_id)
         extra = {} if input is UNSET else {"input": input}
         run = await fork_run(self.store, self.runtime.resolver, run_id, at=at, **extra)
         return await self.get_run(run.id)
 
-    async def cancel(self, run_id: str) -> dict[str, Any]:
+    async def cancel(self, run_id: str) -> LocalRun:
         run = await self.store.request_cancel(run_id, now=time.time())
         if not run.terminal and (
             run.lease_owner is None or (run.lease_expires_at or 0) < time.time()
@@ -212,7 +236,7 @@ class EmbeddedBackend:
             run = await self.store.get_run(self._run_id) if self._run_id else None
             if run is not None and not run.terminal and run.lease_owner == worker_id:
                 lease = Lease(run.id, worker_id, run.lease_epoch)
-                await self.store.release(lease, Release("running"), now=time.time())
+                await self.store.release(lease, Release(RunStatus.RUNNING), now=time.time())
         except Exception as exc:  # LeaseLost: another worker took it meanwhile
             log.debug("run %s not given back: %s", self._run_id, exc)
 
@@ -273,20 +297,17 @@ class RemoteBackend:
 
     async def start_run(
         self, agent: str, input: Any, *, process: str, idempotency_key: str | None
-    ) -> dict[str, Any]:
-        run = await self.client.start_run(
+    ) -> Run:
+        return await self.client.start_run(
             agent, input, process=process, idempotency_key=idempotency_key
         )
-        return run_dict(run)
 
-    async def get_run(self, run_id: str) -> dict[str, Any]:
-        return run_dict(await self.client.get_run(run_id))
+    async def get_run(self, run_id: str) -> Run:
+        return await self.client.get_run(run_id)
 
-    async def list_runs(
-        self, *, status: str | None, agent: str | None, limit: int
-    ) -> list[dict[str, Any]]:
+    async def list_runs(self, *, status: str | None, agent: str | None, limit: int) -> list[Run]:
         page = await self.client.list_runs(status=status, agent=agent, limit=limit)
-        return [run_dict(r) for r in page.runs]
+        return page.runs
 
     async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
@@ -300,18 +321,15 @@ class RemoteBackend:
     async def send(self, run_id: str, name: str, payload: Any) -> None:
         await self.client.send_message(run_id, name, payload)
 
-    async def cancel(self, run_id: str) -> dict[str, Any]:
-        return run_dict(await self.client.cancel(run_id))
+    async def cancel(self, run_id: str) -> Run:
+        return await self.client.cancel(run_id)
 
-    async def retry(
-        self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
-    ) -> dict[str, Any]:
-        run = await self.client.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
-        return run_dict(run)
+    async def retry(self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None) -> Run:
+        return await self.client.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
 
-    async def fork(self, run_id: str, *, at: str, input: Any) -> dict[str, Any]:
+    async def fork(self, run_id: str, *, at: str, input: Any) -> Run:
         extra = {} if input is UNSET else {"input": input}
-        return run_dict(await self.client.fork(run_id, at=at, **extra))
+        return await self.client.fork(run_id, at=at, **extra)
 
     async def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]:
         """Events and token deltas over SSE (the client resumes a dropped stream)."""
@@ -342,12 +360,3 @@ class RemoteBackend:
 
     async def close(self) -> None:
         await self.client.aclose()
-
-
-def run_dict(run: Any) -> dict[str, Any]:
-    """A client ``Run`` in the same JSON shape as ``RunRecord.to_dict()``."""
-    data = as_dict(run)
-    usage = data.get("usage")
-    if isinstance(usage, Mapping):
-        data["usage"] = {k: str(v) if isinstance(v, Decimal) else v for k, v in usage.items()}
-    return data

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from rich.markup import escape
@@ -20,8 +19,9 @@ from toren.cli._common import (
     parse_payload,
     run_async,
 )
-from toren.cli.backend import UNSET, Backend, EmbeddedBackend
+from toren.cli.backend import UNSET, Backend, EmbeddedBackend, run_json
 from toren.cli.runs import INTERACTIVE_DRAIN, backend_options, follow, open_backend
+from toren.client import Run
 from toren.runtime import close_runtime
 
 
@@ -33,7 +33,7 @@ def _go(
     code_version: str | None,
     detach: bool,
     as_json: bool,
-    action: Callable[[Backend], Awaitable[dict[str, Any]]],
+    action: Callable[[Backend], Awaitable[Run]],
 ) -> int:
     """Do ``action`` (which returns the run to follow), then follow that run to its end:
     on the server with --url, else on a worker in this process. With --detach, print it
@@ -45,7 +45,7 @@ def _go(
             run = await action(backend)
             if detach or as_json:
                 return _print(run, reach, as_json)
-            return await follow(backend, run["id"], resume_hint=False, reach=reach)
+            return await follow(backend, run.id, resume_hint=False, reach=reach)
 
     async def embedded() -> int:
         runtime = await open_existing_runtime(agents_root, database_url, code_version)
@@ -54,8 +54,8 @@ def _go(
             run = await action(backend)
             if detach or as_json:
                 return _print(run, reach, as_json)
-            await backend.start_worker(run["id"])
-            return await follow(backend, run["id"], reach=reach)
+            await backend.start_worker(run.id)
+            return await follow(backend, run.id, reach=reach)
         finally:
             try:
                 await backend.stop_worker(INTERACTIVE_DRAIN)
@@ -65,20 +65,19 @@ def _go(
     return run_async(remote if url else embedded)
 
 
-def _print(run: dict[str, Any], reach: str, as_json: bool) -> int:
-    run.pop("_foreign_lease", None)
+def _print(run: Run, reach: str, as_json: bool) -> int:
     if as_json:
-        click.echo(json.dumps(run, indent=2, ensure_ascii=False))
+        click.echo(json.dumps(run_json(run), indent=2, ensure_ascii=False))
         return 0
-    run_id = escape(str(run.get("id")))
-    lineage = run.get("forked_from")
+    run_id = escape(run.id)
+    lineage = run.forked_from
     what = (
         f"forked from run {escape(lineage['run_id'])} at {escape(lineage['at'])}"
         if lineage
         else "queued again"
     )
     out().print(
-        f"run {run_id} {what} ({run.get('status')}); follow it with "
+        f"run {run_id} {what} ({run.status}); follow it with "
         f"[bold]toren runs resume {run_id}{escape(reach)}[/] (a running 'toren dev' or "
         "'toren worker' runs it by itself)"
     )
@@ -139,7 +138,7 @@ def retry(
     agents_root: Path,
     database_url: str | None,
 ) -> None:
-    async def action(backend: Backend) -> dict[str, Any]:
+    async def action(backend: Backend) -> Run:
         return await backend.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
 
     raise SystemExit(
@@ -188,12 +187,10 @@ def fork(
 ) -> None:
     value = UNSET if input_ is None else parse_payload(input_)
 
-    async def action(backend: Backend) -> dict[str, Any]:
+    async def action(backend: Backend) -> Run:
         run = await backend.fork(run_id, at=at, input=value)
         if not (detach or as_json):
-            out().print(
-                f"run {escape(str(run['id']))}: forked from run {escape(run_id)} at {escape(at)}"
-            )
+            out().print(f"run {escape(run.id)}: forked from run {escape(run_id)} at {escape(at)}")
         return run
 
     raise SystemExit(

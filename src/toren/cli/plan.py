@@ -24,6 +24,7 @@ from toren.cli._common import (
 from toren.cli.runs import backend_options
 from toren.cli.view import money
 from toren.core.plan import plan_report
+from toren.core.values import InvalidationCause
 from toren.runtime import close_runtime
 
 EXIT_WOULD_INVALIDATE = 6  # --fail-on-invalidation and something would be re-run
@@ -157,6 +158,6 @@ def _changed(finding: dict[str, Any]) -> str:
     texts = [str(c.get("text")) for c in finding.get("changes") or []]
     if texts:
         return "; ".join(texts)
-    if finding.get("cause") == "stream_ended":
+    if finding.get("cause") == InvalidationCause.STREAM_ENDED:
         return "the code ends the stream here"
     return "-"

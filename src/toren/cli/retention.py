@@ -15,9 +15,9 @@ from typing import IO, Any
 import click
 
 from toren.cli._common import database_url_for, examples, out, run_async
+from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.durations import parse_duration
 from toren.store import Store, connect
-from toren.store.base import TERMINAL_STATUSES
 from toren.store.retention import (
     PruneResult,
     count_finished,
@@ -28,7 +28,8 @@ from toren.store.retention import (
     sweep_blobs,
 )
 
-FINISHED = sorted(TERMINAL_STATUSES)
+# The values, not the members: click.Choice takes an Enum member by its *name*.
+FINISHED = sorted(s.value for s in map(RunStatus, TERMINAL_STATUSES))
 
 
 def database_options(fn: Any) -> Any:

@@ -38,10 +38,12 @@ from toren.cli._common import (
     run_async,
     settings_from,
 )
-from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked
+from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked, run_json
 from toren.cli.view import RunView, money, short
+from toren.client import Run
 from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.takeover import take_over_gone
+from toren.core.values import STATUSES, RunStatus
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
@@ -141,11 +143,10 @@ def on_backend(
     return run_async(go)
 
 
-def printed_as_json(run: dict[str, Any], as_json: bool) -> bool:
-    """With --json, print the run (without backend-private keys) and say so."""
-    run.pop("_foreign_lease", None)
+def printed_as_json(run: Run, as_json: bool) -> bool:
+    """With --json, print the run (in the API's shape) and say so."""
     if as_json:
-        click.echo(json.dumps(run, indent=2, ensure_ascii=False))
+        click.echo(json.dumps(run_json(run), indent=2, ensure_ascii=False))
     return as_json
 
 
@@ -194,7 +195,7 @@ async def follow(
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
             installed.append(sig)
-    final: dict[str, Any] | None = None
+    final: Run | None = None
     stalled: dict[str, Any] | None = None
     # The steps already in the log are replayed from it (free) when the run goes on here.
     recorded = await backend.events(run_id)
@@ -217,10 +218,11 @@ async def follow(
                 except StopAsyncIteration:
                     break
                 view.handle(kind, data)
-                if kind == "end":
-                    final = data
-                    break
-                if kind == "stalled":
+                if isinstance(data, Run):
+                    if kind == "end":
+                        final = data
+                        break
+                elif kind == "stalled":
                     stalled = data
                     break
             with contextlib.suppress(Exception):
@@ -264,10 +266,10 @@ def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
     return EXIT_ERROR
 
 
-def exit_code(run: dict[str, Any], reach: str = "") -> int:
+def exit_code(run: Run, reach: str = "") -> int:
     if parked(run):
-        names = run.get("waiting_for") or ["<name>"]
-        run_id = run.get("id")
+        names = run.waiting_for or ["<name>"]
+        run_id = run.id
         out().print(
             f"run {escape(str(run_id))} is waiting for message {escape(repr(names[0]))}. "
             f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} "
@@ -276,14 +278,14 @@ def exit_code(run: dict[str, Any], reach: str = "") -> int:
             "'toren dev' or 'toren worker' continues it by itself)"
         )
         return EXIT_WAITING
-    if run.get("status") == "failed":
-        how = f"toren runs retry {run.get('id')}{reach}"
+    if run.status == RunStatus.FAILED:
+        how = f"toren runs retry {run.id}{reach}"
         err().print(
             f"[dim]hint:[/] fix the cause, then continue the run from its log with "
             f"[bold]{escape(how)}[/] (recorded steps are not paid again)",
             highlight=False,
         )
-    return STATUS_EXIT.get(str(run.get("status")), EXIT_OK)
+    return STATUS_EXIT.get(run.status, EXIT_OK)
 
 
 # -- toren run --------------------------------------------------------------------------
@@ -379,7 +381,7 @@ async def _run_remote(
         if detach:
             _print_detached(run, reach, remote=True)
             return EXIT_OK
-        return await follow(backend, str(run["id"]), resume_hint=False, reach=reach)
+        return await follow(backend, run.id, resume_hint=False, reach=reach)
 
 
 async def _run_embedded(
@@ -402,7 +404,7 @@ async def _run_embedded(
         # (no key) is refused now, before a run is created, not found blocked later.
         runtime.resolver.check_ready(agent)
         run = await backend.start_run(agent, value, process=process, idempotency_key=key)
-        run_id = str(run["id"])
+        run_id = run.id
         if detach:
             _print_detached(run, reach, remote=False)
             return EXIT_OK
@@ -415,9 +417,9 @@ async def _run_embedded(
             await close_runtime(runtime)
 
 
-def _print_detached(run: dict[str, Any], reach: str, *, remote: bool) -> None:
-    run_id = escape(str(run["id"]))
-    click.echo(run["id"])
+def _print_detached(run: Run, reach: str, *, remote: bool) -> None:
+    run_id = escape(run.id)
+    click.echo(run.id)
     resume = f"[bold]toren runs resume {run_id}{escape(reach)}[/]"
     hint = (
         f"follow it with {resume}"
@@ -426,7 +428,7 @@ def _print_detached(run: dict[str, Any], reach: str, *, remote: bool) -> None:
     )
     from toren.cli._common import err
 
-    err().print(f"started run {run_id} ({escape(str(run.get('status')))}); {hint}")
+    err().print(f"started run {run_id} ({escape(run.status)}); {hint}")
 
 
 # -- toren runs -------------------------------------------------------------------------
@@ -447,11 +449,11 @@ def runs() -> None:
     pass
 
 
-def stuck_rows(run: dict[str, Any]) -> list[tuple[str, str]]:
+def stuck_rows(run: Run) -> list[tuple[str, str]]:
     """Why an unfinished run does not move: blocked on an infrastructure error (with the
     attempts and the next try), or held by a worker's lease (until when)."""
     rows = []
-    blocked = run.get("blocked")
+    blocked = run.blocked
     if blocked:
         error = blocked.get("error") or {}
         rows.append(("blocked", f"[bold red]blocked:[/] {escape(str(error.get('message')))}"))
@@ -462,8 +464,8 @@ def stuck_rows(run: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{_clock(blocked.get('retry_at'))}",
             )
         )
-    lease = run.get("lease")
-    if lease and run.get("status") not in ("completed", "failed", "cancelled"):
+    lease = run.lease
+    if lease and not run.terminal:
         rows.append(
             (
                 "held by",
@@ -488,13 +490,13 @@ def _when(ts: Any) -> str:
         return ""
 
 
-_STATUS_STYLE = {
-    "completed": "green",
-    "failed": "red",
-    "cancelled": "yellow",
-    "waiting": "cyan",
-    "running": "magenta",
-    "queued": "dim",
+_STATUS_STYLE: dict[str, str] = {
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "yellow",
+    RunStatus.WAITING: "cyan",
+    RunStatus.RUNNING: "magenta",
+    RunStatus.QUEUED: "dim",
 }
 
 
@@ -509,7 +511,7 @@ _STATUS_STYLE = {
 )
 @click.option(
     "--status",
-    type=click.Choice(["queued", "running", "waiting", "completed", "failed", "cancelled"]),
+    type=click.Choice([s.value for s in STATUSES]),  # values: click takes members by name
     default=None,
     help="Only runs with this status.",
 )
@@ -548,7 +550,7 @@ def list_runs(
             out().print(f"no runs yet: there is no database at {escape(str(exc.path))}")
         return
     if as_json:
-        click.echo(json.dumps(found, indent=2, ensure_ascii=False))
+        click.echo(json.dumps([run_json(r) for r in found], indent=2, ensure_ascii=False))
         return
     console = out()
     if not found:
@@ -560,22 +562,20 @@ def list_runs(
     for column in ("status", "steps", "cost", "created"):
         table.add_column(column)
     for r in found:
-        usage = r.get("usage") or {}
-        agent_name = r.get("agent", "")
-        if r.get("process", "main") != "main":
-            agent_name += f"/{r.get('process')}"
-        style = _STATUS_STYLE.get(str(r.get("status")), "")
-        status = f"[{style}]{r.get('status')}[/]" if style else str(r.get("status"))
-        blocked = r.get("blocked")
-        if blocked:
-            status += f" [bold red]blocked ×{blocked.get('attempts')}[/]"
+        agent_name = r.agent
+        if r.process != "main":
+            agent_name += f"/{r.process}"
+        style = _STATUS_STYLE.get(r.status, "")
+        status = f"[{style}]{r.status}[/]" if style else r.status
+        if r.blocked:
+            status += f" [bold red]blocked ×{r.blocked.get('attempts')}[/]"
         table.add_row(
-            str(r.get("id")),
+            r.id,
             agent_name,
             status,
-            str(usage.get("steps", "")),
-            money(usage.get("cost_usd", "0")),
-            _when(r.get("created_at")),
+            str(r.usage.steps),
+            money(r.usage.cost_usd),
+            _when(r.created_at),
         )
     console.print(table)
 
@@ -601,40 +601,40 @@ def show(
     if printed_as_json(found, as_json):
         return
     console = out()
-    usage = found.get("usage") or {}
-    style = _STATUS_STYLE.get(str(found.get("status")), "")
+    usage = found.usage
+    style = _STATUS_STYLE.get(found.status, "")
     rows = [
-        ("run", str(found.get("id"))),
-        ("agent", f"{found.get('agent')} (process {found.get('process')})"),
-        ("status", f"[{style}]{found.get('status')}[/]" if style else str(found.get("status"))),
-        ("created", _when(found.get("created_at"))),
-        ("updated", _when(found.get("updated_at"))),
-        ("input", escape(short(found.get("input"), 400))),
+        ("run", found.id),
+        ("agent", f"{found.agent} (process {found.process})"),
+        ("status", f"[{style}]{found.status}[/]" if style else found.status),
+        ("created", _when(found.created_at)),
+        ("updated", _when(found.updated_at)),
+        ("input", escape(short(found.input, 400))),
     ]
-    if found.get("output") is not None:
-        rows.append(("output", escape(short(found.get("output"), 2000))))
-    if found.get("error"):
-        error = found["error"]
+    if found.output is not None:
+        rows.append(("output", escape(short(found.output, 2000))))
+    if found.error:
+        error = found.error
         rows.append(("error", escape(f"{error.get('type')}: {error.get('message')}")))
         if error.get("traceback"):
             rows.append(("traceback", escape(str(error["traceback"]).rstrip())))
-        if found.get("status") == "failed":
-            rows.append(("retry", escape(f"fix it, then: toren runs retry {found.get('id')}")))
-    if found.get("forked_from"):
-        lineage = found["forked_from"]
+        if found.status == RunStatus.FAILED:
+            rows.append(("retry", escape(f"fix it, then: toren runs retry {found.id}")))
+    if found.forked_from:
+        lineage = found.forked_from
         rows.append(("forked from", escape(f"run {lineage.get('run_id')} at {lineage.get('at')}")))
-    if found.get("retries"):
-        rows.append(("retries", str(found["retries"])))
-    if found.get("waiting_for"):
-        rows.append(("waiting for", escape(", ".join(found["waiting_for"]))))
+    if found.retries:
+        rows.append(("retries", str(found.retries)))
+    if found.waiting_for:
+        rows.append(("waiting for", escape(", ".join(found.waiting_for))))
     rows += stuck_rows(found)
     rows += [
-        ("steps", str(usage.get("steps", 0))),
-        ("tokens", f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out"),
-        ("cost", f"{money(usage.get('cost_usd', '0'))} (estimated)"),
-        ("saved by replay", money(usage.get("saved_by_replay_usd", "0"))),
-        ("invalidations", str(found.get("invalidations", 0))),
-        ("code version", escape(str(found.get("code_version") or "-"))),
+        ("steps", str(usage.steps)),
+        ("tokens", f"{usage.input_tokens} in / {usage.output_tokens} out"),
+        ("cost", f"{money(usage.cost_usd)} (estimated)"),
+        ("saved by replay", money(usage.saved_by_replay_usd)),
+        ("invalidations", str(found.invalidations)),
+        ("code version", escape(found.code_version or "-")),
     ]
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
@@ -707,7 +707,7 @@ def send(
     value = parse_payload(payload)
     check_message(name, value)
 
-    async def send_then_get(backend: Backend) -> dict[str, Any]:
+    async def send_then_get(backend: Backend) -> Run:
         await backend.send(run_id, name, value)
         return await backend.get_run(run_id)
 
@@ -717,7 +717,7 @@ def send(
     where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"
     reach = follow_up_options(agents_root)
     out().print(
-        f"sent {escape(repr(name))} to run {escape(run_id)} ({found.get('status')}); "
+        f"sent {escape(repr(name))} to run {escape(run_id)} ({found.status}); "
         f"continue it with [bold]toren runs resume {escape(run_id)}{escape(reach)}[/]"
         f"{escape(where)}"
     )
@@ -758,10 +758,10 @@ def cancel(
     )
     if printed_as_json(found, as_json):
         return
-    if found.get("status") == "cancelled":
+    if found.status == RunStatus.CANCELLED:
         out().print(f"run {escape(run_id)} cancelled")
-    elif found.get("status") in ("completed", "failed"):
-        out().print(f"run {escape(run_id)} had already {found.get('status')}; nothing to cancel")
+    elif found.terminal:
+        out().print(f"run {escape(run_id)} had already {found.status}; nothing to cancel")
     else:
         out().print(
             f"cancellation of run {escape(run_id)} requested; the worker running it stops "
@@ -818,10 +818,10 @@ async def _resume_embedded(
     backend = EmbeddedBackend(runtime)
     try:
         found = await backend.get_run(run_id)
-        if found.get("status") in ("completed", "failed", "cancelled"):
-            out().print(f"run {escape(run_id)} already {found.get('status')}")
+        if found.terminal:
+            out().print(f"run {escape(run_id)} already {found.status}")
             return await follow(backend, run_id, reach=reach)
-        owner, expires = found.get("lease_owner"), found.get("lease_expires_at")
+        owner, expires = found.lease_owner, found.lease_expires_at
         if owner and expires and float(expires) > time.time():
             freed = dict(
                 await take_over_gone(

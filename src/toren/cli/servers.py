@@ -31,6 +31,7 @@ from toren.cli._common import (
     setup_logging,
 )
 from toren.core.live import ALL
+from toren.core.values import RunStatus
 from toren.core.worker import LocalWorkerRuntime
 from toren.durations import parse_duration
 from toren.errors import InvalidInput, MissingProviderKey, TorenError
@@ -310,7 +311,12 @@ async def report_runs(runtime: Runtime) -> None:
         runtime.live.unsubscribe(ALL, queue)
 
 
-_ENDED = {"completed": "green", "failed": "red", "cancelled": "yellow", "waiting": "cyan"}
+_ENDED: dict[str, str] = {
+    RunStatus.COMPLETED: "green",
+    RunStatus.FAILED: "red",
+    RunStatus.CANCELLED: "yellow",
+    RunStatus.WAITING: "cyan",
+}
 
 
 def run_line(item: dict[str, Any]) -> str | None:

@@ -21,6 +21,10 @@ from rich.markup import escape
 from rich.spinner import Spinner
 from rich.text import Text
 
+from toren.cli.backend import LocalRun
+from toren.client import Run
+from toren.core.values import RunStatus
+
 RESULT_WIDTH = 160
 
 
@@ -95,16 +99,16 @@ class RunView:
 
     # -- items ----------------------------------------------------------------------------
 
-    def handle(self, kind: str, data: Mapping[str, Any]) -> None:
-        if kind == "delta":
+    def handle(self, kind: str, data: Mapping[str, Any] | Run) -> None:
+        if isinstance(data, Run):  # "idle" or "end"
+            self.status = _status_line(data, self.activity)
+        elif kind == "delta":
             key = f"{data.get('stream') or 'main'}/{data.get('position')}"
             self.streaming[key] = self.streaming.get(key, "") + str(data.get("text", ""))
             self.status = "the model is writing"
         elif kind == "event":
             self.event(data)
             self.since = time.monotonic()
-        elif kind in ("idle", "end"):
-            self.status = _status_line(data, self.activity)
         self._refresh()
 
     def event(self, event: Mapping[str, Any]) -> None:
@@ -257,24 +261,21 @@ class RunView:
 
     # -- the end --------------------------------------------------------------------------
 
-    def summary(self, run: Mapping[str, Any]) -> None:
-        usage = run.get("usage") or {}
+    def summary(self, run: Run) -> None:
+        usage = run.usage
         parts = [
-            f"{usage.get('steps', 0)} steps",
-            f"{usage.get('input_tokens', 0)} in / {usage.get('output_tokens', 0)} out tokens",
-            f"{money(usage.get('cost_usd', '0'))} (estimated)",
+            f"{usage.steps} steps",
+            f"{usage.input_tokens} in / {usage.output_tokens} out tokens",
+            f"{money(usage.cost_usd)} (estimated)",
         ]
         if self.replayed:
             parts.append(f"{self.replayed} replayed from the log")
-        saved = usage.get("saved_by_replay_usd")
-        if saved and Decimal(str(saved)) > 0:
-            parts.append(f"{money(saved)} saved by replay")
-        if run.get("invalidations"):
-            parts.append(f"{run['invalidations']} invalidation(s)")
+        if usage.saved_by_replay_usd > 0:
+            parts.append(f"{money(usage.saved_by_replay_usd)} saved by replay")
+        if run.invalidations:
+            parts.append(f"{run.invalidations} invalidation(s)")
         self.print(
-            f"[dim]run {escape(str(run.get('id')))} {escape(str(run.get('status')))} · "
-            + escape(" · ".join(parts))
-            + "[/]"
+            f"[dim]run {escape(run.id)} {escape(run.status)} · " + escape(" · ".join(parts)) + "[/]"
         )
 
 
@@ -288,28 +289,30 @@ def _activity(event: Mapping[str, Any], p: Mapping[str, Any], current: str) -> s
     return current
 
 
-def _status_line(run: Mapping[str, Any], activity: str = "working") -> str:
-    status = run.get("status")
-    leased = run.get("lease_owner") and not run.get("_foreign_lease")
-    if status == "queued" and not leased and not run.get("usage", {}).get("steps"):
+def _status_line(run: Run, activity: str = "working") -> str:
+    status = run.status
+    # Only the embedded database knows the lease's holder (a LocalRun): a server's run
+    # is never "leased here" nor "held by another worker" in this view.
+    local = run if isinstance(run, LocalRun) else None
+    leased = local is not None and local.lease_owner and not local.foreign_lease
+    if status == RunStatus.QUEUED and not leased and not run.usage.steps:
         return "queued: waiting for a worker"
-    if status == "waiting":
-        nb = run.get("not_before")
-        if nb and not run.get("waiting_for"):
+    if status == RunStatus.WAITING:
+        nb = run.not_before
+        if nb and not run.waiting_for:
             return f"sleeping ({max(0.0, float(nb) - time.time()):.0f}s left)"
-        return f"waiting for message {', '.join(map(repr, run.get('waiting_for') or []))}"
-    if status in ("running", "queued"):
-        blocked = run.get("blocked")
+        return f"waiting for message {', '.join(map(repr, run.waiting_for or []))}"
+    if status in (RunStatus.RUNNING, RunStatus.QUEUED):
+        blocked = run.blocked
         if blocked:
             message = (blocked.get("error") or {}).get("message")
             return (
                 f"blocked: {message} (attempt {blocked.get('attempts')}, next try "
                 f"{_clock(blocked.get('retry_at'))})"
             )
-        owner = run.get("lease_owner")
-        expires = run.get("lease_expires_at")
-        if owner and expires and float(expires) > time.time() and run.get("_foreign_lease"):
-            left = float(expires) - time.time()
+        owner, expires = (local.lease_owner, local.lease_expires_at) if local else (None, None)
+        if local and local.foreign_lease and owner and expires and expires > time.time():
+            left = expires - time.time()
             return (
                 f"held by worker {owner} until {_clock(expires)}: waiting for its lease "
                 f"({left:.0f}s)"

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
+
+from toren.core.values import JSON, TERMINAL_STATUSES, RunStatus
 
 T = TypeVar("T")
-TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled"})
 
 
 def _known(cls: type[T], data: Mapping[str, Any]) -> dict[str, Any]:
@@ -42,9 +43,9 @@ class Run:
     id: str
     agent: str
     process: str = "main"
-    status: str = "queued"
-    input: Any = None
-    output: Any = None
+    status: str = RunStatus.QUEUED  # as the server spells it (a newer one may add some)
+    input: JSON = None
+    output: JSON = None
     error: dict[str, Any] | None = None
     idempotency_key: str | None = None
     created_at: float = 0.0
@@ -68,7 +69,7 @@ class Run:
         return self.status in TERMINAL_STATUSES
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Run:
+    def from_json(cls, data: Mapping[str, Any]) -> Self:
         values = _known(cls, data)
         values["usage"] = Usage.from_json(data.get("usage"))
         return cls(**values)

@@ -1,12 +1,16 @@
 """The console's HTML shells. Each page is static markup plus one script that fetches the
-data with the user's token; the only value spliced in is a (validated, escaped) run id."""
+data with the user's token; the values spliced in are a (validated, escaped) run id and
+Toren's vocabulary (:func:`toren.core.values.vocabulary`: statuses, step kinds,
+invalidation causes), so the scripts never spell those sets themselves."""
 
 from __future__ import annotations
 
+import json
 from html import escape
 from importlib.resources import files
 
 import toren
+from toren.core.values import STATUSES, vocabulary
 
 _TEMPLATES = files("toren.console") / "templates"
 
@@ -21,9 +25,14 @@ TITLES = {
 }
 
 
+# Read by app.js (the CSP allows no inline script, so it travels as an attribute).
+_VOCABULARY = escape(json.dumps(vocabulary(), separators=(",", ":")), quote=True)
+
+
 def render(page: str, *, run_id: str = "") -> str:
     body = (_TEMPLATES / f"{page}.html").read_text("utf-8")
     body = body.replace("{{run_id}}", escape(run_id, quote=True))
+    body = body.replace("{{status_options}}", "".join(f"<option>{s}</option>" for s in STATUSES))
     nav = "".join(
         f'<a href="{href}"{" aria-current=page" if key == page else ""}>{label}</a>'
         for href, label, key in NAV
@@ -45,7 +54,7 @@ def render(page: str, *, run_id: str = "") -> str:
 <link rel="stylesheet" href="/console/static/console.css">
 {script}
 </head>
-<body data-page="{page}">
+<body data-page="{page}" data-vocabulary="{_VOCABULARY}">
 <a class="skip" href="#main">Skip to content</a>
 <header class="top">
   <a class="brand" href="/"><img src="/console/static/favicon.svg" alt="" width="20"

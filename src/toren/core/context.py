@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from toren.core import combinators
 from toren.core.digest import request_digest
+from toren.core.values import Totals
 from toren.errors import InvalidInput
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 
@@ -31,10 +32,20 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RunUsage:
+    """``ctx.usage``: what the run has spent so far, money as a ``Decimal`` (an edge)."""
+
     input_tokens: int
     output_tokens: int
     cost_usd: Decimal
     steps: int
+
+    @classmethod
+    def from_totals(cls, totals: Totals) -> RunUsage:
+        # ``nano / 10**9`` unnormalised (``10``, not ``1E+1`` as from_nano would give):
+        # agent code quotes this value in messages runs record (the built-in loop's
+        # max_cost_usd failure), so its spelling is part of the log.
+        cost = Decimal(totals.cost_nanousd) / Decimal(10**9)
+        return cls(totals.input_tokens, totals.output_tokens, cost, totals.steps)
 
 
 class Context:

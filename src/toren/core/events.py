@@ -200,7 +200,7 @@ class StreamInvalidated(Payload):
     expected_kind: str | None = None
     actual_kind: str | None = None
     code_version: str = ""
-    cause: str = "digest_mismatch"  # | "kind_mismatch" | "stream_ended" | "parent_invalidated"
+    cause: str = "digest_mismatch"  # an InvalidationCause (toren.core.values)
 
 
 @dataclass(frozen=True)

@@ -39,9 +39,25 @@ class ToolDef:
 
 @dataclass(frozen=True)
 class Limits:
+    """A run's limits. ``max_cost_usd`` is money at an edge, so a ``Decimal``; a float, an
+    int or a string given here (as 0.1 releases took) is read as the ``Decimal`` it is
+    spelled as (``0.1`` -> ``Decimal("0.1")``, never the float's binary expansion), so
+    the limit prints as it did in the failure messages runs record."""
+
     max_steps: int | None = None
-    max_cost_usd: float | None = None
+    max_cost_usd: Decimal | None = None
     step_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        cost: object = self.max_cost_usd
+        if cost is not None and not isinstance(cost, Decimal):
+            object.__setattr__(self, "max_cost_usd", usd(cost))
+
+
+def usd(value: object) -> Decimal:
+    """A USD amount from outside (agent.yaml, a retry's recorded ``raise_limits``, user
+    code) as the ``Decimal`` its text spells."""
+    return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
 def raised(limits: Limits, raises: Mapping[str, Any]) -> Limits:
@@ -49,10 +65,12 @@ def raised(limits: Limits, raises: Mapping[str, Any]) -> Limits:
     records them) applied where it is higher. A limit is never lowered (a check that
     passed when a step was recorded must pass on replay), and an unset one stays unset."""
     changes: dict[str, Any] = {}
-    for name in ("max_steps", "max_cost_usd"):
-        current, wanted = getattr(limits, name), raises.get(name)
-        if current is not None and wanted is not None and wanted > current:
-            changes[name] = type(current)(wanted)
+    steps, wanted_steps = limits.max_steps, raises.get("max_steps")
+    if steps is not None and wanted_steps is not None and wanted_steps > steps:
+        changes["max_steps"] = int(wanted_steps)
+    cost, wanted_cost = limits.max_cost_usd, raises.get("max_cost_usd")
+    if cost is not None and wanted_cost is not None and usd(wanted_cost) > cost:
+        changes["max_cost_usd"] = usd(wanted_cost)
     return replace(limits, **changes) if changes else limits
 
 

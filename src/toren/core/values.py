@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import TypeAlias
+from typing import Literal, TypeAlias, TypedDict
 
 JSON: TypeAlias = "dict[str, JSON] | list[JSON] | str | int | float | bool | None"
 """A value JSON can carry: run inputs and outputs, tool arguments and results."""
@@ -39,7 +39,8 @@ def from_nano(nano: Nano) -> Decimal:
 
 
 class RunStatus(StrEnum):
-    """A run's status, as the ``runs`` table, the API and the CLI show it."""
+    """A run's status: queued, running or waiting while it is in flight; completed, failed
+    or cancelled once it has finished."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -57,6 +58,13 @@ TERMINAL_STATUSES: frozenset[str] = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
 )
 STATUSES: tuple[RunStatus, ...] = tuple(RunStatus)
+# In flight: not finished, so a deploy replays it (``toren plan``, the retention sweep
+# never selects it).
+IN_FLIGHT_STATUSES: tuple[RunStatus, ...] = (
+    RunStatus.QUEUED,
+    RunStatus.RUNNING,
+    RunStatus.WAITING,
+)
 
 
 class StepKind(StrEnum):
@@ -98,6 +106,20 @@ class TickStatus(StrEnum):
     ERROR = "error"
 
 
+VerdictState = Literal["idle", "ready", "busy", "unknown"]
+"""What the branches of a run's streams are doing (``toren.core.branches.Verdict.state``)."""
+
+
+class RecordedError(TypedDict):
+    """A failure as it is recorded (``RunFailed.error``, a failed tool or model step, a
+    run's ``blocked`` error): the exception's class name, its stable code and its message.
+    A step's error may carry the exception's details as further keys."""
+
+    type: str
+    code: str
+    message: str
+
+
 @dataclass(frozen=True, slots=True)
 class Totals:
     """Usage that adds up: tokens, money in nano-USD, steps and invalidations. One type for
@@ -130,3 +152,15 @@ class Totals:
 
 
 ZERO = Totals()
+
+
+def vocabulary() -> dict[str, JSON]:
+    """The fixed sets as JSON, for clients that must not spell them again (the console
+    reads this from its pages): each enum as ``{NAME: value}``, and the terminal statuses
+    in the enum's order."""
+    sets: dict[str, JSON] = {
+        cls.__name__: {m.name: m.value for m in cls}
+        for cls in (RunStatus, StepKind, InvalidationCause)
+    }
+    sets["terminal"] = [s.value for s in STATUSES if s in TERMINAL_STATUSES]
+    return sets

@@ -23,6 +23,7 @@ from typing import Any
 from toren.core.fencing import lease_clock
 from toren.core.takeover import take_over_gone
 from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
+from toren.core.values import TickStatus
 from toren.errors import CorruptRow, StorageError
 from toren.store.base import Lease, WorkerInfo
 
@@ -203,11 +204,11 @@ class LocalWorkerRuntime:
         try:
             result = await runner.run()
         except StorageError as exc:
-            self.metrics.ticks["error"] += 1
+            self.metrics.ticks[TickStatus.ERROR] += 1
             log.exception("worker %s: tick of run %s failed", self.worker_id, runner.run_id)
             return None if isinstance(exc, CorruptRow) else exc.message
         except Exception:
-            self.metrics.ticks["error"] += 1
+            self.metrics.ticks[TickStatus.ERROR] += 1
             log.exception("worker %s: tick of run %s failed", self.worker_id, runner.run_id)
             return None
         self.results[runner.run_id] = result
@@ -218,9 +219,9 @@ class LocalWorkerRuntime:
         self.metrics.invalidations += result.invalidations
         self.metrics.steps_replayed += result.replayed
         self.metrics.steps_executed += result.executed
-        if result.status == "backed_off":
+        if result.status == TickStatus.BACKED_OFF:
             self.metrics.backoffs += 1
-        elif result.status == "lease_lost":
+        elif result.status == TickStatus.LEASE_LOST:
             log.warning(
                 "worker %s: tick of run %s ended, lease lost: %s",
                 self.worker_id,
@@ -228,7 +229,7 @@ class LocalWorkerRuntime:
                 (result.error or {}).get("message"),
             )
         error = result.error or {}
-        if result.status == "error" and error.get("code") == StorageError.code:
+        if result.status == TickStatus.ERROR and error.get("code") == StorageError.code:
             return str(error.get("message"))
         return None
 

@@ -11,6 +11,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from toren.core.events import Event
+from toren.core.values import JSON, RecordedError, RunStatus
 from toren.core.values import NANO as NANO
 from toren.core.values import STATUSES as STATUSES
 from toren.core.values import TERMINAL_STATUSES as TERMINAL_STATUSES
@@ -36,10 +37,10 @@ class RunRecord:
     id: str
     agent: str
     process: str
-    status: str
-    input: Any
-    output: Any = None
-    error: dict[str, Any] | None = None
+    status: str  # a RunStatus, as the row spells it
+    input: JSON
+    output: JSON = None
+    error: dict[str, Any] | None = None  # a RecordedError (with a step's details)
     idempotency_key: str | None = None
     created_at: float = 0.0
     updated_at: float = 0.0
@@ -63,7 +64,7 @@ class RunRecord:
     # Set while the run's ticks fail on an infrastructure error (toren.core.blocked):
     # the error, the failed ticks in a row, when the first of them failed. Cleared by
     # the next tick that makes progress.
-    blocked_error: dict[str, Any] | None = None
+    blocked_error: RecordedError | None = None
     blocked_attempts: int = 0
     blocked_since: float | None = None
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
@@ -140,7 +141,7 @@ class NewRun:
     id: str
     agent: str
     process: str
-    input: Any
+    input: JSON
     idempotency_key: str | None
     created_at: float
     started_event: Event
@@ -160,7 +161,7 @@ class Lease:
     worker_id: str
     epoch: int
     recovered: bool = False  # claimed from a dead worker's expired lease
-    previous_status: str = "queued"  # the run's status when claimed
+    previous_status: str = RunStatus.QUEUED  # the run's status when claimed
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,7 @@ class Release:
     status: str
     not_before: float | None = None
     waiting_for: list[str] | None = None
-    output: Any = None
+    output: JSON = None
     error: dict[str, Any] | None = None
     events: Sequence[Event] = ()
     delta: RunDelta | None = None
@@ -205,7 +206,7 @@ class InboxMessage:
     id: int
     run_id: str
     name: str
-    payload: Any
+    payload: JSON
     created_at: float
 
 

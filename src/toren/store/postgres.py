@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from toren.core.events import Event
+from toren.core.values import RunStatus
 from toren.errors import LeaseLost, SchemaError, StorageError
 from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
@@ -596,7 +597,7 @@ class PostgresStore(SqlStore):
         """Give the run back in one statement (the common case). A run parking on its
         inbox takes the general path: it must look at the inbox again after its row is
         locked, which one statement's snapshot cannot."""
-        if release.status == "waiting" and release.waiting_for:
+        if release.status == RunStatus.WAITING and release.waiting_for:
             return await super().release(lease, release, now=now)
         params: list[Any] = [
             *release_values(release, now),

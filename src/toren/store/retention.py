@@ -29,9 +29,10 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
+from toren.core.values import TERMINAL_STATUSES
 from toren.errors import InvalidInput, StorageError
-from toren.store.base import TERMINAL_STATUSES, Store, read_json
-from toren.store.sql import EVENT_COLUMNS, RUN_COLUMNS, insert_blobs_sql
+from toren.store.base import Store, read_json
+from toren.store.sql import EVENT_COLUMNS, RUN_COLUMNS, Cursor, insert_blobs_sql
 
 T = TypeVar("T")
 FORMAT = 1
@@ -84,7 +85,7 @@ class PruneResult:
 # -- running SQL off the worker's loop ----------------------------------------------------
 
 
-async def _bulk(store: Store, fn: Callable[[Any], T], *, write: bool = True) -> T:
+async def _bulk(store: Store, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
     """Run ``fn(cur)`` in one transaction, never on the event loop's own thread: a batch
     of deletes or a page of an export takes milliseconds to seconds, and a worker's loop
     must keep stepping its runs meanwhile. PostgreSQL's ``_run`` already uses its thread
@@ -105,7 +106,7 @@ async def _bulk(store: Store, fn: Callable[[Any], T], *, write: bool = True) -> 
     return result
 
 
-def _x(store: Store, cur: Any, sql: str, params: Sequence[Any] = ()) -> Any:
+def _x(store: Store, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Any:
     sql_store: Any = store
     return sql_store._x(cur, sql, params)
 
@@ -141,7 +142,7 @@ async def count_finished(
     """(runs, events) that a prune with these bounds would delete now (``--dry-run``)."""
     where = _finished_where(statuses)
 
-    def tx(cur: Any) -> tuple[int, int]:
+    def tx(cur: Cursor) -> tuple[int, int]:
         runs = _x(
             store, cur, f"SELECT COUNT(id) FROM runs WHERE {where}", (*statuses, before)
         ).fetchone()[0]
@@ -187,7 +188,7 @@ async def prune_batch(
     else:
         ids = None
 
-    def tx(cur: Any) -> PruneResult:
+    def tx(cur: Cursor) -> PruneResult:
         chosen = ids
         if chosen is None:
             chosen = [r[0] for r in _x(store, cur, select, (*statuses, before, limit))]
@@ -255,7 +256,7 @@ async def sweep_blobs(store: Store, *, page: int = 200) -> int:
     after = ""
     while candidates:
 
-        def mark(cur: Any, start: str = after) -> tuple[list[str], set[str]]:
+        def mark(cur: Cursor, start: str = after) -> tuple[list[str], set[str]]:
             ids = [
                 r[0]
                 for r in _x(
@@ -290,7 +291,7 @@ async def sweep_blobs(store: Store, *, page: int = 200) -> int:
     for i in range(0, len(items), 500):
         chunk = items[i : i + 500]
 
-        def delete(cur: Any, rows: list[tuple[str, int]] = chunk) -> int:
+        def delete(cur: Cursor, rows: list[tuple[str, int]] = chunk) -> int:
             count = 0
             for h, shares in rows:
                 count += _x(
@@ -345,7 +346,7 @@ async def finished_ids(
     where = _finished_where(statuses)
     sql = f"SELECT id FROM runs WHERE {where} AND id > ? ORDER BY id LIMIT ?"
 
-    def read(after: str) -> Callable[[Any], list[Any]]:
+    def read(after: str) -> Callable[[Cursor], list[Any]]:
         return lambda cur: list(_x(store, cur, sql, (*statuses, before, after, page)))
 
     after = ""
@@ -376,7 +377,7 @@ def _referenced(events: Sequence[Sequence[Any]]) -> tuple[set[str], set[str]]:
     return nodes, direct
 
 
-def _bodies(store: Store, cur: Any, hashes: Iterable[str]) -> dict[str, str]:
+def _bodies(store: Store, cur: Cursor, hashes: Iterable[str]) -> dict[str, str]:
     wanted = sorted(set(hashes))
     out: dict[str, str] = {}
     for i in range(0, len(wanted), 500):
@@ -386,7 +387,7 @@ def _bodies(store: Store, cur: Any, hashes: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _run_blobs(store: Store, cur: Any, events: Sequence[Sequence[Any]]) -> dict[str, str]:
+def _run_blobs(store: Store, cur: Cursor, events: Sequence[Sequence[Any]]) -> dict[str, str]:
     """Every body the events reference: list nodes (walking ``prev``), their messages and
     tool specs. A missing one is an error: the export would not import as a whole log."""
     nodes, direct = _referenced(events)
@@ -438,7 +439,7 @@ async def export_runs(
 
     async for run_id in ids():
 
-        def tx(cur: Any, rid: str = run_id) -> tuple[Any, list[Any], list[Any], dict[str, str]]:
+        def tx(cur: Cursor, rid: str = run_id) -> tuple[Any, list[Any], list[Any], dict[str, str]]:
             row = _x(store, cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (rid,))
             found = row.fetchone()
             if found is None:
@@ -578,7 +579,7 @@ async def import_runs(store: Store, lines: Iterable[str]) -> ImportResult:
     return result
 
 
-def _advance_sequences(store: Store, cur: Any, max_seq: int, max_inbox: int) -> None:
+def _advance_sequences(store: Store, cur: Cursor, max_seq: int, max_inbox: int) -> None:
     """Rows inserted with their own ids do not move PostgreSQL's sequences: move them past
     what was imported, so new events and messages never take an imported id (in a fresh
     database, say). Never moves a sequence back."""
@@ -600,7 +601,7 @@ async def _import_one(
     if missing:
         raise InvalidInput(f"run {run_id!r}: message body {missing[0]!r} is not in the file")
 
-    def tx(cur: Any) -> bool:
+    def tx(cur: Cursor) -> bool:
         exists = _x(store, cur, "SELECT id FROM runs WHERE id = ?", (run_id,)).fetchone()
         if exists is not None:
             return False

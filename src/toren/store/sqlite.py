@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
 from toren.store.schema import SCHEMA, AddColumn, applies, render
-from toren.store.sql import CLAIMABLE, InlineGate, SqlStore, settle
+from toren.store.sql import CLAIMABLE, Cursor, InlineGate, SqlStore, settle
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
@@ -42,7 +42,7 @@ class _Job:
     __slots__ = ("fn", "future", "loop", "write")
 
     def __init__(
-        self, fn: Callable[[Any], Any], write: bool, future: asyncio.Future[Any], loop: Any
+        self, fn: Callable[[Cursor], Any], write: bool, future: asyncio.Future[Any], loop: Any
     ) -> None:
         self.fn, self.write, self.future, self.loop = fn, write, future, loop
 
@@ -84,7 +84,7 @@ class SQLiteStore(SqlStore):
         self._inline = self.path != ":memory:"
         self._loop_conn: sqlite3.Connection | None = None
         self._loop_cur: sqlite3.Cursor | None = None
-        self._pending: list[tuple[Callable[[Any], Any], asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Callable[[Cursor], Any], asyncio.Future[Any]]] = []
         self._flush_scheduled = False
         self._gate = InlineGate()
         self._conn: sqlite3.Connection | None = None
@@ -113,7 +113,7 @@ class SQLiteStore(SqlStore):
 
     # -- inline group commit on the loop's thread --------------------------------------
 
-    async def _group_write(self, fn: Callable[[Any], T]) -> T:
+    async def _group_write(self, fn: Callable[[Cursor], T]) -> T:
         loop = asyncio.get_running_loop()
         if not self._flush_scheduled and self._gate.open(loop):
             # A lone write with nothing else ready to run: commit it now, in this call
@@ -230,7 +230,7 @@ class SQLiteStore(SqlStore):
 
     @staticmethod
     def _run_group(
-        cur: Any, fns: list[Callable[[Any], Any]]
+        cur: Cursor, fns: list[Callable[[Cursor], Any]]
     ) -> list[tuple[Any, BaseException | None]]:
         """Run each write in its own savepoint of the open transaction, then commit once.
         One write failing (a lease conflict) does not undo the others. A write alone needs
@@ -263,7 +263,7 @@ class SQLiteStore(SqlStore):
             self._thread.start()
         self._queue.put(job)
 
-    async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
+    async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
         try:
             if write and self._inline:
                 return await self._group_write(fn)
@@ -273,7 +273,7 @@ class SQLiteStore(SqlStore):
         except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
             raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
 
-    async def _on_thread(self, fn: Callable[[Any], T], *, write: bool) -> T:
+    async def _on_thread(self, fn: Callable[[Cursor], T], *, write: bool) -> T:
         """Run ``fn`` on the database thread and wait for its outcome."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -281,6 +281,7 @@ class SQLiteStore(SqlStore):
         return await future
 
     def _insert_event(self, cur: Any, sql: str, params: Sequence[Any]) -> int | None:
+        # ``cur`` is a sqlite3 cursor: ``lastrowid`` is not in the shared Cursor protocol.
         # Without RETURNING: SQLite passes returned rows through a buffer, which costs a
         # step about 5 µs. The seq is the rowid; a fenced insert that found no lease
         # inserted no row.
@@ -291,7 +292,7 @@ class SQLiteStore(SqlStore):
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
     def _claim(
-        self, cur: Any, worker_id: str, limit: int, now: float, ttl: float, only: str | None
+        self, cur: Cursor, worker_id: str, limit: int, now: float, ttl: float, only: str | None
     ) -> list[Lease]:
         only_sql, only_params = ("AND id = ? ", (only,)) if only else ("", ())
         rows = cur.execute(
@@ -312,7 +313,7 @@ class SQLiteStore(SqlStore):
         return leases
 
     async def migrate(self) -> None:
-        def apply(cur: Any) -> None:
+        def apply(cur: Cursor) -> None:
             for migration in SCHEMA:
                 if not applies(migration, "sqlite"):
                     continue

@@ -581,11 +581,7 @@ export interface components {
             agent: string;
             /** Process */
             process: string;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "queued" | "running" | "waiting" | "completed" | "failed" | "cancelled";
+            status: components["schemas"]["RunStatus"];
             /** Input */
             input?: unknown;
             /** Output */
@@ -659,11 +655,7 @@ export interface components {
             agent: string;
             /** Process */
             process: string;
-            /**
-             * Status
-             * @enum {string}
-             */
-            status: "queued" | "running" | "waiting" | "completed" | "failed" | "cancelled";
+            status: components["schemas"]["RunStatus"];
             /** Code Version */
             code_version: string;
             /**
@@ -685,6 +677,13 @@ export interface components {
             /** Rerun Cost Usd */
             rerun_cost_usd: string;
         };
+        /**
+         * RunStatus
+         * @description A run's status: queued, running or waiting while it is in flight; completed, failed
+         *     or cancelled once it has finished.
+         * @enum {string}
+         */
+        RunStatus: "queued" | "running" | "waiting" | "completed" | "failed" | "cancelled";
         /** RunVerification */
         RunVerification: {
             /** Run Id */
@@ -941,7 +940,7 @@ export interface operations {
     list_runs: {
         parameters: {
             query?: {
-                status?: "queued" | "running" | "waiting" | "completed" | "failed" | "cancelled";
+                status?: components["schemas"]["RunStatus"];
                 agent?: string;
                 process?: string;
                 limit?: number;

@@ -6,6 +6,15 @@
 
 const KEY = "toren.token";
 
+// Toren's fixed sets, rendered into every page by the server (toren.core.values): the
+// console never spells a status, a step kind or an invalidation cause list itself.
+const VOCABULARY = JSON.parse(document.body.dataset.vocabulary || "{}");
+export const STATUS = Object.freeze(VOCABULARY.RunStatus || {});
+export const STATUSES = Object.freeze(Object.values(STATUS));
+export const TERMINAL = new Set(VOCABULARY.terminal || []);
+export const KIND = Object.freeze(VOCABULARY.StepKind || {});
+export const CAUSE = Object.freeze(VOCABULARY.InvalidationCause || {});
+
 export function getToken() {
   return sessionStorage.getItem(KEY) || localStorage.getItem(KEY) || "";
 }

@@ -1,5 +1,5 @@
 // The replay plan: which in-flight runs the code this server runs would invalidate.
-import { $, api, digestButton, h, num, pill, showError, usd } from "./app.js";
+import { $, api, CAUSE, digestButton, h, num, pill, showError, usd } from "./app.js";
 
 // Which parts of the request differ ("message 0 (the system prompt) changed", ...).
 function changeList(changes) {
@@ -14,7 +14,7 @@ function finding(f) {
     fact("Stream", h("span", { class: "mono" }, f.stream)),
     fact("From step", `#${f.from_pos}`),
     fact("Cause", f.cause.replace(/_/g, " ")),
-    fact("What changed", changeList(f.changes) || (f.cause === "stream_ended" ? "the code ends the stream here" : "–")),
+    fact("What changed", changeList(f.changes) || (f.cause === CAUSE.STREAM_ENDED ? "the code ends the stream here" : "–")),
     fact("Expected digest", digestButton(f.expected_digest) || "–", f.expected_kind ? ` (${f.expected_kind})` : ""),
     fact("New digest", digestButton(f.actual_digest) || "stream ends", f.actual_kind ? ` (${f.actual_kind})` : ""),
     fact("Superseded", `${f.suffix_steps} steps, ${f.suffix_model_calls} model calls`),

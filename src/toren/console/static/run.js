@@ -1,12 +1,12 @@
 // The run page: header, controls, input/output, and the timeline of the run's streams,
 // followed live over the API's SSE stream (events, token deltas, the final run).
 import {
-  $, ago, announce, api, digestButton, followStream, h, json, ms, num, pill, showError, stamp, usd,
+  $, ago, announce, api, CAUSE, digestButton, followStream, h, json, KIND, ms, num, pill, showError,
+  stamp, STATUS, TERMINAL, usd,
 } from "./app.js";
 
 const runId = $("run-root").dataset.runId;
 const STATES = { connecting: "connecting…", live: "● live", reconnecting: "reconnecting…", ended: "log complete" };
-const TERMINAL = new Set(["completed", "failed", "cancelled"]);
 const events = [];
 const deltas = new Map(); // "stream:pos" -> streamed text of a model call in flight
 const requests = new Map(); // seq -> loaded request messages of a model call
@@ -90,7 +90,7 @@ function describe(step) {
       const response = p.response || {};
       const calls = (response.tool_calls || []).map((c) => c.name);
       return {
-        kind: "model",
+        kind: KIND.MODEL,
         name: `${p.provider}:${p.model}`,
         preview: p.error ? null : (response.text ? compact(response.text, 160) : calls.length ? `→ calls ${calls.join(", ")}` : ""),
         badges: p.error ? [h("span", { class: "badge err" }, `error: ${compact(p.error.message || p.error.code, 80)}`)] : [],
@@ -101,7 +101,7 @@ function describe(step) {
     }
     case "ToolCallRecorded":
       return {
-        kind: "tool",
+        kind: KIND.TOOL,
         name: p.name,
         args: `(${compact(p.args, 90).replace(/^\{|\}$/g, "")})`,
         preview: p.error ? null : `→ ${compact(p.result, 160)}`,
@@ -113,25 +113,25 @@ function describe(step) {
         details: () => h("div", { class: "detail-grid" }, block("Arguments", p.args), p.error ? block("Error", p.error) : block("Result", p.result)),
       };
     case "ValueRecorded":
-      return { kind: "value", name: p.what, preview: `= ${compact(p.value)}`, facts: [] };
+      return { kind: KIND.VALUE, name: p.what, preview: `= ${compact(p.value)}`, facts: [] };
     case "TimerScheduled": {
-      const isSleep = p.purpose === "sleep";
+      const isSleep = p.purpose === "sleep"; // TimerScheduled.purpose: "sleep" or "message"
       let preview = `${isSleep ? "fires" : "times out"} ${stamp(p.fire_at)}`;
       if (done && step.done.type === "TimerFired") preview = `fired ${stamp(done.fired_at)}`;
       if (done && step.done.type === "MessageReceived") preview = `received “${done.name}” → ${compact(done.payload)}`;
       return {
-        kind: isSleep ? "sleep" : "message",
+        kind: isSleep ? KIND.SLEEP : KIND.MESSAGE,
         name: isSleep ? `sleep ${p.seconds} s` : `wait for message (timeout ${p.seconds} s)`,
         preview, facts: [],
         details: done && step.done.type === "MessageReceived" ? () => block("Payload", done.payload) : null,
       };
     }
     case "MessageReceived":
-      return { kind: "message", name: `message “${p.name}”`, preview: `→ ${compact(p.payload)}`, facts: [],
+      return { kind: KIND.MESSAGE, name: `message “${p.name}”`, preview: `→ ${compact(p.payload)}`, facts: [],
         details: () => block("Payload", p.payload) };
     case "ChildStarted":
       return {
-        kind: "child",
+        kind: KIND.CHILD,
         name: `spawn ${p.process}`,
         args: `(${compact(p.input, 80)})`,
         preview: done ? (done.error ? null : `→ ${compact(done.output, 140)}`) : "running…",
@@ -240,17 +240,17 @@ async function loadExplanations() {
 // After an invalidation, and while one waits for its new step to be recorded.
 function explainSoon() {
   const waiting = events.some((e) => e.type === "StreamInvalidated"
-    && (!explained.has(e.seq) || (!explained.get(e.seq).changes.length && e.payload.cause !== "parent_invalidated" && e.payload.cause !== "stream_ended")));
+    && (!explained.has(e.seq) || (!explained.get(e.seq).changes.length && e.payload.cause !== CAUSE.PARENT_INVALIDATED && e.payload.cause !== CAUSE.STREAM_ENDED)));
   if (waiting && !explainTimer) explainTimer = setTimeout(loadExplanations, 300);
 }
 
 function invalidationItem(inv, ctx) {
   const p = inv.event.payload;
   const cause = {
-    digest_mismatch: "the request changed",
-    kind_mismatch: "a different kind of step",
-    stream_ended: "the new code ended the stream here",
-    parent_invalidated: "its parent step was invalidated",
+    [CAUSE.DIGEST_MISMATCH]: "the request changed",
+    [CAUSE.KIND_MISMATCH]: "a different kind of step",
+    [CAUSE.STREAM_ENDED]: "the new code ended the stream here",
+    [CAUSE.PARENT_INVALIDATED]: "its parent step was invalidated",
   }[p.cause] || p.cause;
   const versions = [...new Set(inv.removed.map((s) => (s.done || s.first).code_version))].join(", ");
   return h("li", { class: "invalidation", dataset: { from: inv.from } },
@@ -270,7 +270,7 @@ function invalidationItem(inv, ctx) {
 function pendingItem(stream, pos, text) {
   return h("li", { class: "step pending", dataset: { pending: `${stream}:${pos}` }, "aria-busy": "true" },
     h("div", { class: "step-row" },
-      h("span", { class: "pos" }, `#${pos}`), h("span", { class: "kind model" }, "model"),
+      h("span", { class: "pos" }, `#${pos}`), h("span", { class: `kind ${KIND.MODEL}` }, KIND.MODEL),
       h("div", { class: "title" }, h("span", { class: "name" }, "streaming…")), h("div", { class: "facts" })),
     h("p", { class: "live-text" }, h("span", { class: "live-delta" }, text), h("span", { class: "cursor", "aria-hidden": "true" })));
 }
@@ -318,7 +318,7 @@ function streamBox(s, ctx) {
     if (s.steps.has(pos)) items.push(stepItem(s.steps.get(pos), ctx, false));
     else if (deltas.has(`${s.name}:${pos}`)) items.push(pendingItem(s.name, pos, deltas.get(`${s.name}:${pos}`)));
   }
-  if (s.name === ctx.main && ctx.root.waiting && run && run.status === "waiting") items.push(waitingItem(ctx.root.waiting));
+  if (s.name === ctx.main && ctx.root.waiting && run && run.status === STATUS.WAITING) items.push(waitingItem(ctx.root.waiting));
   const inv = s.invalidations.length;
   return h("section", { class: "stream", "aria-label": `Stream ${s.name}`, dataset: { stream: s.name } },
     h("h3", {}, "Stream ", h("span", { class: "mono" }, s.name),
@@ -361,7 +361,7 @@ function renderTimeline() {
   const boxes = [];
   for (const name of order) if (!ctx.rendered.has(name) && !isChildAnywhere(name, streams)) boxes.push(streamBox(streams.get(name), ctx));
   for (const name of order) if (!ctx.rendered.has(name)) boxes.push(streamBox(streams.get(name), ctx)); // orphans
-  if (!boxes.length) boxes.push(h("p", { class: "empty" }, run && run.status === "queued" ? "Queued: no steps yet." : "No steps yet."));
+  if (!boxes.length) boxes.push(h("p", { class: "empty" }, run && run.status === STATUS.QUEUED ? "Queued: no steps yet." : "No steps yet."));
   el.replaceChildren(...boxes);
   el.setAttribute("aria-busy", String(streamState === "connecting"));
   const invalidations = [...streams.values()].reduce((n, s) => n + s.invalidations.length, 0);
@@ -421,28 +421,28 @@ function renderRun() {
   $("s-version").textContent = run.code_version || "–";
   $("run-input").textContent = json(run.input);
   const out = $("run-output");
-  if (run.status === "completed") {
+  if (run.status === STATUS.COMPLETED) {
     const o = run.output;
     const text = typeof o === "string" ? o : o && typeof o === "object" && typeof (o.answer ?? o.text ?? o.output) === "string" ? (o.answer ?? o.text ?? o.output) : null;
     out.replaceChildren(...[text !== null ? h("p", { class: "output-text" }, text) : null, pre(o)].filter(Boolean));
-  } else if (run.status === "failed") {
+  } else if (run.status === STATUS.FAILED) {
     const e = run.error || {};
     out.replaceChildren(h("div", { class: "run-error-box" }, h("strong", {}, e.type || e.code || "Failed"), ": ", e.message || ""), ...(e.details ? [pre(e.details)] : []),
       ...(e.traceback ? [h("h4", {}, "Traceback"), h("pre", { class: "json traceback", id: "run-traceback", tabindex: "0" }, e.traceback)] : []));
-  } else if (run.status === "cancelled") {
+  } else if (run.status === STATUS.CANCELLED) {
     out.replaceChildren(h("p", { class: "empty" }, "Cancelled before finishing."));
   } else {
-    out.replaceChildren(h("p", { class: "empty" }, run.status === "waiting" ? "Not finished: the run is waiting." : "Not finished yet."));
+    out.replaceChildren(h("p", { class: "empty" }, run.status === STATUS.WAITING ? "Not finished: the run is waiting." : "Not finished yet."));
   }
   const live = !TERMINAL.has(run.status);
   $("controls").hidden = !live;
-  $("retry-zone").hidden = run.status !== "failed";
+  $("retry-zone").hidden = run.status !== STATUS.FAILED;
   if (!$("fork-at").value) $("fork-at").value = `${run.process}:0`;
   const waitingFor = run.waiting_for || [];
-  $("waiting-hint").textContent = run.status === "waiting" && waitingFor.length
+  $("waiting-hint").textContent = run.status === STATUS.WAITING && waitingFor.length
     ? `The run is waiting for ${waitingFor.map((n) => `“${n}”`).join(" or ")}.`
     : "Messages wait in the run's inbox until it asks for them.";
-  const question = run.status === "waiting" && waitingFor.length ? askedQuestion() : null;
+  const question = run.status === STATUS.WAITING && waitingFor.length ? askedQuestion() : null;
   $("waiting-question").hidden = !question;
   $("waiting-question").textContent = question ? `The agent asks: ${question}` : "";
   const name = $("msg-name");

@@ -1,5 +1,5 @@
 // The runs page: totals, filters, a live table (polled every 2 s), and the start form.
-import { $, ago, announce, api, h, num, pill, showError, usd } from "./app.js";
+import { $, ago, announce, api, h, num, pill, showError, STATUSES, TERMINAL, usd } from "./app.js";
 
 const POLL_MS = 2000;
 const PAGE = 50;
@@ -147,7 +147,7 @@ function row(run) {
     cell("Run", h("a", { href: `/runs/${run.id}` }, run.id), "id"),
     cell("Agent", [h("span", { class: "agent" }, run.agent), h("span", { class: "proc" }, ` · ${run.process}`)]),
     cell("Input", h("span", { class: "input-summary", title: inputSummary(run) }, inputSummary(run)), "input"),
-    cell("Status", [pill(run.status), blockedBadge(run), run.cancel_requested && !["cancelled", "completed", "failed"].includes(run.status)
+    cell("Status", [pill(run.status), blockedBadge(run), run.cancel_requested && !TERMINAL.has(run.status)
       ? h("span", { class: "badge", title: "cancellation requested" }, " cancelling") : null]),
     cell("Steps", num(u.steps), "num"),
     cell("Tokens", num((u.input_tokens || 0) + (u.output_tokens || 0)), "num"),
@@ -177,7 +177,7 @@ async function loadTotals() {
   const t = await api("/console/api/summary");
   $("t-runs").textContent = num(t.runs);
   $("t-status").replaceChildren(h("span", { class: "status-counts" },
-    ...["running", "waiting", "queued", "completed", "failed", "cancelled"]
+    ...STATUSES
       .filter((s) => t.runs_by_status[s])
       .map((s) => h("a", { href: `/?status=${s}` }, `${t.runs_by_status[s]} ${s}`))));
   $("t-tokens").textContent = num(t.input_tokens + t.output_tokens);
