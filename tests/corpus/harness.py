@@ -14,6 +14,8 @@ as they are inserted there.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 import sqlite3
@@ -63,6 +65,7 @@ class World:
     def __init__(self) -> None:
         self.calls: list[str] = []
         self.sent: list[dict[str, Any]] = []
+        self.hanging: asyncio.Event | None = None  # set by a tool that hangs (a crash)
 
 
 Build = Callable[[World], toren.Registry]
@@ -89,6 +92,7 @@ class Harness:
 
     scenario: Scenario
     store: Store
+    url: str
     world: World = field(default_factory=World)
     clock: toren.ManualClock = field(default_factory=lambda: toren.ManualClock(START))
     provider: ScriptedProvider = field(default_factory=lambda: ScriptedProvider(SCRIPT))
@@ -135,8 +139,7 @@ class Harness:
         under that version, and after it the invalidations the tick wrote: the two are
         compared by the corpus test (``plan=False``: a tick the plan cannot foresee, such
         as one the invalidation-storm guard stops)."""
-        for info in self.workers.values():  # live: a heartbeat before every tick
-            await self.store.register_worker(replace(info, heartbeat_at=self.clock.now()))
+        await self._heartbeats()
         before = await self._seq_count(run)
         predicted = await self._plan(run, version) if plan else None
         result = await toren.tick(run.id, self.deps(version))
@@ -172,6 +175,10 @@ class Harness:
             )
         return result
 
+    async def _heartbeats(self) -> None:
+        for info in self.workers.values():  # live: a heartbeat before every tick
+            await self.store.register_worker(replace(info, heartbeat_at=self.clock.now()))
+
     async def _seq_count(self, run: RunRef) -> int:
         return len(await self.store.load_events(run.id))
 
@@ -183,6 +190,29 @@ class Harness:
         (found,) = [p for p in report["plans"] if p["run_id"] == run.id]
         keep = ("clean", "code_version", "replayed_steps", "findings", "problem", "streams")
         return {k: found[k] for k in keep}
+
+    async def crash(self, run: RunRef, version: str) -> None:
+        """A tick whose worker dies while a tool runs (the tool awaits ``world.hanging``,
+        which the script's tool sets): nothing of that step is written; the lease is
+        left to expire, and the clock moved past it."""
+        self.world.hanging = asyncio.Event()
+        await self._heartbeats()
+        task = asyncio.ensure_future(toren.tick(run.id, self.deps(version)))
+        await self.world.hanging.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        self.world.hanging = None
+        self.ticks.append({"run": run.name, "version": version, "status": "crashed"})
+        self.last_version[run.name] = version
+        await self.clock.advance(toren.Settings().lease.ttl + 1)
+
+    def inject(self, run: RunRef, type_: str, payload: str, stream: str = "") -> None:
+        """An event of a type this release does not know, as a newer one would write it."""
+        sql = (
+            "INSERT INTO events (run_id, stream, type, created_at, payload) VALUES (?, ?, ?, ?, ?)"
+        )
+        RawDB(self.url).write([(sql, (run.id, stream, type_, self.clock.now(), payload))])
 
     async def send(self, run: RunRef, name: str, payload: Any = None) -> None:
         inbox_id = await self.store.send_message(run.id, name, payload, now=self.clock.now())
@@ -387,7 +417,7 @@ def snapshot(db: RawDB, h: Harness) -> dict[str, Any]:
             "events": logs[name],
         }
     blobs = {hash_: body for hash_, body in db.rows(BLOB_SQL)}
-    ticks = [{**t, **_norm_tick(t, names)} for t in h.ticks]
+    ticks = [{**t, **_norm_tick(t, names)} if "output" in t else t for t in h.ticks]
     plans = [names.value(p, run=p["run"]) for p in h.plans]
     return {
         "format": FORMAT,
@@ -559,7 +589,7 @@ async def record(scenario: Scenario, url: str) -> dict[str, Any]:
     """Run ``scenario`` on the empty database at ``url``; its normalised snapshot."""
     store = await toren.connect(url)
     try:
-        h = Harness(scenario, store)
+        h = Harness(scenario, store, url)
         await scenario.script(h)
     finally:
         await store.close()

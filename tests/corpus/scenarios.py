@@ -76,7 +76,20 @@ def tools_of(world: World, *, broken: bool = False) -> dict[str, toren.ToolDef]:
             await asyncio.sleep(0)
         return name
 
+    async def hang(step: str) -> str:
+        world.calls.append("hang")
+        if world.hanging is not None:  # the worker dies while this runs (Harness.crash)
+            world.hanging.set()
+            await asyncio.Event().wait()
+        return f"done {step}"
+
+    async def stall() -> None:
+        world.calls.append("stall")
+        await asyncio.Event().wait()  # never returns: limits.step_timeout ends it
+
     return {
+        "hang": toren.ToolDef("hang", hang, ToolSpec("hang")),
+        "stall": toren.ToolDef("stall", stall, ToolSpec("stall")),
         "send_email": toren.ToolDef("send_email", send_email, ToolSpec("send_email")),
         "lookup": toren.ToolDef("lookup", lookup, ToolSpec("lookup"), side_effects=False),
         "price": toren.ToolDef("price", price, ToolSpec("price"), reexecute=True),
@@ -927,28 +940,52 @@ async def spawn_order_changed(h: Harness) -> None:
 def _child_prompt(prompt: str) -> AgentFn:
     async def child(ctx: toren.Context, input: Any) -> Any:
         await ask(ctx, "child step 0")
+        note = await ask(ctx, prompt)
         await ctx.tool("send_email", {"to": "c@example.com", "body": "from child"})
-        return await ask(ctx, prompt)
+        await ctx.wait_for_message("go")
+        return note
 
     return child
 
 
 async def _holder(ctx: toren.Context, input: Any) -> Any:
     await ask(ctx, "parent step")
-    out = await ctx.spawn("inner", None)
-    await ctx.wait_for_message("go")
-    return out
+    return await ctx.spawn("inner", None)
 
 
 @scenario(
     "child_code_change",
-    ("child", "digest_mismatch in a child stream", "parent unaffected"),
+    ("child", "digest_mismatch in a child stream", "parent unaffected", "reuse", "child waits"),
     A=v("A", _holder, children={"inner": _child_prompt("child v1")}),
     B=v("B", _holder, children={"inner": _child_prompt("child v2")}),
 )
 async def child_code_change(h: Harness) -> None:
-    """Only the child's last prompt changes: main/1 is invalidated at 2, the parent's
-    steps and the child's first two replay."""
+    """A child still in flight (waiting for a message) has its second prompt changed:
+    main/1 is invalidated at 1, the parent's step and the child's first replay, the
+    child's email is reused."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go")
+    await h.tick(run, "B")
+
+
+def _done_child(prompt: str) -> AgentFn:
+    async def child(ctx: toren.Context, input: Any) -> Any:
+        await ask(ctx, "child step 0")
+        return await ask(ctx, prompt)
+
+    return child
+
+
+@scenario(
+    "completed_child_code_change",
+    ("child", "completed child replays whole", "parent unaffected"),
+    A=v("A", parked(_holder), children={"inner": _done_child("child v1")}),
+    B=v("B", parked(_holder), children={"inner": _done_child("child v2")}),
+)
+async def completed_child_code_change(h: Harness) -> None:
+    """A child that completed replays from its recorded completion: a change to its code
+    does not re-run it (its output is the recorded one), nothing is invalidated."""
     run = await h.start("A")
     await h.tick(run, "A")
     await h.send(run, "go")
@@ -1086,3 +1123,192 @@ async def storm_guard_rollback(h: Harness) -> None:
     await h.tick(run, "A")
     await h.send(run, "go")
     await h.tick(run, "A")
+
+
+# -- more ----------------------------------------------------------------------------------
+
+
+async def _hanger(ctx: toren.Context, input: Any) -> Any:
+    first = await ask(ctx, "before the crash")
+    done = await ctx.tool("hang", {"step": "one"})
+    return {"first": first, "done": done}
+
+
+@scenario(
+    "crash_mid_step",
+    ("crash recovery", "expired lease", "in-flight step runs again", "saved cost"),
+    A=v("A", _hanger),
+)
+async def crash_mid_step(h: Harness) -> None:
+    """The worker dies while a tool runs: that step has no event. Once the lease expires
+    another tick recovers the run, replays the model call (saved) and runs the tool again
+    (at-least-once for the step in flight only)."""
+    run = await h.start("A")
+    await h.crash(run, "A")
+    await h.tick(run, "A")
+
+
+async def _newer_events(ctx: toren.Context, input: Any) -> Any:
+    a = await ask(ctx, "one")
+    await ctx.wait_for_message("go")
+    b = await ask(ctx, "two")
+    return [a, b]
+
+
+@scenario(
+    "unknown_events_ignored",
+    ("forward compatibility", "unknown event types"),
+    A=v("A", _newer_events),
+)
+async def unknown_events_ignored(h: Harness) -> None:
+    """Events of types a newer release wrote (in a stream and at the run level) are kept
+    and ignored by the fold: the run replays and goes on."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    h.inject(run, "FutureStepNote", '{"note":"from 9.9","position_hint":0}', stream="main")
+    h.inject(run, "FutureRunThing", '{"x":1}')
+    await h.send(run, "go")
+    await h.tick(run, "A")
+
+
+def _looping(max_steps: int):
+    from toren.agents.loop import LoopSpec, make_loop
+
+    return make_loop(
+        LoopSpec(
+            agent=AGENT,
+            process="main",
+            model="scripted:echo",
+            instructions="Be brief.",
+            tools=(ToolSpec("lookup", "look a key up"),),
+            params={"temperature": 0.0},
+            limits=toren.Limits(max_steps=max_steps),
+        )
+    )
+
+
+@scenario(
+    "builtin_loop",
+    ("built-in tool-calling loop", "max_steps", "LimitExceeded", "retry raises max_steps"),
+    A=v("A", _looping(5), limits=toren.Limits(max_steps=5)),
+)
+async def builtin_loop(h: Harness) -> None:
+    """The built-in loop: one run answers in a turn; another keeps calling a tool until
+    max_steps stops it, and a retry raising max_steps lets it go two steps further."""
+    quick = await h.start("A", {"message": "hello"}, name="quick")
+    await h.tick(quick, "A")
+    run = await h.start("A", "find k1 [call]")
+    await h.tick(run, "A")
+    await h.retry(run, "A", max_steps=7)
+    await h.tick(run, "A")
+
+
+async def _timed_tools(ctx: toren.Context, input: Any) -> Any:
+    total = await ctx.tool("add", {"a": 1, "b": 2})
+    try:
+        await ctx.tool("stall")
+    except toren.ToolFailed as exc:
+        return {"total": total, "error": exc.message}
+    return {"total": total}
+
+
+@scenario(
+    "tool_timeout",
+    ("limits", "step_timeout", "tool error"),
+    A=v("A", _timed_tools, limits=toren.Limits(step_timeout=0.05)),
+)
+async def tool_timeout(h: Harness) -> None:
+    """A tool that never returns is ended by limits.step_timeout: a recorded failure."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+
+
+async def _asks_in_child(ctx: toren.Context, input: Any) -> Any:
+    await ask(ctx, "prepare")
+    verdict = await ctx.wait_for_message("verdict", timeout=3600)
+    return {"verdict": verdict}
+
+
+async def _two_sleepers(ctx: toren.Context, input: Any) -> Any:
+    return list(await asyncio.gather(ctx.spawn("nap", {"s": 600}), ctx.spawn("nap", {"s": 60})))
+
+
+async def _nap(ctx: toren.Context, input: Any) -> Any:
+    await ctx.sleep(input["s"])
+    return input["s"]
+
+
+@scenario(
+    "children_wait",
+    ("child", "gather", "sleep in a child", "message wait in a child", "park"),
+    A=v("A", _two_sleepers, children={"nap": _nap}),
+)
+async def children_wait(h: Harness) -> None:
+    """Two children sleep concurrently (600 s and 60 s): the run parks until the earlier
+    timer, wakes, parks again for the later one, then completes."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.advance(60)
+    await h.tick(run, "A")
+    await h.advance(540)
+    await h.tick(run, "A")
+
+
+async def _judge(ctx: toren.Context, input: Any) -> Any:
+    out = await ctx.spawn("judge", {"case": 7})
+    return {"child": out, "after": await ask(ctx, "wrap up")}
+
+
+@scenario(
+    "child_message_wait",
+    ("child", "message wait with timeout in a child", "park"),
+    A=v("A", _judge, children={"judge": _asks_in_child}),
+)
+async def child_message_wait(h: Harness) -> None:
+    """A child waits for a message (with a timeout): the whole run parks on its inbox;
+    the message wakes it and the child and then the parent finish."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "verdict", {"guilty": False})
+    await h.tick(run, "A")
+
+
+async def _two_models(ctx: toren.Context, input: Any) -> Any:
+    base = [{"role": "system", "content": "shared"}]
+    left, right = await asyncio.gather(
+        ctx.model("scripted:echo", [*base, {"role": "user", "content": "left"}]),
+        ctx.model("scripted:echo", [*base, {"role": "user", "content": "a longer right side"}]),
+    )
+    return [left.text, right.text]
+
+
+@scenario("gather_models", ("model", "gather", "blobs shared"), A=v("A", _two_models))
+async def gather_models(h: Harness) -> None:
+    """Two model calls started together in one stream share a message body."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+
+
+async def _delegating(ctx: toren.Context, input: Any) -> Any:
+    await ask(ctx, "delegate")
+    return await ctx.spawn("steps", {"n": 3})
+
+
+async def _child_steps(ctx: toren.Context, input: Any) -> Any:
+    out = [await ask(ctx, f"child {i}") for i in range(input["n"])]
+    await ctx.tool("send_email", {"to": "k@example.com", "body": "child done"})
+    return out
+
+
+@scenario(
+    "fork_in_child",
+    ("fork", "fork inside a child stream", "pins of ancestors"),
+    A=v("A", _delegating, children={"steps": _child_steps}),
+)
+async def fork_in_child(h: Harness) -> None:
+    """A fork at main/1:2 copies the parent's steps up to the spawn and the child's first
+    two; the child's third step and its email run live in the fork."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    fork = await h.fork(run, "A", "main/1:2", "f1")
+    await h.tick(fork, "A")
