@@ -212,7 +212,11 @@ class Harness:
         sql = (
             "INSERT INTO events (run_id, stream, type, created_at, payload) VALUES (?, ?, ?, ?, ?)"
         )
-        RawDB(self.url).write([(sql, (run.id, stream, type_, self.clock.now(), payload))])
+        db = RawDB(self.url)
+        try:
+            db.write([(sql, (run.id, stream, type_, self.clock.now(), payload))])
+        finally:
+            db.close()
 
     async def send(self, run: RunRef, name: str, payload: Any = None) -> None:
         inbox_id = await self.store.send_message(run.id, name, payload, now=self.clock.now())
@@ -259,39 +263,46 @@ BLOB_SQL = "SELECT hash, body FROM blobs ORDER BY hash"
 
 
 class RawDB:
-    """Plain SQL on the scenario's database, beside the store: rows exactly as stored."""
+    """Plain SQL on the scenario's database, beside the store: rows exactly as stored.
+    One connection, opened on first use; :meth:`close` it."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.pg = url.startswith("postgresql")
+        self._conn: Any = None
 
-    def _connect(self) -> Any:
-        if self.pg:
-            import psycopg
+    def _connection(self) -> Any:
+        if self._conn is None:
+            if self.pg:
+                import psycopg
 
-            return psycopg.connect(self.url, autocommit=True)
-        return sqlite3.connect(self.url.removeprefix("sqlite:///"), isolation_level=None)
+                self._conn = psycopg.connect(self.url, autocommit=True)
+            else:
+                path = self.url.removeprefix("sqlite:///")
+                self._conn = sqlite3.connect(path, isolation_level=None)
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._connect() as conn:
-            if self.pg:
-                sql = sql.replace("?", "%s")
-            return [tuple(r) for r in conn.execute(sql, params).fetchall()]
+        if self.pg:
+            sql = sql.replace("?", "%s")
+        return [tuple(r) for r in self._connection().execute(sql, params).fetchall()]
 
     def write(self, statements: Sequence[tuple[str, Sequence[Any]]]) -> None:
-        conn = self._connect()
-        try:
-            if self.pg:
-                with conn.transaction():
-                    for sql, params in statements:
-                        conn.execute(sql.replace("?", "%s"), params)
-            else:
-                conn.execute("BEGIN")
+        conn = self._connection()
+        if self.pg:
+            with conn.transaction():
                 for sql, params in statements:
-                    conn.execute(sql, params)
-                conn.execute("COMMIT")
-        finally:
-            conn.close()
+                    conn.execute(sql.replace("?", "%s"), params)
+            return
+        conn.execute("BEGIN")
+        for sql, params in statements:
+            conn.execute(sql, params)
+        conn.execute("COMMIT")
 
 
 # -- normalisation -------------------------------------------------------------------------
@@ -593,7 +604,11 @@ async def record(scenario: Scenario, url: str) -> dict[str, Any]:
         await scenario.script(h)
     finally:
         await store.close()
-    doc = snapshot(RawDB(url), h)
+    db = RawDB(url)
+    try:
+        doc = snapshot(db, h)
+    finally:
+        db.close()
     for name, run in doc["runs"].items():
         status = run["final"]["status"]
         assert status in SETTLED, f"{scenario.name}: run {name} ends {status}, not settled"
@@ -663,9 +678,12 @@ async def replay(scenario: Scenario, fixture: Mapping[str, Any], url: str) -> Re
         await store.close()
     names_by_id = {run_id: name for name, run_id in ids.items()}
     messages = {k: f"m{k}" for k in range(1, 1000)}
-    logs, names = normalised_logs(db, names_by_id, messages)
-    finals = {}
-    for name, run_id in ids.items():
-        row = names.value(run_row_fields(db, run_id), run=name)
-        finals[name] = {k: row[k] for k in REPLAY_FIELDS}
+    try:
+        logs, names = normalised_logs(db, names_by_id, messages)
+        finals = {}
+        for name, run_id in ids.items():
+            row = names.value(run_row_fields(db, run_id), run=name)
+            finals[name] = {k: row[k] for k in REPLAY_FIELDS}
+    finally:
+        db.close()
     return Replayed(provider.served, list(world.calls), logs, finals, statuses)
