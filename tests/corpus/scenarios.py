@@ -1312,3 +1312,122 @@ async def fork_in_child(h: Harness) -> None:
     await h.tick(run, "A")
     fork = await h.fork(run, "A", "main/1:2", "f1")
     await h.tick(fork, "A")
+
+
+def _report_after(prompt: str) -> AgentFn:
+    async def main(ctx: toren.Context, input: Any) -> Any:
+        draft = await ask(ctx, prompt)
+        await ctx.tool("send_email", {"to": "ops@example.com", "body": "heads up"})
+        closing = await ask(ctx, "closing words")
+        return await ctx.tool("file_report", {"text": closing + " / " + draft})
+
+    return main
+
+
+@scenario(
+    "retry_under_changed_code",
+    ("retry", "digest_mismatch after a retry", "reuse", "slots ~1"),
+    A=v("A", _report_after("draft v1"), broken=True),
+    B=v("B", _report_after("draft v2")),
+)
+async def retry_under_changed_code(h: Harness) -> None:
+    """The fix deployed with the retry also edits the first prompt: the retried run is
+    invalidated from 0 (its events in the ~1 slots), the email reused, the report filed."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.retry(run, "B")
+    await h.tick(run, "B")
+
+
+@scenario(
+    "fork_after_invalidation",
+    ("fork", "invalidation", "reuse pointer dropped", "superseded steps not copied"),
+    A=v("A", parked(chain(5, {1: "[v1]"}, email_at=3))),
+    B=v("B", chain(5, {1: "[v2]"}, email_at=3)),
+)
+async def fork_after_invalidation(h: Harness) -> None:
+    """A run invalidated at 1 under B (its email reused) is forked after the email: the
+    fork copies the current view only, the reused email without its reuse pointer."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go")
+    await h.tick(run, "B")
+    fork = await h.fork(run, "B", "main:5", "f1")
+    await h.tick(fork, "B")
+
+
+def _approver(prompt: str, *, in_child: bool) -> AgentFn:
+    async def main(ctx: toren.Context, input: Any) -> Any:
+        await ask(ctx, prompt)
+        if in_child:
+            got = await ctx.spawn("approve", None)
+        else:
+            got = await ctx.wait_for_message("approve")
+        await ctx.wait_for_message("done")
+        return got
+
+    return main
+
+
+async def _approve_child(ctx: toren.Context, input: Any) -> Any:
+    return await ctx.wait_for_message("approve")
+
+
+@scenario(
+    "message_across_streams",
+    ("message redelivery", "child", "parent_invalidated", "kind_mismatch"),
+    A=v("A", _approver("v1", in_child=True), children={"approve": _approve_child}),
+    B=v("B", _approver("v1", in_child=False), children={"approve": _approve_child}),
+)
+async def message_across_streams(h: Harness) -> None:
+    """The approval a child received goes back in line when new code waits for it in the
+    parent instead: the child is superseded, the parent's wait receives the message."""
+    run = await h.start("A")
+    await h.send(run, "approve", "yes")
+    await h.tick(run, "A")
+    await h.send(run, "done")
+    await h.tick(run, "B")
+
+
+async def _hostile(ctx: toren.Context, input: Any) -> Any:
+    got = await ctx.tool("lookup", {"key": "naïve 🚀 \u202eevil\u202c \x00 end"})
+    reply = await ask(ctx, "zalgo z\u0351\u0352 and emoji 👩\u200d💻 and tab\tend")
+    return {"got": got, "reply": reply, "input": input}
+
+
+@scenario(
+    "hostile_strings",
+    ("unicode", "NUL", "bidi controls", "JSON escaping as stored"),
+    A=v("A", _hostile),
+)
+async def hostile_strings(h: Harness) -> None:
+    """Strings with NUL, bidi controls, combining marks and emoji in input, tool
+    arguments, results and messages are stored and replayed as given."""
+    run = await h.start("A", {"text": 'quote " backslash \\ ünï \U0001f600'})
+    await h.tick(run, "A")
+
+
+def _quick(what: str) -> AgentFn:
+    async def main(ctx: toren.Context, input: Any) -> Any:
+        await ctx.sleep(0)
+        none = await ctx.wait_for_message("instant", timeout=0)
+        await (ctx.now() if what == "now" else ctx.random())
+        await ctx.wait_for_message("go")
+        return {"none": none}
+
+    return main
+
+
+@scenario(
+    "zero_waits_and_value_change",
+    ("sleep 0", "message wait with timeout 0", "value", "digest_mismatch of a value"),
+    A=v("A", _quick("now")),
+    B=v("B", _quick("random")),
+)
+async def zero_waits_and_value_change(h: Harness) -> None:
+    """A zero sleep and a zero-timeout wait complete in the tick; new code reads random
+    where the log has the clock: a digest mismatch at 2 (same kind, value)."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go")
+    await h.tick(run, "B")
