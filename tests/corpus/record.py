@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="scenarios to record (default: all)")
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
     parser.add_argument("--backend", choices=BACKENDS, action="append", help="default: both")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="record N times per backend (all must agree)"
+    )
     args = parser.parse_args(argv)
     unknown = set(args.names) - set(SCENARIOS)
     if unknown:
@@ -37,18 +40,24 @@ def main(argv: list[str] | None = None) -> int:
         dbs = FreshDatabases(Path(tmp))
         try:
             for name in args.names or sorted(SCENARIOS):
-                failed += _one(dbs, name, backends, args.check)
+                failed += _one(dbs, name, backends, args.check, args.repeat)
         finally:
             dbs.close()
     print(f"{len(args.names or SCENARIOS) - failed} ok, {failed} failed")
     return 1 if failed else 0
 
 
-def _one(dbs: FreshDatabases, name: str, backends: list[str], check: bool) -> int:
+def _one(dbs: FreshDatabases, name: str, backends: list[str], check: bool, repeat: int) -> int:
     texts = {}
     for backend in backends:
-        with dbs.fresh(backend) as url:
-            texts[backend] = dump(asyncio.run(record(SCENARIOS[name], url)))
+        for attempt in range(repeat):
+            with dbs.fresh(backend) as url:
+                text = dump(asyncio.run(record(SCENARIOS[name], url)))
+            if attempt and text != texts[backend]:
+                print(f"FINDING {name}: two recordings on {backend} differ (not deterministic):")
+                _diff(texts[backend], text, "first", f"attempt {attempt + 1}")
+                return 1
+            texts[backend] = text
     first, *others = backends
     for other in others:
         if texts[other] != texts[first]:
