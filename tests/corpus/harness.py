@@ -142,12 +142,17 @@ class Harness:
         await self._heartbeats()
         before = await self._seq_count(run)
         predicted = await self._plan(run, version) if plan else None
+        served, calls = self.provider.served, len(self.world.calls)
         result = await toren.tick(run.id, self.deps(version))
         self.last_version[run.name] = version
         self.ticks.append(
             {
                 "run": run.name,
                 "version": version,
+                # What the tick paid for and did outside the log (a step in flight at a
+                # crash runs again without a trace in the log, for instance).
+                "model_calls": self.provider.served - served,
+                "tool_calls": self.world.calls[calls:],
                 "status": result.status,
                 "output": result.output,
                 "error": result.error,
@@ -197,13 +202,22 @@ class Harness:
         left to expire, and the clock moved past it."""
         self.world.hanging = asyncio.Event()
         await self._heartbeats()
+        served, calls = self.provider.served, len(self.world.calls)
         task = asyncio.ensure_future(toren.tick(run.id, self.deps(version)))
         await self.world.hanging.wait()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         self.world.hanging = None
-        self.ticks.append({"run": run.name, "version": version, "status": "crashed"})
+        self.ticks.append(
+            {
+                "run": run.name,
+                "version": version,
+                "model_calls": self.provider.served - served,
+                "tool_calls": self.world.calls[calls:],
+                "status": "crashed",
+            }
+        )
         self.last_version[run.name] = version
         await self.clock.advance(toren.Settings().lease.ttl + 1)
 
