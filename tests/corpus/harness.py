@@ -346,7 +346,8 @@ _LATENCY = re.compile(rf'"latency_ms":{_NUM}')
 _ONE_SEQ = re.compile(r'"(reused_from_seq|failed_seq|source_seq)":(\d+)')
 _SEQ_LIST = re.compile(r'"(failed_seqs|retried_seqs)":\[([\d,]*)\]')
 _INBOX = re.compile(r'"inbox_id":(\d+)')
-_LINE = re.compile(r"line \d+")
+# A traceback frame in JSON text: File \"<path>\", line 12, in fn
+_LINE = re.compile(r'(File \\"[^"\\]*\\", line )\d+')
 _RANDOM = re.compile(rf'^\{{"what":"random","value":{_NUM}\}}$')
 _UUID = re.compile(r'^\{"what":"uuid","value":"[0-9a-f-]{36}"\}$')
 
@@ -359,22 +360,29 @@ class Names:
     seq_at: dict[int, tuple[str, int]]
     messages: dict[int, str]
 
-    def text(self, text: str, *, run: str) -> str:
+    def text(self, text: str, *, run: str, type_: str | None = None) -> str:
+        """Run ids, the checkout's path and traceback line numbers anywhere; the fields
+        of the envelope's own kind (latencies, seq references, inbox ids) only in the
+        payload types that have them (``type_``; None: a tick's or run row's value)."""
         for run_id, name in self.runs.items():
             text = text.replace(run_id, run_token(name))
         text = text.replace(str(ROOT), "<root>")
-        text = _LINE.sub("line #", text)
-        text = _LATENCY.sub('"latency_ms":"*"', text)
-        text = _ONE_SEQ.sub(lambda m: f'"{m[1]}":"{self.seq(int(m[2]), run)}"', text)
-        text = _SEQ_LIST.sub(
-            lambda m: (
-                f'"{m[1]}":['
-                + ",".join(f'"{self.seq(int(s), run)}"' for s in m[2].split(",") if s)
-                + "]"
-            ),
-            text,
-        )
-        return _INBOX.sub(lambda m: f'"inbox_id":"{self.messages.get(int(m[1]), "m?")}"', text)
+        text = _LINE.sub(r"\1#", text)
+        if type_ in ("ModelCallRecorded", "ToolCallRecorded"):
+            text = _LATENCY.sub('"latency_ms":"*"', text)
+        if type_ in ("ToolCallRecorded", "RunRetried", "RunForked", "RunFailed"):
+            text = _ONE_SEQ.sub(lambda m: f'"{m[1]}":"{self.seq(int(m[2]), run)}"', text)
+            text = _SEQ_LIST.sub(
+                lambda m: (
+                    f'"{m[1]}":['
+                    + ",".join(f'"{self.seq(int(s), run)}"' for s in m[2].split(",") if s)
+                    + "]"
+                ),
+                text,
+            )
+        if type_ == "MessageReceived":
+            text = _INBOX.sub(lambda m: f'"inbox_id":"{self.messages.get(int(m[1]), "m?")}"', text)
+        return text
 
     def seq(self, seq: int, run: str) -> str:
         where = self.seq_at.get(seq)
@@ -394,7 +402,7 @@ def normalise_payload(type_: str, text: str, names: Names, run: str) -> str:
             return '{"what":"random","value":"<random>"}'
         if _UUID.match(text):
             return '{"what":"uuid","value":"<uuid>"}'
-    return names.text(text, run=run)
+    return names.text(text, run=run, type_=type_)
 
 
 def normalised_logs(

@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.corpus.record")
     parser.add_argument("names", nargs="*", help="scenarios to record (default: all)")
     parser.add_argument("--check", action="store_true", help="compare, write nothing")
+    parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
     parser.add_argument("--backend", choices=BACKENDS, action="append", help="default: both")
     parser.add_argument(
         "--repeat", type=int, default=1, help="record N times per backend (all must agree)"
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.names) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; known: {sorted(SCENARIOS)}")
+    if args.list:
+        for name, scenario in sorted(SCENARIOS.items()):
+            print(f"{name}: {', '.join(scenario.features)}\n    {scenario.description}")
+        return 0
     backends = args.backend or list(BACKENDS)
     FIXTURES.mkdir(parents=True, exist_ok=True)
     failed = 0
