@@ -646,6 +646,9 @@ class Replayed:
     logs: dict[str, list[dict[str, Any]]]
     finals: dict[str, dict[str, Any]]
     statuses: dict[str, list[str]]
+    # What ``toren plan`` said of each loaded log under that code, before its tick: the
+    # findings (an invalidation would be a step that does not replay), or a problem.
+    plans: dict[str, Any]
 
 
 REPLAY_FIELDS = (
@@ -674,6 +677,7 @@ async def replay(scenario: Scenario, fixture: Mapping[str, Any], url: str) -> Re
     world, provider = World(), ScriptedProvider(SCRIPT)
     clock = toren.ManualClock(START + fixture["clock_end"])
     statuses: dict[str, list[str]] = {}
+    plans: dict[str, Any] = {}
     try:
         for index, (name, run) in enumerate(runs.items()):
             # One run after the other, each loaded then ticked: a later run (a fork)
@@ -683,9 +687,13 @@ async def replay(scenario: Scenario, fixture: Mapping[str, Any], url: str) -> Re
             statuses[name] = []
             if version is None:
                 continue
+            agents = scenario.versions[version](world)
+            report = await plan_report(store, agents)
+            (plan,) = [p for p in report["plans"] if p["run_id"] == ids[name]]
+            plans[name] = {"findings": plan["findings"], "problem": plan["problem"]}
             deps = toren.TickDeps(
                 store=store,
-                agents=scenario.versions[version](world),
+                agents=agents,
                 providers={"scripted": provider},
                 clock=clock,
                 worker_id=WORKER,
@@ -708,4 +716,4 @@ async def replay(scenario: Scenario, fixture: Mapping[str, Any], url: str) -> Re
             finals[name] = {k: row[k] for k in REPLAY_FIELDS}
     finally:
         db.close()
-    return Replayed(provider.served, list(world.calls), logs, finals, statuses)
+    return Replayed(provider.served, list(world.calls), logs, finals, statuses, plans)

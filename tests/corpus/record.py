@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one(dbs: FreshDatabases, name: str, backends: list[str], check: bool, repeat: int) -> int:
-    texts = {}
+    texts: dict[str, str] = {}
     for backend in backends:
         for attempt in range(repeat):
             with dbs.fresh(backend) as url:

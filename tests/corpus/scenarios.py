@@ -125,7 +125,9 @@ async def ask(ctx: toren.Context, text: str) -> str:
     return reply.text
 
 
-def chain(n: int, edits: Mapping[int, str] | None = None, *, email_at: int | None = None):
+def chain(
+    n: int, edits: Mapping[int, str] | None = None, *, email_at: int | None = None
+) -> AgentFn:
     """``n`` model calls in one growing conversation; step ``i`` carries ``edits[i]``.
     With ``email_at``, an email follows that step."""
 
@@ -1171,7 +1173,7 @@ async def unknown_events_ignored(h: Harness) -> None:
     await h.tick(run, "A")
 
 
-def _looping(max_steps: int):
+def _looping(max_steps: int) -> AgentFn:
     from toren.agents.loop import LoopSpec, make_loop
 
     return make_loop(
@@ -1431,3 +1433,30 @@ async def zero_waits_and_value_change(h: Harness) -> None:
     await h.tick(run, "A")
     await h.send(run, "go")
     await h.tick(run, "B")
+
+
+async def _budgeted(ctx: toren.Context, input: Any) -> Any:
+    for i in range(4):
+        await ask(ctx, f"call {i}")
+        if ctx.usage.steps >= 3:
+            break
+    first = await ctx.wait_for_message("go")
+    second = await ctx.wait_for_message("go2")
+    return {"steps": ctx.usage.steps, "got": [first, second]}
+
+
+@scenario(
+    "usage_then_waits",
+    ("ctx.usage", "replay-exact usage", "plan of a usage branch", "message wait"),
+    A=v("A", _budgeted),
+)
+async def usage_then_waits(h: Harness) -> None:
+    """Agent code stops on ctx.usage after three calls, then receives two messages. The
+    third tick replays the usage branch exactly; the plan made before it does not (see
+    README.md, known disagreements: the plan reads ctx.usage as zero)."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go", 1)
+    await h.tick(run, "A")
+    await h.send(run, "go2", 2)
+    await h.tick(run, "A")
