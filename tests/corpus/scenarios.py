@@ -1460,3 +1460,92 @@ async def usage_then_waits(h: Harness) -> None:
     await h.tick(run, "A")
     await h.send(run, "go2", 2)
     await h.tick(run, "A")
+
+
+def _shortening_child(steps: int) -> AgentFn:
+    async def child(ctx: toren.Context, input: Any) -> Any:
+        out = [await ask(ctx, f"child part {i}") for i in range(steps)]
+        if steps > 1:
+            await ctx.wait_for_message("go")
+        return out
+
+    return child
+
+
+async def _spawn_one(ctx: toren.Context, input: Any) -> Any:
+    return await ctx.spawn("part", {"k": 1})
+
+
+@scenario(
+    "child_stream_ended",
+    ("child", "stream_ended in a child stream"),
+    A=v("A", _spawn_one, children={"part": _shortening_child(3)}),
+    B=v("B", _spawn_one, children={"part": _shortening_child(1)}),
+)
+async def child_stream_ended(h: Harness) -> None:
+    """A child in flight (waiting) whose new code returns after its first step: main/0
+    is invalidated from 1 (stream_ended) and completes; the parent goes on."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go")
+    await h.tick(run, "B")
+
+
+def _spawn_to(to: str) -> AgentFn:
+    async def main(ctx: toren.Context, input: Any) -> Any:
+        out = await ctx.spawn("mail", {"to": to})
+        await ctx.wait_for_message("go")
+        return out
+
+    return main
+
+
+@scenario(
+    "spawn_input_changed",
+    ("child", "digest_mismatch at a spawn", "parent_invalidated", "no continuation"),
+    A=v("A", _spawn_to("a@example.com"), children={"mail": _mail_child}),
+    B=v("B", _spawn_to("b@example.com"), children={"mail": _mail_child}),
+)
+async def spawn_input_changed(h: Harness) -> None:
+    """A spawn with new input is new work: the old child is invalidated with its spawn,
+    the new one does not continue it, and its email (new arguments) is sent."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go")
+    await h.tick(run, "B")
+
+
+def _leaf_waits(prompt: str) -> AgentFn:
+    async def leaf(ctx: toren.Context, input: Any) -> Any:
+        await ctx.tool("send_email", {"to": "leaf@example.com", "body": "leaf"})
+        note = await ask(ctx, prompt)
+        await ctx.wait_for_message("go")
+        return note
+
+    return leaf
+
+
+async def _middle_spawns(ctx: toren.Context, input: Any) -> Any:
+    await ask(ctx, "middle")
+    return {"leaf": await ctx.spawn("leaf", None)}
+
+
+async def _top(ctx: toren.Context, input: Any) -> Any:
+    await ask(ctx, "top")
+    return await ctx.spawn("middle", None)
+
+
+@scenario(
+    "grandchild_code_change",
+    ("nested children", "grandchild in flight", "digest_mismatch in a grandchild"),
+    A=v("A", _top, children={"middle": _middle_spawns, "leaf": _leaf_waits("leaf v1")}),
+    B=v("B", _top, children={"middle": _middle_spawns, "leaf": _leaf_waits("leaf v2")}),
+)
+async def grandchild_code_change(h: Harness) -> None:
+    """The run parks in a grandchild (main/1/1) after its prompt; the prompt changes:
+    main/1/1 is invalidated at 1 only, the parent, the child and the grandchild's email
+    replay."""
+    run = await h.start("A")
+    await h.tick(run, "A")
+    await h.send(run, "go")
+    await h.tick(run, "B")
