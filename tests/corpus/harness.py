@@ -127,7 +127,7 @@ class Harness:
         record = await toren.start_run(
             self.store, self.registry(version), "corpus", input, process=process, clock=self.clock
         )
-        return self._add(name, record.id)
+        return self._add(name, _run_id(record))
 
     def _add(self, name: str, run_id: str) -> RunRef:
         assert name not in self.runs, f"run name {name!r} used twice"
@@ -251,7 +251,7 @@ class Harness:
         record = await toren.fork_run(
             self.store, self.registry(version), run.id, at=at, clock=self.clock, **kw
         )
-        return self._add(name, record.id)
+        return self._add(name, _run_id(record))
 
     async def worker(self, worker_id: str, version: str, started_at: float) -> None:
         """A live worker of ``version`` (the invalidation-storm guard reads them)."""
@@ -260,6 +260,13 @@ class Harness:
         self.workers[worker_id] = info
         await self.store.register_worker(info)
         self.started_at[version] = max(started_at, self.started_at.get(version, started_at))
+
+
+def _run_id(started: Any) -> str:
+    """The id of a run ``start_run``/``fork_run`` returned: a run record (main), or a
+    (record, created) pair (issue 19 plans that shape for ``start_run``)."""
+    record = started[0] if isinstance(started, tuple) else started
+    return str(record.id)
 
 
 def _inv(stream: str, payload: Mapping[str, Any]) -> dict[str, Any]:
