@@ -661,7 +661,7 @@ def _steps(n: int) -> AgentFn:
 
 @scenario(
     "step_removed",
-    ("stream_ended", "removed step", "kind_mismatch"),
+    ("removed step", "kind_mismatch", "message wait"),
     A=v("A", _steps(4)),
     B=v("B", _steps(2)),
 )
