@@ -1,0 +1,210 @@
+"""The corpus against the current code, on SQLite and PostgreSQL (see README.md):
+
+(a) re-recording a scenario gives its fixture byte for byte;
+(b) the fixture's log, written into a fresh database and driven under the current code,
+    replays every recorded step (no model call, no tool executed) and ends as recorded;
+(c) for every tick of the corpus, ``toren plan`` run just before it predicted exactly the
+    invalidations the tick then wrote; and (b') the plan of each log written in (b), under
+    the code that recorded it, finds nothing to re-run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import require_pg
+from .backends import BACKENDS, FreshDatabases
+from .harness import FIXTURES, REPLAY_FIELDS, Replayed, dump, record, replay
+from .scenarios import SCENARIOS
+
+NAMES = sorted(SCENARIOS)
+
+# Scenarios where ``toren plan`` disagrees with the tick on main (findings, see README.md).
+# Strict xfail: once the plan agrees, these tests pass and fail as XPASS, and the entry
+# goes (and the scenario is re-recorded: its plans change, a documented change).
+PLAN_DISAGREES = {
+    name: (
+        "PlanRunner.plan() never folds the log's usage by seq (TickRunner does, in "
+        "_correct_totals), so ctx.usage reads zero during a plan: agent code that branches "
+        "on it takes another branch than the tick and the plan reports an invalidation "
+        "the tick does not make"
+    )
+    for name in ("usage_on_replay", "usage_then_waits")
+}
+# What a plan finding and a StreamInvalidated event both say.
+FINDING = (
+    "stream",
+    "from_pos",
+    "cause",
+    "expected_digest",
+    "actual_digest",
+    "expected_kind",
+    "actual_kind",
+)
+
+
+@pytest.fixture(scope="session")
+def dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FreshDatabases]:
+    fresh = FreshDatabases(tmp_path_factory.mktemp("corpus"))
+    try:
+        yield fresh
+    finally:
+        fresh.close()
+
+
+_RECORDED: dict[tuple[str, str], str] = {}
+
+
+async def recording(dbs: FreshDatabases, name: str, backend: str) -> str:
+    """The scenario recorded with the current code (once per session and backend)."""
+    if backend == "postgres":
+        require_pg()
+    key = (name, backend)
+    if key not in _RECORDED:
+        with dbs.fresh(backend) as url:
+            _RECORDED[key] = dump(await record(SCENARIOS[name], url))
+    return _RECORDED[key]
+
+
+def fixture_text(name: str) -> str:
+    path = FIXTURES / f"{name}.json"
+    assert path.exists(), f"no fixture for scenario {name!r}: record it (README.md)"
+    return path.read_text("utf-8")
+
+
+def test_the_corpus_is_complete() -> None:
+    assert len(SCENARIOS) >= 30
+    on_disk = {p.stem for p in Path(FIXTURES).glob("*.json")}
+    assert on_disk == set(SCENARIOS), "every scenario has a fixture, every fixture a scenario"
+    kinds = set()
+    for name in NAMES:
+        for run in json.loads(fixture_text(name))["runs"].values():
+            kinds |= {e["type"] for e in run["events"]}
+            causes = {json.loads(e["payload"]).get("cause") for e in run["events"]}
+            kinds |= {f"cause:{c}" for c in causes if c}
+    for wanted in (
+        "ModelCallRecorded",
+        "ToolCallRecorded",
+        "ValueRecorded",
+        "TimerScheduled",
+        "TimerFired",
+        "MessageReceived",
+        "ChildStarted",
+        "ChildCompleted",
+        "StreamInvalidated",
+        "RunWaiting",
+        "RunCompleted",
+        "RunFailed",
+        "RunCancelled",
+        "RunRetried",
+        "RunForked",
+        "cause:digest_mismatch",
+        "cause:kind_mismatch",
+        "cause:stream_ended",
+        "cause:parent_invalidated",
+    ):
+        assert wanted in kinds, f"no scenario of the corpus records {wanted}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_rerecording_is_byte_identical(dbs: FreshDatabases, name: str, backend: str) -> None:
+    expected = fixture_text(name)
+    got = await recording(dbs, name, backend)
+    if got != expected:
+        diff = difflib.unified_diff(
+            expected.splitlines(), got.splitlines(), "fixture", "now", lineterm="", n=3
+        )
+        shown = "\n".join(list(diff)[:120])
+        pytest.fail(
+            f"scenario {name} on {backend} no longer records its fixture; differing: "
+            f"{', '.join(sections_differing(expected, got))}\n{shown}"
+        )
+
+
+def sections_differing(expected: str, got: str) -> list[str]:
+    """Which parts of the document differ: the log and blobs (the byte-identity contract)
+    or the tick outcomes, run rows and plans (the engine's other observable behaviour)."""
+    a, b = json.loads(expected), json.loads(got)
+    out = []
+    for name in sorted(set(a["runs"]) | set(b["runs"])):
+        run_a, run_b = a["runs"].get(name, {}), b["runs"].get(name, {})
+        for part in ("events", "final", "replay_version"):
+            if run_a.get(part) != run_b.get(part):
+                out.append(f"runs.{name}.{part}")
+    out += [k for k in ("blobs", "ticks", "plans", "clock_end", "description") if a[k] != b[k]]
+    return out or ["formatting only"]
+
+
+_REPLAYED: dict[tuple[str, str], Replayed] = {}
+
+
+async def replayed(dbs: FreshDatabases, name: str, backend: str) -> Replayed:
+    """The fixture's log driven under the current code (once per session and backend)."""
+    if backend == "postgres":
+        require_pg()
+    key = (name, backend)
+    if key not in _REPLAYED:
+        fixture = json.loads(fixture_text(name))
+        with dbs.fresh(backend) as url:
+            _REPLAYED[key] = await replay(SCENARIOS[name], fixture, url)
+    return _REPLAYED[key]
+
+
+def expect_plan_disagreement(request: pytest.FixtureRequest, name: str) -> None:
+    if name in PLAN_DISAGREES:
+        request.applymarker(pytest.mark.xfail(reason=PLAN_DISAGREES[name], strict=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_the_recorded_log_replays_for_free(
+    dbs: FreshDatabases, name: str, backend: str
+) -> None:
+    fixture = json.loads(fixture_text(name))
+    done = await replayed(dbs, name, backend)
+    assert done.live_model_calls == 0, "a recorded model call was made again"
+    assert done.live_tool_calls == [], "a recorded tool call was executed again"
+    for run_name, run in fixture["runs"].items():
+        assert done.logs[run_name] == run["events"], f"the log of {run_name} differs"
+        final = {k: run["final"][k] for k in REPLAY_FIELDS}
+        assert done.finals[run_name] == final, f"{run_name} ended otherwise"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_the_plan_of_a_recorded_log_is_clean(
+    request: pytest.FixtureRequest, dbs: FreshDatabases, name: str, backend: str
+) -> None:
+    """Before (b)'s ticks, ``toren plan`` of each loaded log under the code that wrote it
+    found nothing to re-run: the plan's half of "every recorded step replays"."""
+    expect_plan_disagreement(request, name)
+    done = await replayed(dbs, name, backend)
+    for run_name, plan in done.plans.items():
+        assert plan == {"findings": [], "problem": None}, f"the plan of {run_name}: {plan}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_tick_and_plan_agree(
+    request: pytest.FixtureRequest, dbs: FreshDatabases, name: str, backend: str
+) -> None:
+    if name == "usage_then_waits":  # usage_on_replay's plans happen to agree (see README)
+        expect_plan_disagreement(request, name)
+    doc = json.loads(await recording(dbs, name, backend))
+    for entry in doc["plans"]:
+        plan: dict[str, Any] | None = entry["plan"]
+        if plan is None:  # the run was not in flight: nothing to plan (the tick claims none)
+            assert entry["written"] == []
+            continue
+        predicted = [{k: f[k] for k in FINDING} for f in plan["findings"]]
+        assert predicted == entry["written"], (
+            f"tick {entry['tick']} of {entry['run']} under {entry['version']}: the plan "
+            f"predicted {predicted}, the tick wrote {entry['written']}"
+        )
