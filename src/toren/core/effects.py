@@ -14,9 +14,8 @@ import asyncio
 import inspect
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from toren.core.digest import HashCache, HashedRequest, canonical_json, message_list_node
 from toren.core.events import (
@@ -31,7 +30,7 @@ from toren.core.failures import failure_dict, tagged
 from toren.core.program import AgentProgram, Pricing, ToolDef
 from toren.core.replay import Step
 from toren.core.text import repair, repair_text
-from toren.core.values import Totals, to_nano
+from toren.core.values import to_nano
 from toren.errors import ModelCallFailed, StepFailed, ToolFailed, TorenError
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolSpec, Usage, frozen
 
@@ -149,15 +148,15 @@ class RequestBodies:
         return blobs, node
 
 
-@dataclass(frozen=True, slots=True)
-class ModelCall:
+class ModelCall(NamedTuple):
     """What a live model call returns to its driver: the response (None: it failed), the
-    payload and blobs to write, the totals it adds, and its cost for telemetry."""
+    payload and blobs to write, what it used (input tokens, output tokens, nano-USD: the
+    run's totals grow by it), and its cost and latency for telemetry."""
 
     response: ModelResponse | None
     payload: ModelCallRecorded
     blobs: dict[str, str]
-    delta: Totals
+    used: tuple[int, int, int]
     cost: Decimal
     latency_s: float
 
@@ -212,13 +211,8 @@ async def call_model(
         cost_usd=str(cost),
         latency_ms=round(latency, 3),
     )
-    delta = Totals(
-        input_tokens=usage.input_tokens,
-        output_tokens=usage.output_tokens,
-        cost_nanousd=to_nano(cost) if cost else 0,
-        steps=1,
-    )
-    return ModelCall(response, payload, blobs, delta, cost, latency / 1000)
+    used = (usage.input_tokens, usage.output_tokens, to_nano(cost) if cost else 0)
+    return ModelCall(response, payload, blobs, used, cost, latency / 1000)
 
 
 async def call_tool(

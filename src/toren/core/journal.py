@@ -160,6 +160,9 @@ class LiveVersions:
 
 NO_GUARD = LiveVersions()
 
+# Live answers without a claim, made once per generation (a step path allocates none).
+_PLAIN = [Run(generation) for generation in range(64)]
+
 
 # -- usage, replay-exact -----------------------------------------------------------------
 
@@ -359,7 +362,8 @@ class Journal:
             if continues is not None:
                 self.log.continues[f"{view.name}/{pos}"] = continues
                 return Run(view.generation, continues=continues)
-        return Run(view.generation)
+        generation = view.generation
+        return _PLAIN[generation] if generation < 64 else Run(generation)
 
     def _supersede(
         self,

@@ -54,7 +54,7 @@ from toren.errors import (
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse
 
 _reported_usage = reported_usage  # the name tests and older callers import
-_ONE_STEP = Totals(steps=1)
+_NOTHING_USED = (0, 0, 0)  # a step that used no tokens and cost nothing
 
 
 class Steps(TickState):
@@ -80,9 +80,7 @@ class Steps(TickState):
         if self._interrupted:
             payload = step.first.payload
             assert isinstance(payload, ModelCallRecorded)
-            self.writer.pending = self.writer.pending + Totals(
-                saved_nanousd=to_nano(payload.cost_usd)
-            )
+            self.writer.add(Totals(saved_nanousd=to_nano(payload.cost_usd)))
         return replay_model(step)
 
     def _provider(self, name: str, program: AgentProgram) -> ModelProvider:
@@ -139,7 +137,7 @@ class Steps(TickState):
             stored = await self._write(
                 [self._event(ctx.stream, pos, gen, hashed.digest, call.payload)],
                 blobs=call.blobs,
-                delta=call.delta,
+                step=call.used,
             )
             self.executed += 1
             if self.deps.telemetry is not None:
@@ -193,7 +191,7 @@ class Steps(TickState):
             )
             stored = await self._write(
                 [self._event(ctx.stream, pos, gen, digest, payload)],
-                delta=_ONE_STEP,
+                step=_NOTHING_USED,
             )
             self.executed += 1
             if self.deps.telemetry is not None:
@@ -217,7 +215,9 @@ class Steps(TickState):
     async def _live_value(self, ctx: Context, pos: int, gen: int, digest: str, what: str) -> Any:
         async with self._busy():
             payload = make_value(what, self.clock.now, self.deps.random, self.deps.uuid)
-            await self._write([self._event(ctx.stream, pos, gen, digest, payload)], delta=_ONE_STEP)
+            await self._write(
+                [self._event(ctx.stream, pos, gen, digest, payload)], step=_NOTHING_USED
+            )
             self.executed += 1
             return payload.value
 

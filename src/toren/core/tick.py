@@ -150,12 +150,14 @@ class TickRunner(Steps):
     def _correct_totals(self, run: RunRecord) -> None:
         """The run row is a cache of the log: put right what a crashed tick left unsaid."""
         truth = self.journal.usage.final()
-        self.writer.pending = self.writer.pending + Totals(
-            input_tokens=truth.input_tokens - run.input_tokens,
-            output_tokens=truth.output_tokens - run.output_tokens,
-            cost_nanousd=truth.cost_nanousd - run.cost_nanousd,
-            steps=truth.steps - run.steps,
-            invalidations=truth.invalidations - run.invalidations,
+        self.writer.add(
+            Totals(
+                input_tokens=truth.input_tokens - run.input_tokens,
+                output_tokens=truth.output_tokens - run.output_tokens,
+                cost_nanousd=truth.cost_nanousd - run.cost_nanousd,
+                steps=truth.steps - run.steps,
+                invalidations=truth.invalidations - run.invalidations,
+            )
         )
 
     async def _main(self, ctx: Context) -> Any:

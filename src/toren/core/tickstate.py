@@ -50,7 +50,7 @@ from toren.core.journal import (
 )
 from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
 from toren.core.replay import RunLog, end_slot, step_slot
-from toren.core.values import ZERO, StepKind, TickStatus, Totals
+from toren.core.values import StepKind, TickStatus, Totals
 from toren.errors import LeaseLost, RunCancelledSignal, StorageError
 from toren.providers.base import ModelProvider
 from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo
@@ -202,6 +202,7 @@ class Writer:
     so totals lost with a crashed worker come back."""
 
     __slots__ = (
+        "_tally",
         "barrier",
         "clock",
         "code_version",
@@ -209,7 +210,6 @@ class Writer:
         "lock",
         "monotonic",
         "next_flush",
-        "pending",
         "record",
         "store",
     )
@@ -221,25 +221,52 @@ class Writer:
         self.monotonic = monotonic_of(clock)
         self.lock = asyncio.Lock()
         self.barrier: asyncio.Task[Any] | None = None
-        self.pending: Totals = ZERO
+        # Pending totals as one list of ints (input, output, cost nano-USD, saved
+        # nano-USD, steps, invalidations), added to in place: a Totals per step would
+        # cost more than the rest of the bookkeeping of the step (see bench/RESULTS.md).
+        self._tally = [0, 0, 0, 0, 0, 0]
         self.next_flush = float("-inf")
         self.code_version = "dev"
         self.record: RunRecord | None = None
+
+    @property
+    def pending(self) -> Totals:
+        """The totals not yet written to the run row."""
+        return Totals(*self._tally)
+
+    def add(self, delta: Totals) -> None:
+        t = self._tally
+        t[0] += delta.input_tokens
+        t[1] += delta.output_tokens
+        t[2] += delta.cost_nanousd
+        t[3] += delta.saved_nanousd
+        t[4] += delta.steps
+        t[5] += delta.invalidations
+
+    def count_step(self, input_tokens: int, output_tokens: int, cost_nanousd: int) -> None:
+        """One step written, with what it used (the hot path's :meth:`add`)."""
+        t = self._tally
+        t[0] += input_tokens
+        t[1] += output_tokens
+        t[2] += cost_nanousd
+        t[4] += 1
 
     async def append(
         self,
         events: Sequence[Event],
         *,
         blobs: Mapping[str, str] | None = None,
-        delta: Totals | None = None,
+        step: tuple[int, int, int] | None = None,
         consume: int | None = None,
     ) -> list[Event]:
-        """Write after the barrier; raises the store's ``LeaseLost`` / ``StorageError``."""
+        """Write after the barrier; ``step``: the events are a step's, which used (input
+        tokens, output tokens, nano-USD). Raises the store's ``LeaseLost`` /
+        ``StorageError``."""
         barrier = self.barrier
         if barrier is not None and not barrier.done():
             await asyncio.shield(barrier)
-        if delta is not None:
-            self.pending = self.pending + delta
+        if step is not None:
+            self.count_step(*step)
         async with self.lock:
             stored = await self.store.append(
                 self.lease,
@@ -269,7 +296,7 @@ class Writer:
         self.barrier = asyncio.ensure_future(ordered())
 
     async def invalidations(self, events: Sequence[Event]) -> list[Event]:
-        self.pending = self.pending + Totals(invalidations=len(events))
+        self._tally[5] += len(events)
         async with self.lock:
             return await self.store.append(
                 self.lease, events, delta=self.due_delta(), now=self.clock.now()
@@ -284,15 +311,15 @@ class Writer:
         return self.take()
 
     def take(self) -> RunDelta:
-        p = self.pending
-        self.pending = ZERO
+        i, o, c, saved, steps, invalidations = self._tally
+        self._tally = [0, 0, 0, 0, 0, 0]
         return RunDelta(
-            input_tokens=p.input_tokens,
-            output_tokens=p.output_tokens,
-            cost_nanousd=p.cost_nanousd,
-            saved_nanousd=p.saved_nanousd,
-            steps=p.steps,
-            invalidations=p.invalidations,
+            input_tokens=i,
+            output_tokens=o,
+            cost_nanousd=c,
+            saved_nanousd=saved,
+            steps=steps,
+            invalidations=invalidations,
             code_version=self.code_version,
         )
 
@@ -567,11 +594,11 @@ class TickState:
         events: Sequence[Event],
         *,
         blobs: Mapping[str, str] | None = None,
-        delta: Totals | None = None,
+        step: tuple[int, int, int] | None = None,
         consume: int | None = None,
     ) -> list[Event]:
         try:
-            stored = await self.writer.append(events, blobs=blobs, delta=delta, consume=consume)
+            stored = await self.writer.append(events, blobs=blobs, step=step, consume=consume)
         except (LeaseLost, StorageError) as exc:
             raise self._halt(exc) from None
         self.journal.recorded(stored)
