@@ -1,0 +1,145 @@
+"""The corpus against the current code, on SQLite and PostgreSQL (see README.md):
+
+(a) re-recording a scenario gives its fixture byte for byte;
+(b) the fixture's log, written into a fresh database and driven under the current code,
+    replays every recorded step (no model call, no tool executed) and ends as recorded;
+(c) for every tick of the corpus, ``toren plan`` run just before it predicted exactly the
+    invalidations the tick then wrote.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..conftest import require_pg
+from .backends import BACKENDS, FreshDatabases
+from .harness import FIXTURES, REPLAY_FIELDS, dump, record, replay
+from .scenarios import SCENARIOS
+
+NAMES = sorted(SCENARIOS)
+# What a plan finding and a StreamInvalidated event both say.
+FINDING = (
+    "stream",
+    "from_pos",
+    "cause",
+    "expected_digest",
+    "actual_digest",
+    "expected_kind",
+    "actual_kind",
+)
+
+
+@pytest.fixture(scope="session")
+def dbs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FreshDatabases]:
+    fresh = FreshDatabases(tmp_path_factory.mktemp("corpus"))
+    try:
+        yield fresh
+    finally:
+        fresh.close()
+
+
+_RECORDED: dict[tuple[str, str], str] = {}
+
+
+async def recording(dbs: FreshDatabases, name: str, backend: str) -> str:
+    """The scenario recorded with the current code (once per session and backend)."""
+    if backend == "postgres":
+        require_pg()
+    key = (name, backend)
+    if key not in _RECORDED:
+        with dbs.fresh(backend) as url:
+            _RECORDED[key] = dump(await record(SCENARIOS[name], url))
+    return _RECORDED[key]
+
+
+def fixture_text(name: str) -> str:
+    path = FIXTURES / f"{name}.json"
+    assert path.exists(), f"no fixture for scenario {name!r}: record it (README.md)"
+    return path.read_text("utf-8")
+
+
+def test_the_corpus_is_complete() -> None:
+    assert len(SCENARIOS) >= 30
+    on_disk = {p.stem for p in Path(FIXTURES).glob("*.json")}
+    assert on_disk == set(SCENARIOS), "every scenario has a fixture, every fixture a scenario"
+    kinds = set()
+    for name in NAMES:
+        for run in json.loads(fixture_text(name))["runs"].values():
+            kinds |= {e["type"] for e in run["events"]}
+            causes = {json.loads(e["payload"]).get("cause") for e in run["events"]}
+            kinds |= {f"cause:{c}" for c in causes if c}
+    for wanted in (
+        "ModelCallRecorded",
+        "ToolCallRecorded",
+        "ValueRecorded",
+        "TimerScheduled",
+        "TimerFired",
+        "MessageReceived",
+        "ChildStarted",
+        "ChildCompleted",
+        "StreamInvalidated",
+        "RunWaiting",
+        "RunCompleted",
+        "RunFailed",
+        "RunCancelled",
+        "RunRetried",
+        "RunForked",
+        "cause:digest_mismatch",
+        "cause:kind_mismatch",
+        "cause:stream_ended",
+        "cause:parent_invalidated",
+    ):
+        assert wanted in kinds, f"no scenario of the corpus records {wanted}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_rerecording_is_byte_identical(dbs: FreshDatabases, name: str, backend: str) -> None:
+    expected = fixture_text(name)
+    got = await recording(dbs, name, backend)
+    if got != expected:
+        diff = difflib.unified_diff(
+            expected.splitlines(), got.splitlines(), "fixture", "now", lineterm="", n=3
+        )
+        shown = "\n".join(list(diff)[:120])
+        pytest.fail(f"scenario {name} on {backend} no longer records its fixture:\n{shown}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_the_recorded_log_replays_for_free(
+    dbs: FreshDatabases, name: str, backend: str
+) -> None:
+    if backend == "postgres":
+        require_pg()
+    fixture = json.loads(fixture_text(name))
+    with dbs.fresh(backend) as url:
+        done = await replay(SCENARIOS[name], fixture, url)
+    assert done.live_model_calls == 0, "a recorded model call was made again"
+    assert done.live_tool_calls == [], "a recorded tool call was executed again"
+    for run_name, run in fixture["runs"].items():
+        assert done.logs[run_name] == run["events"], f"the log of {run_name} differs"
+        final = {k: run["final"][k] for k in REPLAY_FIELDS}
+        assert done.finals[run_name] == final, f"{run_name} ended otherwise"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_tick_and_plan_agree(dbs: FreshDatabases, name: str, backend: str) -> None:
+    doc = json.loads(await recording(dbs, name, backend))
+    for entry in doc["plans"]:
+        plan: dict[str, Any] | None = entry["plan"]
+        if plan is None:  # the run was not in flight: nothing to plan (the tick claims none)
+            assert entry["written"] == []
+            continue
+        predicted = [{k: f[k] for k in FINDING} for f in plan["findings"]]
+        assert predicted == entry["written"], (
+            f"tick {entry['tick']} of {entry['run']} under {entry['version']}: the plan "
+            f"predicted {predicted}, the tick wrote {entry['written']}"
+        )
