@@ -1,10 +1,15 @@
 """The tick: one scheduling of a run on a worker.
 
-Load the run's events, fold them (:mod:`toren.core.replay`), re-execute the agent code
-from the start resolving each step from the log, then execute live steps (each committed
-before the code continues) until the run completes, fails, waits, is cancelled, backs off
-or loses its lease. The pure decisions live in ``replay``; the steps in ``steps``; the
-tick's state and writes in ``tickstate``; this module drives them.
+Load the run's events, fold them into a :class:`~toren.core.journal.Journal`, re-execute
+the agent code from the start resolving each step from the log, then execute live steps
+(each committed before the code continues) until the run completes, fails, waits, is
+cancelled, backs off or loses its lease.
+
+The tick is one of two drivers over the journal (the other is the dry run of ``toren
+plan``). The journal decides (replay, run, supersede, back off) and holds no I/O; the
+driver does everything else: the steps' effects (``effects``), stamping and writing what
+the journal and the effects return under the lease (``tickstate.Writer``), parking
+(``tickstate.Parker``), and this module: load, drive, release.
 """
 
 from __future__ import annotations
