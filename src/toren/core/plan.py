@@ -4,15 +4,16 @@ which step, with which digests, and what re-running the superseded suffix would 
 
 It is the second driver over the journal (:mod:`toren.core.journal`), next to the tick:
 replays resolve from the log exactly as in a real tick, each ``Supersede`` the journal
-answers is reported as a finding (nothing is written), and every step that would run live
-holds its branch. So the plan reports exactly what the next real resume would do up to the
-first step it would execute live in each branch (later divergence depends on live results,
-which a plan cannot know).
+answers is reported as a finding (nothing is written), and the first step that would run live
+ends the plan. So the plan reports exactly what the next real resume would do up to the
+first step it would execute live (later divergence depends on live results, which a plan
+cannot know).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from toren.core.journal import Journal, Replay, Supersede
 from toren.core.program import AgentResolver
 from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
 from toren.core.replay import RunLog, Step
-from toren.core.tickstate import Parker, TickDeps
+from toren.core.tickstate import TickDeps
 from toren.core.values import StepKind
 from toren.errors import AgentNotFound, CorruptEventLog
 from toren.providers.base import ModelRequest, ModelResponse
@@ -111,8 +112,8 @@ class RunPlan:
 class PlanRunner:
     """The dry run: a second driver over :meth:`Journal.request`. Replayed steps answer
     from the log as in a tick; every ``Supersede`` the journal answers becomes a
-    :class:`StreamFinding`; every step that would run live holds its branch, and once all
-    branches hold (or the code ends) the plan is complete. Nothing is written."""
+    :class:`StreamFinding`; the first step that would run live ends the plan (see
+    :meth:`_hold`). Nothing is written."""
 
     def __init__(self, deps: TickDeps, run: RunRecord) -> None:
         self.deps = deps
@@ -120,7 +121,6 @@ class PlanRunner:
         self.run_id = run.id
         self.hashes = HashCache()
         self.journal = Journal(run.id)
-        self.parker = Parker()
         self.code_version = deps.code_version or "dev"
         self.replayed = 0
         self.findings: list[StreamFinding] = []
@@ -156,13 +156,8 @@ class PlanRunner:
         root = Context(self, run.process, program, run.input)
         task = self._task = asyncio.ensure_future(self._main(root))
         try:
-            await self.parker.drive(
-                task,
-                stopped=lambda: False,
-                stop=lambda _why: task.cancel(),
-                grace=self.deps.settings.park_grace,
-                run_id=self.run_id,
-            )
+            with contextlib.suppress(BaseException):  # ended by a hold, or by the code
+                await task
         finally:
             if not task.done():
                 task.cancel()
@@ -247,9 +242,13 @@ class PlanRunner:
             self._compare.append((len(self.findings) - 1, answer.expected, asking))
 
     async def _hold(self) -> Any:
-        """A step that would run live: its branch waits here until the plan is complete."""
-        self.parker.inflight += 1
-        await self.parker.park(None, ())
+        """A step that would run live ends the plan: the branches that are ready to run
+        take their turn first (their replays and findings count), then every branch
+        stops (what they would do next, the live results would decide)."""
+        await asyncio.sleep(0)
+        if self._task is not None:
+            self._task.cancel()
+        await asyncio.Future()  # cancelled with the agent task
 
     async def _replay(self, answer: Callable[[Step], Any], step: Step) -> Any:
         self.replayed += 1
@@ -308,7 +307,6 @@ class PlanRunner:
             return self._hold()
         if not replay.step.complete:  # a child still running: replay its stream too
             return self._run_child(ctx, pos, process, input)
-        self.replayed += 1
         return self._replay(replay_child, replay.step)
 
     async def _run_child(self, ctx: Context, pos: int, process: str, input: Any) -> Any:
