@@ -77,6 +77,10 @@ class Settings:
     # During rolling deploys, never invalidate a suffix written by a newer live code
     # version (back off instead). Off only to demonstrate the storm it prevents.
     storm_guard: bool = True
+    # Pause Python's cycle collector (process-wide) while a tick replays: a third of a long
+    # replay's time (see toren.core.tickstate.ReplayGcPause). A host embedding a worker
+    # that must not have gc.disable() called under it turns this off.
+    pause_gc_on_replay: bool = True
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     blocked_retry: BlockedRetry = field(default_factory=BlockedRetry)
 
@@ -95,7 +99,9 @@ class Settings:
             if raw is None or f.name in ("lease", "storm_guard", "retention", "blocked_retry"):
                 continue
             try:
-                if f.name == "concurrency":
+                if f.name == "pause_gc_on_replay":
+                    changes[f.name] = raw.strip().lower() not in ("0", "false", "no", "off")
+                elif f.name == "concurrency":
                     changes[f.name] = int(raw)
                 elif f.name in floats:
                     changes[f.name] = float(raw)

@@ -18,6 +18,11 @@ class SystemClock:
     def now(self) -> float:
         return time.time()
 
+    def monotonic(self) -> float:
+        """Seconds for intervals (latencies, the flush cadence): never goes back. A clock
+        without it gets the process's (``toren.core.tickstate.monotonic_of``)."""
+        return time.perf_counter()
+
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
@@ -30,6 +35,9 @@ class ManualClock:
         self._moved = asyncio.Condition()
 
     def now(self) -> float:
+        return self._now
+
+    def monotonic(self) -> float:
         return self._now
 
     async def advance(self, seconds: float) -> None:

@@ -12,10 +12,10 @@ every one waits on a durable wait and park the run without reading asyncio's int
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from toren.core import combinators
 from toren.core.digest import request_digest
@@ -24,8 +24,9 @@ from toren.errors import InvalidInput
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 
 if TYPE_CHECKING:
+    from toren.core.branches import Branches
+    from toren.core.digest import HashCache, HashedRequest
     from toren.core.program import AgentProgram
-    from toren.core.steps import Steps
 
 T = TypeVar("T")
 
@@ -48,11 +49,55 @@ class RunUsage:
         return cls(totals.input_tokens, totals.output_tokens, cost, totals.steps)
 
 
+class StepRunner(Protocol):
+    """What a context calls: the tick's steps (``toren.core.steps.Steps``) or the dry run
+    of ``toren plan`` (``toren.core.plan.PlanRunner``). Each ``*_step`` takes the replay
+    decision synchronously, at call time, and returns what to await."""
+
+    run_id: str
+    hashes: HashCache
+
+    @property
+    def branches(self) -> Branches: ...  # what ctx.gather and ctx.task_group tell the engine
+
+    @property
+    def raised_limits(self) -> Mapping[str, Any]: ...
+
+    def usage(self) -> RunUsage: ...
+
+    def model_step(
+        self,
+        ctx: Context,
+        pos: int,
+        hashed: HashedRequest,
+        request: ModelRequest,
+        on_delta: Callable[[str], None] | None,
+    ) -> Awaitable[ModelResponse]: ...
+
+    def tool_step(
+        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
+    ) -> Awaitable[Any]: ...
+
+    def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]: ...
+
+    def sleep_step(
+        self, ctx: Context, pos: int, digest: str, seconds: float
+    ) -> Awaitable[None]: ...
+
+    def message_step(
+        self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
+    ) -> Awaitable[Any]: ...
+
+    def child_step(
+        self, ctx: Context, pos: int, digest: str, process: str, input: Any
+    ) -> Awaitable[Any]: ...
+
+
 class Context:
     """One stream of a run. The root stream is named after the run's process; a child
     spawned at position ``k`` of stream ``s`` runs in stream ``f"{s}/{k}"``."""
 
-    def __init__(self, runner: Steps, stream: str, program: AgentProgram, input: Any) -> None:
+    def __init__(self, runner: StepRunner, stream: str, program: AgentProgram, input: Any) -> None:
         self._runner = runner
         self._next = 0
         self.stream = stream
@@ -84,7 +129,7 @@ class Context:
         """Limits a retry of this run raised (``toren runs retry --max-steps 50``):
         ``max_steps`` and ``max_cost_usd``, when set. Agent code that enforces agent.yaml's
         limits itself applies them with :func:`toren.core.program.raised`."""
-        return self._runner.log.raised_limits
+        return self._runner.raised_limits
 
     def _position(self) -> int:
         pos = self._next

@@ -2,9 +2,10 @@
 without executing anything live, and report which streams would be invalidated, from
 which step, with which digests, and what re-running the superseded suffix would cost.
 
-It is a tick in dry-run mode: replays resolve from the log exactly as in a real tick,
-while every step that would run live, and every invalidation, holds its branch instead
-of acting. So the plan reports exactly what the next real resume would do up to the
+It is the second driver over the journal (:mod:`toren.core.journal`), next to the tick:
+replays resolve from the log exactly as in a real tick, each ``Supersede`` the journal
+answers is reported as a finding (nothing is written), and the first step that would run live
+ends the plan. So the plan reports exactly what the next real resume would do up to the
 first step it would execute live (later divergence depends on live results, which a plan
 cannot know).
 """
@@ -12,27 +13,33 @@ cannot know).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from toren.core.branches import Branches
 from toren.core.changes import RequestParts, body_parts, diff, live_model_parts, recorded_parts
-from toren.core.context import Context
-from toren.core.digest import HashedRequest
+from toren.core.context import Context, RunUsage
+from toren.core.digest import HashCache, HashedRequest
+from toren.core.effects import replay_child, replay_message, replay_model, replay_tool, replay_value
 from toren.core.events import Event, ModelCallRecorded
+from toren.core.journal import Journal, Replay, Supersede
 from toren.core.program import AgentResolver
 from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
-from toren.core.replay import RunLog, Step, descendants
-from toren.core.tick import TickDeps, TickRunner
+from toren.core.replay import RunLog, Step
+from toren.core.tickstate import TickDeps
+from toren.core.values import StepKind
 from toren.errors import AgentNotFound, CorruptEventLog
-from toren.providers.base import ModelRequest
-from toren.store.base import Lease, RunRecord, Store
+from toren.providers.base import ModelRequest, ModelResponse
+from toren.store.base import RunRecord, Store
 
 IN_FLIGHT = ("queued", "running", "waiting")
 PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log
+_NANO = Decimal(10**9)
 
 
 @dataclass(frozen=True)
@@ -103,16 +110,37 @@ class RunPlan:
         }
 
 
-class PlanRunner(TickRunner):
-    """A tick that only replays: live steps and invalidations hold their branch."""
+class PlanRunner:
+    """The dry run: a second driver over :meth:`Journal.request`. Replayed steps answer
+    from the log as in a tick; every ``Supersede`` the journal answers becomes a
+    :class:`StreamFinding`; the first step that would run live ends the plan (see
+    :meth:`_hold`). Nothing is written."""
 
     def __init__(self, deps: TickDeps, run: RunRecord) -> None:
-        super().__init__(deps, Lease(run.id, "plan", -1))
+        self.deps = deps
+        self.store = deps.store
+        self.run_id = run.id
+        self.hashes = HashCache()
+        self.journal = Journal(run.id)
+        self.branches = Branches()  # ctx.gather/task_group bookkeeping (a plan never parks)
+        self.code_version = deps.code_version or "dev"
+        self.replayed = 0
         self.findings: list[StreamFinding] = []
-        # The request of the step being decided (set just before its decision, which is
-        # taken synchronously at call time), and per finding the two requests to compare.
-        self._asking: RequestParts | None = None
+        # Per finding the recorded step and the request now asked, to say what changed.
         self._compare: list[tuple[int, Step, RequestParts]] = []
+        self._task: asyncio.Task[Any] | None = None
+
+    @property
+    def log(self) -> RunLog:
+        return self.journal.log
+
+    @property
+    def raised_limits(self) -> Mapping[str, Any]:
+        return self.journal.raised_limits
+
+    def usage(self) -> RunUsage:
+        t = self.journal.usage_at()
+        return RunUsage(t.input_tokens, t.output_tokens, Decimal(t.cost_nanousd) / _NANO, t.steps)
 
     async def plan(self) -> RunPlan:
         run = await self.store.get_run(self.run_id)
@@ -126,17 +154,22 @@ class PlanRunner(TickRunner):
             events = await self.store.load_events(self.run_id)
         except CorruptEventLog as exc:
             return self._plan(run, self.code_version, problem=exc.message)
-        self.log = RunLog.fold(self.run_id, events)
+        self.journal = Journal.fold(self.run_id, events)
         root = Context(self, run.process, program, run.input)
-        self._task = asyncio.ensure_future(self._main(root))
+        task = self._task = asyncio.ensure_future(self._main(root))
         try:
-            await self._drive()
+            with contextlib.suppress(BaseException):  # ended by a hold, or by the code
+                await task
         finally:
-            if not self._task.done():
-                self._task.cancel()
+            if not task.done():
+                task.cancel()
             self._task = None  # no cycle through the agent task (see TickRunner.run)
         await self._say_what_changed(events)
         return self._plan(run, self.code_version)
+
+    async def _main(self, ctx: Context) -> None:
+        await ctx.program.fn(ctx, ctx.input)
+        self._end_stream(ctx)
 
     async def _say_what_changed(self, events: list[Event]) -> None:
         if not self._compare:
@@ -169,42 +202,37 @@ class PlanRunner(TickRunner):
             streams=tuple(sorted(self.log.streams)),
         )
 
-    # -- dry-run overrides ------------------------------------------------------------------
+    # -- the journal's answers, as findings --------------------------------------------------
 
-    def _invalidate(
-        self,
-        stream: str,
-        from_pos: int,
-        *,
-        expected: Step | None,
-        actual_kind: str | None,
-        actual_digest: str | None,
-    ) -> None:
-        view = self.log.stream(stream)
-        suffix = [s for p, s in sorted(view.steps.items()) if p >= from_pos]
-        children = [
-            s.first.payload.child_stream  # type: ignore[attr-defined]
-            for s in suffix
-            if s.first.type == "ChildStarted"
-        ]
-        for child in descendants(self.log, children):
-            suffix.extend(self.log.stream(child).steps.values())
+    def _ask(
+        self, stream: str, pos: int, kind: StepKind, digest: str, asking: RequestParts
+    ) -> Replay | None:
+        """The replayed step, or None: the step would run live (its branch holds)."""
+        answer = self.journal.request(stream, pos, kind, digest, code_version=self.code_version)
+        if isinstance(answer, Supersede):
+            self._found(answer, asking)
+        return answer if isinstance(answer, Replay) else None
+
+    def _end_stream(self, ctx: Context) -> None:
+        answer = self.journal.end_stream(
+            ctx.stream, ctx.positions_taken, code_version=self.code_version
+        )
+        if isinstance(answer, Supersede):
+            self._found(answer, None)
+
+    def _found(self, answer: Supersede, asking: RequestParts | None) -> None:
+        suffix = answer.superseded
         calls = [s.first.payload for s in suffix if isinstance(s.first.payload, ModelCallRecorded)]
-        if expected is None:
-            cause = "stream_ended"
-        elif expected.kind != actual_kind:
-            cause = "kind_mismatch"
-        else:
-            cause = "digest_mismatch"
+        said = answer.payload
         self.findings.append(
             StreamFinding(
-                stream=stream,
-                from_pos=from_pos,
-                cause=cause,
-                expected_digest=expected.digest if expected else None,
-                actual_digest=actual_digest,
-                expected_kind=expected.kind if expected else None,
-                actual_kind=actual_kind,
+                stream=answer.stream,
+                from_pos=answer.from_pos,
+                cause=said.cause,
+                expected_digest=said.expected_digest,
+                actual_digest=said.actual_digest,
+                expected_kind=said.expected_kind,
+                actual_kind=said.actual_kind,
                 written_by=tuple(sorted({s.code_version for s in suffix})),
                 suffix_steps=len(suffix),
                 suffix_model_calls=len(calls),
@@ -212,93 +240,91 @@ class PlanRunner(TickRunner):
                 suffix_cost_usd=sum((Decimal(c.cost_usd) for c in calls), Decimal(0)),
             )
         )
-        if expected is not None and self._asking is not None:
-            self._compare.append((len(self.findings) - 1, expected, self._asking))
-        view.truncate(from_pos)
+        if answer.expected is not None and asking is not None:
+            self._compare.append((len(self.findings) - 1, answer.expected, asking))
 
-    # The request each kind of step makes, noted for saying what changed.
+    async def _hold(self) -> Any:
+        """A step that would run live ends the plan: the branches that are ready to run
+        take their turn first (their replays and findings count), then every branch
+        stops (what they would do next, the live results would decide)."""
+        await asyncio.sleep(0)
+        if self._task is not None:
+            self._task.cancel()
+        await asyncio.Future()  # cancelled with the agent task
+
+    async def _replay(self, answer: Callable[[Step], Any], step: Step) -> Any:
+        self.replayed += 1
+        return answer(step)
+
+    # -- the StepRunner the contexts call ----------------------------------------------------
+
     def model_step(
         self,
         ctx: Context,
         pos: int,
         hashed: HashedRequest,
         request: ModelRequest,
-        *rest: Any,
-        **kw: Any,
-    ) -> Any:
-        self._asking = live_model_parts(request, hashed)
-        return super().model_step(ctx, pos, hashed, request, *rest, **kw)
+        on_delta: Callable[[str], None] | None,
+    ) -> Awaitable[ModelResponse]:
+        asking = live_model_parts(request, hashed)
+        replay = self._ask(ctx.stream, pos, StepKind.MODEL, hashed.digest, asking)
+        return self._replay(replay_model, replay.step) if replay else self._hold()
 
     def tool_step(
-        self,
-        ctx: Context,
-        pos: int,
-        digest: str,
-        name: str,
-        args: dict[str, Any],
-        *rest: Any,
-        **kw: Any,
-    ) -> Any:
-        self._asking = body_parts("tool", {"name": name, "args": args})
-        return super().tool_step(ctx, pos, digest, name, args, *rest, **kw)
+        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
+    ) -> Awaitable[Any]:
+        asking = body_parts("tool", {"name": name, "args": args})
+        replay = self._ask(ctx.stream, pos, StepKind.TOOL, digest, asking)
+        return self._replay(replay_tool, replay.step) if replay else self._hold()
 
-    def value_step(
-        self, ctx: Context, pos: int, digest: str, what: str, *rest: Any, **kw: Any
-    ) -> Any:
-        self._asking = body_parts("value", {"what": what})
-        return super().value_step(ctx, pos, digest, what, *rest, **kw)
+    def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
+        asking = body_parts("value", {"what": what})
+        replay = self._ask(ctx.stream, pos, StepKind.VALUE, digest, asking)
+        return self._replay(replay_value, replay.step) if replay else self._hold()
 
-    def sleep_step(
-        self, ctx: Context, pos: int, digest: str, seconds: float, *rest: Any, **kw: Any
-    ) -> Any:
-        self._asking = body_parts("sleep", {"seconds": seconds})
-        return super().sleep_step(ctx, pos, digest, seconds, *rest, **kw)
+    def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float) -> Awaitable[None]:
+        asking = body_parts("sleep", {"seconds": seconds})
+        replay = self._ask(ctx.stream, pos, StepKind.SLEEP, digest, asking)
+        if replay is None or not replay.step.complete:
+            return self._hold()
+        self.replayed += 1
+        return _done(None)
 
     def message_step(
-        self,
-        ctx: Context,
-        pos: int,
-        digest: str,
-        name: str,
-        timeout: float | None,
-        *rest: Any,
-        **kw: Any,
-    ) -> Any:
-        self._asking = body_parts("message", {"name": name, "timeout": timeout})
-        return super().message_step(ctx, pos, digest, name, timeout, *rest, **kw)
+        self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
+    ) -> Awaitable[Any]:
+        asking = body_parts("message", {"name": name, "timeout": timeout})
+        replay = self._ask(ctx.stream, pos, StepKind.MESSAGE, digest, asking)
+        if replay is None or not replay.step.complete:
+            return self._hold()
+        self.replayed += 1
+        return _done(replay_message(replay.step))
 
     def child_step(
-        self, ctx: Context, pos: int, digest: str, process: str, input: Any, *rest: Any, **kw: Any
-    ) -> Any:
-        self._asking = body_parts("child", {"process": process, "input": input})
-        return super().child_step(ctx, pos, digest, process, input, *rest, **kw)
+        self, ctx: Context, pos: int, digest: str, process: str, input: Any
+    ) -> Awaitable[Any]:
+        asking = body_parts("child", {"process": process, "input": input})
+        replay = self._ask(ctx.stream, pos, StepKind.CHILD, digest, asking)
+        if replay is None:
+            return self._hold()
+        if not replay.step.complete:  # a child still running: replay its stream too
+            return self._run_child(ctx, pos, process, input)
+        return self._replay(replay_child, replay.step)
 
-    async def _hold(self, *_: Any, **__: Any) -> Any:
-        async with self._busy():
-            await self._park(None, ())
+    async def _run_child(self, ctx: Context, pos: int, process: str, input: Any) -> Any:
+        child_stream = f"{ctx.stream}/{pos}"
+        program = self.deps.agents.resolve(ctx.agent, process)
+        child = Context(self, child_stream, program, input)
+        try:
+            await program.fn(child, input)
+        except Exception:
+            return await self._hold()  # its failure would be recorded live
+        self._end_stream(child)
+        return await self._hold()  # its completion would be recorded live
 
-    _live_model = _hold
-    _live_tool = _hold
-    _live_value = _hold
-    _start_timer = _hold
-    _await_timer = _hold
-    _start_message_wait = _hold
-    _await_message = _hold
 
-    async def _run_child(
-        self,
-        ctx: Context,
-        pos: int,
-        gen: int,
-        digest: str,
-        process: str,
-        input: Any,
-        live: bool,
-        continues: str | None = None,
-    ) -> Any:
-        if live:
-            return await self._hold()
-        return await super()._run_child(ctx, pos, gen, digest, process, input, live)
+async def _done(value: Any) -> Any:
+    return value
 
 
 async def plan_run(deps: TickDeps, run: RunRecord) -> RunPlan:

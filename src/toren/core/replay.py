@@ -1,6 +1,8 @@
-"""The replay engine's pure core: folding a run's log into stream views, and deciding what
-a step request does. No I/O happens here (compare Temporal's workflow activation): the
-tick (``toren.core.tick``) feeds events in and carries the decisions out.
+"""The fold under the journal: a run's log folded into stream views, the step slots, and
+the reuse rules (n-th to n-th tool reuse, continued children, redelivered messages). No
+I/O happens here. :mod:`toren.core.journal` builds the engine's whole decision on it
+(what an invalidation writes, the storm guard, the claims); ``decide`` below is the bare
+kernel of that decision, kept for readers of the fold alone.
 
 A stream's *view* is the fold of its events in order, where ``StreamInvalidated``
 truncates the view at ``from_pos``. The log stays append-only; the truncated steps move to
@@ -221,8 +223,8 @@ class Live:
 
 @dataclass(frozen=True)
 class Invalidate:
-    """Truncate ``stream`` at ``from_pos`` and run live from there. ``children`` are the
-    child streams started in the superseded suffix, invalidated with it (from 0)."""
+    """Truncate ``stream`` at ``from_pos`` and run live from there (the journal's
+    ``Supersede`` adds what to write, for the stream and its descendant streams)."""
 
     stream: str
     from_pos: int

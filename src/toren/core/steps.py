@@ -1,26 +1,35 @@
-"""The steps of a tick: what each ``ctx.<effect>`` does once the replay decision is taken.
-A replayed step answers from the log at no cost; a live one executes (a model call, a
-tool, the clock, a timer, a message wait, a child stream) and is committed to the log
-before the agent code continues.
+"""The steps of a tick: what each ``ctx.<effect>`` does with the journal's answer. A
+replayed step answers from the log at no cost (:mod:`toren.core.effects` ``replay_*``); a
+live one runs its effect (``call_model``, ``call_tool``, ``make_value``, a timer, a
+message wait, a child stream), and the tick stamps and commits what the effect returns
+before the agent code continues. The decision itself, and the reuse claims that travel
+with it, are the journal's (:mod:`toren.core.journal`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
-import random as _random
-import time
-import uuid as _uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toren.core.context import Context
-from toren.core.digest import (
-    HashedRequest,
-    canonical_json,
-    message_list_node,
+from toren.core.digest import HashedRequest
+from toren.core.effects import (
+    call_model,
+    call_tool,
+    json_value,
+    make_value,
+    message_timer,
+    recorded_error,
+    replay_child,
+    replay_message,
+    replay_model,
+    replay_tool,
+    replay_value,
+    reported_usage,
+    sleep_timer,
+    tool_result,
 )
 from toren.core.events import (
     ChildCompleted,
@@ -30,49 +39,38 @@ from toren.core.events import (
     ModelCallRecorded,
     TimerFired,
     TimerScheduled,
-    ToolCallRecorded,
-    ValueRecorded,
 )
 from toren.core.failures import failure_dict, tagged
+from toren.core.journal import Replay
 from toren.core.program import AgentProgram, ToolDef
-from toren.core.replay import (
-    Replay,
-    Step,
-    continued_child,
-    redeliverable_message,
-    reusable_tool,
-)
-from toren.core.text import repair, repair_text
+from toren.core.replay import Step
+from toren.core.text import repair_text
+from toren.core.tickstate import TickState
+from toren.core.values import StepKind, Totals, to_nano
 from toren.errors import (
     LimitExceeded,
     ModelCallFailed,
     ProviderUnavailable,
     StepFailed,
     StorageError,
-    ToolFailed,
 )
 from toren.providers.base import (
     CancelledWithUsage,
     ModelProvider,
     ModelRequest,
     ModelResponse,
-    ToolSpec,
     Usage,
     frozen,
-    usage_cut_off,
 )
-from toren.store.base import RunDelta, to_nano
 
-if TYPE_CHECKING:
-    pass
-from toren.core.tickstate import TickState, error_dict, json_value, recorded_error
-
-_ZERO = Decimal(0)
+_reported_usage = reported_usage  # the name tests and older callers import
 log = logging.getLogger("toren.tick")
+_NOTHING_USED = (0, 0, 0)  # a step that used no tokens and cost nothing
 
 
 class Steps(TickState):
-    """The step methods of a tick (:class:`~toren.core.tick.TickRunner`)."""
+    """The step methods of a tick (:class:`~toren.core.tick.TickRunner`): the
+    :class:`~toren.core.context.StepRunner` the agent's contexts call."""
 
     def model_step(
         self,
@@ -82,24 +80,68 @@ class Steps(TickState):
         request: ModelRequest,
         on_delta: Callable[[str], None] | None,
     ) -> Awaitable[ModelResponse]:
-        decision, gen = self._decide(ctx.stream, pos, "model", hashed.digest)
-        if isinstance(decision, Replay):
-            return self._replay_model(ctx.stream, decision.step, hashed)
-        return self._live_model(ctx, pos, gen, hashed, request, on_delta)
+        answer = self._request(ctx.stream, pos, StepKind.MODEL, hashed.digest)
+        if isinstance(answer, Replay):
+            return self._replay_model(ctx.stream, answer.step, hashed)
+        return self._live_model(ctx, pos, answer.generation, hashed, request, on_delta)
 
     async def _replay_model(self, stream: str, step: Step, hashed: HashedRequest) -> ModelResponse:
-        payload = step.first.payload
-        assert isinstance(payload, ModelCallRecorded)
-        if step.digest != hashed.digest:  # a fork's pinned step, recorded for other messages
-            self._lists.pop(stream, None)
-        elif payload.message_list is not None:
-            self._lists[stream] = (hashed.messages, payload.message_list)
+        self.bodies.replayed(stream, step, hashed)
         self.replayed += 1
         if self._interrupted:
-            self._pending.saved += to_nano(payload.cost_usd)
-        if payload.error is not None:
-            raise tagged(recorded_error(ModelCallFailed, payload.error), step.first.seq)
-        return ModelResponse.from_dict(payload.response or {})
+            payload = step.first.payload
+            assert isinstance(payload, ModelCallRecorded)
+            self.writer.add(Totals(saved_nanousd=to_nano(payload.cost_usd)))
+        return replay_model(step)
+
+    async def _record_cut_off(
+        self,
+        ctx: Context,
+        pos: int,
+        hashed: HashedRequest,
+        request: ModelRequest,
+        usage: Usage,
+        started: float,
+    ) -> None:
+        """Record what a model call cut off in flight had billed (``ModelCallCutOff``, a
+        run-level event: the step itself stays unrecorded and runs again), so the run's
+        cost holds every call served. Best effort: the tick is being stopped, and a
+        write that fails (the lease gone) loses only this count."""
+        pricing = ctx.program.pricing or self.deps.pricing
+        cost = pricing(f"{request.provider}:{request.model}", usage) if pricing else Decimal(0)
+        reason = str(self._abort) if self._abort is not None else "cancelled"
+        payload = frozen(
+            ModelCallCutOff,
+            stream=ctx.stream,
+            position=pos,
+            request_digest=hashed.digest,
+            provider=request.provider,
+            model=request.model,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_usd=str(cost),
+            latency_ms=round((self.monotonic() - started) * 1000, 3),
+            reason=reason,
+        )
+        self.writer.add(
+            Totals(
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cost_nanousd=to_nano(cost) if cost else 0,
+            )
+        )
+        try:
+            await self._write([self._run_event(payload)])
+        except BaseException:  # the cancellation in flight is re-raised by the caller
+            log.warning(
+                "run %s: could not record the usage of a model call cut off at %s:%d "
+                "(%d input, %d output tokens)",
+                self.run_id,
+                ctx.stream,
+                pos,
+                usage.input_tokens,
+                usage.output_tokens,
+            )
 
     def _provider(self, name: str, program: AgentProgram) -> ModelProvider:
         provider = program.providers.get(name) or self.deps.providers.get(name)
@@ -113,7 +155,7 @@ class Steps(TickState):
 
     def _check_budget(self, program: AgentProgram) -> None:
         limit = self.limits(program).max_cost_usd
-        if limit is not None and self._usage_by_seq.spent()[2] >= to_nano(limit):
+        if limit is not None and self.journal.spent().cost_nanousd >= to_nano(limit):
             raise LimitExceeded(
                 f"run {self.run_id!r} has spent ${self.usage().cost_usd} of its "
                 f"${limit} budget (limits.max_cost_usd); no further model calls are made"
@@ -140,61 +182,27 @@ class Steps(TickState):
                 if on_delta is not None:
                     on_delta(text)
 
-            started = time.perf_counter()
-            response: ModelResponse | None = None
-            error: dict[str, Any] | None = None
+            started = self.monotonic()
             try:
-                call = provider.complete(request, on_delta=delta)
-                if ctx.program.limits.step_timeout is None:
-                    response = await call
-                else:
-                    response = await self._timed(call, ctx.program, "model call")
-            except StepFailed as exc:
-                error = repair({**exc.details, **error_dict(exc)})
+                call = await call_model(
+                    provider,
+                    request,
+                    hashed,
+                    ctx.program,
+                    bodies=self.bodies,
+                    stream=ctx.stream,
+                    pricing=ctx.program.pricing or self.deps.pricing,
+                    monotonic=self.monotonic,
+                    on_delta=delta,
+                )
             except CancelledWithUsage as cut:  # cut off in flight: count what it billed
                 await self._record_cut_off(ctx, pos, hashed, request, cut.usage, started)
                 raise
-            recorded = None
-            if response is not None:  # paid for: recorded whatever its strings hold
-                response, recorded = repaired_response(response)
-            latency = (time.perf_counter() - started) * 1000
-            # A call that failed after the provider reported usage (a stream that broke
-            # mid-answer) was billed for it: count and price it like a response's.
-            usage = response.usage if response else _reported_usage(error)
-            cost = _ZERO
-            pricing = ctx.program.pricing or self.deps.pricing
-            if pricing is not None and (response is not None or usage != Usage()):
-                cost = pricing(f"{request.provider}:{request.model}", usage)
-            blobs, list_node = self._new_blobs(ctx.stream, request, hashed)
-            payload = frozen(
-                ModelCallRecorded,
-                provider=request.provider,
-                model=request.model,
-                message_list=list_node,
-                message_count=len(hashed.messages),
-                tools=hashed.tools,
-                params=hashed.params,
-                response=recorded,
-                error=error,
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cost_usd=str(cost),
-                latency_ms=round(latency, 3),
-            )
-            nano = to_nano(cost) if cost else 0
+            error = call.payload.error
             stored = await self._write(
-                [self._event(ctx.stream, pos, gen, hashed.digest, payload)],
-                blobs=blobs,
-                delta=frozen(
-                    RunDelta,
-                    input_tokens=usage.input_tokens,
-                    output_tokens=usage.output_tokens,
-                    cost_nanousd=nano,
-                    saved_nanousd=0,
-                    steps=1,
-                    invalidations=0,
-                    code_version=self.code_version,
-                ),
+                [self._event(ctx.stream, pos, gen, hashed.digest, call.payload)],
+                blobs=call.blobs,
+                step=call.used,
             )
             self.executed += 1
             if self.deps.telemetry is not None:
@@ -203,141 +211,33 @@ class Steps(TickState):
                     ctx.stream,
                     pos,
                     request,
-                    response,
-                    latency / 1000,
+                    call.response,
+                    call.latency_s,
                     False,
                     error=None if error is None else error["message"],
-                    cost_usd=cost,
+                    cost_usd=call.cost,
                 )
             if error is not None:
                 raise tagged(recorded_error(ModelCallFailed, error), stored[-1].seq)
-            assert response is not None
-            return response
-
-    async def _record_cut_off(
-        self,
-        ctx: Context,
-        pos: int,
-        hashed: HashedRequest,
-        request: ModelRequest,
-        usage: Usage,
-        started: float,
-    ) -> None:
-        """Record what a model call cut off in flight had billed (``ModelCallCutOff``, a
-        run-level event: the step itself stays unrecorded and runs again), so the run's
-        cost holds every call served. Best effort: the tick is being stopped, and a
-        write that fails (the lease gone) loses only this count."""
-        pricing = ctx.program.pricing or self.deps.pricing
-        cost = pricing(f"{request.provider}:{request.model}", usage) if pricing else _ZERO
-        reason = str(self._abort) if self._abort is not None else "cancelled"
-        payload = frozen(
-            ModelCallCutOff,
-            stream=ctx.stream,
-            position=pos,
-            request_digest=hashed.digest,
-            provider=request.provider,
-            model=request.model,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost_usd=str(cost),
-            latency_ms=round((time.perf_counter() - started) * 1000, 3),
-            reason=reason,
-        )
-        delta = frozen(
-            RunDelta,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cost_nanousd=to_nano(cost) if cost else 0,
-            saved_nanousd=0,
-            steps=0,
-            invalidations=0,
-            code_version=self.code_version,
-        )
-        try:
-            await self._write([self._run_event(payload)], delta=delta)
-        except BaseException:  # the cancellation in flight is re-raised by the caller
-            log.warning(
-                "run %s: could not record the usage of a model call cut off at %s:%d "
-                "(%d input, %d output tokens)",
-                self.run_id,
-                ctx.stream,
-                pos,
-                usage.input_tokens,
-                usage.output_tokens,
-            )
-
-    def _new_blobs(
-        self, stream: str, request: ModelRequest, hashed: HashedRequest
-    ) -> tuple[dict[str, str], str]:
-        """The bodies to store for this request and its message list node. When the
-        request extends the stream's previous one (a growing conversation), only the new
-        messages and one small node are stored: history is stored once."""
-        msgs = hashed.messages
-        prev_msgs, prev_node = self._lists.get(stream, ([], None))
-        start = 0
-        if (
-            prev_node is not None
-            and len(prev_msgs) <= len(msgs)
-            and msgs[: len(prev_msgs)] == prev_msgs
-        ):
-            start = len(prev_msgs)
-        else:
-            prev_node = None
-        blobs: dict[str, str] = {}
-        for key, obj in [
-            *zip(msgs[start:], request.messages[start:], strict=True),
-            *zip(hashed.tools, request.tools, strict=True),
-        ]:
-            if key not in self._known_blobs:
-                body = self.hashes.take_body(key)
-                if body is None:
-                    body = canonical_json(obj.to_dict() if isinstance(obj, ToolSpec) else obj)
-                blobs[key] = body.decode("utf-8")
-                self._known_blobs.add(key)
-        node, node_body = message_list_node(prev_node, msgs[start:])
-        blobs[node] = node_body
-        self._lists[stream] = (msgs, node)
-        return blobs, node
-
-    async def _timed(self, aw: Awaitable[Any], program: AgentProgram, what: str) -> Any:
-        timeout = program.limits.step_timeout
-        if timeout is None:
-            return await aw
-        try:
-            return await asyncio.wait_for(aw, timeout)
-        except TimeoutError as exc:
-            cls = ModelCallFailed if what == "model call" else ToolFailed
-            details: dict[str, Any] = {"timeout": timeout}
-            usage = usage_cut_off(exc)  # billed before the timeout cut the call off
-            if usage is not None:
-                details["usage"] = usage.to_dict()
-            raise cls(
-                f"{what} timed out after {timeout}s (limits.step_timeout)", **details
-            ) from None
+            assert call.response is not None
+            return call.response
 
     def tool_step(
         self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
     ) -> Awaitable[Any]:
-        decision, gen = self._decide(ctx.stream, pos, "tool", digest)
-        if isinstance(decision, Replay):
-            return self._replay_tool(decision.step)
         tooldef = ctx.program.tools.get(name)
-        reuse = None
         # Reuse guards side effects; a tool declared free of them runs again (fresh data).
-        if tooldef is None or (tooldef.side_effects and not tooldef.reexecute):
-            reuse = reusable_tool(self.log, ctx.stream, digest)
-            if reuse is not None:
-                self.log.reused_seqs.add(reuse.first.seq)  # claimed now, in call order
-        return self._live_tool(ctx, pos, gen, digest, name, args, tooldef, reuse)
+        reusable = tooldef is None or (tooldef.side_effects and not tooldef.reexecute)
+        answer = self._request(ctx.stream, pos, StepKind.TOOL, digest, reusable)
+        if isinstance(answer, Replay):
+            return self._replay(replay_tool, answer.step)
+        return self._live_tool(
+            ctx, pos, answer.generation, digest, name, args, tooldef, answer.reuse
+        )
 
-    async def _replay_tool(self, step: Step) -> Any:
-        payload = step.first.payload
-        assert isinstance(payload, ToolCallRecorded)
+    async def _replay(self, answer: Callable[[Step], Any], step: Step) -> Any:
         self.replayed += 1
-        if payload.error is not None:
-            failed = recorded_error(ToolFailed, payload.error, f"tool {payload.name!r} failed: ")
-            raise tagged(failed, step.first.seq)
-        return payload.result
+        return answer(step)
 
     async def _live_tool(
         self,
@@ -351,38 +251,12 @@ class Steps(TickState):
         reuse: Step | None,
     ) -> Any:
         async with self._busy():
-            started = time.perf_counter()
-            result: Any = None
-            error: dict[str, Any] | None = None
-            if reuse is not None:
-                reused = reuse.first.payload
-                assert isinstance(reused, ToolCallRecorded)
-                result = reused.result
-            elif tooldef is None:
-                error = {
-                    "type": "UnknownTool",
-                    "code": "unknown_tool",
-                    "message": f"agent {ctx.agent!r} has no tool {name!r}; "
-                    f"its tools are {sorted(ctx.program.tools)}",
-                }
-            else:
-                try:
-                    result = await self._timed(_call_tool(tooldef, args), ctx.program, "tool call")
-                    result = json_value(result, f"the result of tool {name!r}")
-                except Exception as exc:
-                    result = None  # not the raw value json_value refused: it cannot be stored
-                    error = failure_dict(exc)
-            payload = ToolCallRecorded(
-                name=name,
-                args=args,
-                result=result,
-                error=error,
-                latency_ms=round((time.perf_counter() - started) * 1000, 3),
-                reused_from_seq=reuse.first.seq if reuse is not None else None,
+            payload = await call_tool(
+                name, args, tooldef, reuse, ctx.program, monotonic=self.monotonic
             )
             stored = await self._write(
                 [self._event(ctx.stream, pos, gen, digest, payload)],
-                delta=RunDelta(steps=1, code_version=self.code_version),
+                step=_NOTHING_USED,
             )
             self.executed += 1
             if self.deps.telemetry is not None:
@@ -393,64 +267,44 @@ class Steps(TickState):
                     name,
                     payload.latency_ms / 1000,
                     False,
-                    error=None if error is None else error["message"],
+                    error=None if payload.error is None else payload.error["message"],
                 )
-            if error is not None:
-                failed = recorded_error(ToolFailed, error, f"tool {name!r} failed: ")
-                raise tagged(failed, stored[-1].seq)
-            return result
+            return tool_result(payload, stored[-1].seq)
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
-        decision, gen = self._decide(ctx.stream, pos, "value", digest)
-        if isinstance(decision, Replay):
-            return self._replay_value(decision.step)
-        return self._live_value(ctx, pos, gen, digest, what)
-
-    async def _replay_value(self, step: Step) -> Any:
-        payload = step.first.payload
-        assert isinstance(payload, ValueRecorded)
-        self.replayed += 1
-        return payload.value
+        answer = self._request(ctx.stream, pos, StepKind.VALUE, digest)
+        if isinstance(answer, Replay):
+            return self._replay(replay_value, answer.step)
+        return self._live_value(ctx, pos, answer.generation, digest, what)
 
     async def _live_value(self, ctx: Context, pos: int, gen: int, digest: str, what: str) -> Any:
         async with self._busy():
-            if what == "now":
-                value: Any = self.clock.now()
-            elif what == "random":
-                value = _random.random()
-            else:
-                value = str(_uuid.uuid4())
+            payload = make_value(what, self.clock.now, self.deps.random, self.deps.uuid)
             await self._write(
-                [self._event(ctx.stream, pos, gen, digest, ValueRecorded(what=what, value=value))],
-                delta=RunDelta(steps=1),
+                [self._event(ctx.stream, pos, gen, digest, payload)], step=_NOTHING_USED
             )
             self.executed += 1
-            return value
+            return payload.value
 
     def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float) -> Awaitable[None]:
-        decision, gen = self._decide(ctx.stream, pos, "sleep", digest)
-        if isinstance(decision, Replay):
-            step = decision.step
+        answer = self._request(ctx.stream, pos, StepKind.SLEEP, digest)
+        if isinstance(answer, Replay):
+            step = answer.step
             if step.complete:
                 self.replayed += 1
                 return _done(None)
             payload = step.first.payload
             assert isinstance(payload, TimerScheduled)
             return self._await_timer(ctx, pos, step.first.generation, step.digest, payload.fire_at)
-        return self._start_timer(ctx, pos, gen, digest, seconds)
+        return self._start_timer(ctx, pos, answer.generation, digest, seconds)
 
     async def _start_timer(
         self, ctx: Context, pos: int, gen: int, digest: str, seconds: float
     ) -> None:
         async with self._busy():
-            fire_at = self.clock.now() + seconds
-            # requested_seconds: the value the digest covers, as given (1 is not 1.0).
-            timer = TimerScheduled(
-                fire_at=fire_at, seconds=float(seconds), requested_seconds=seconds
-            )
-            event = self._event(ctx.stream, pos, gen, digest, timer)
-            await self._write([event])
-        await self._await_timer(ctx, pos, gen, digest, fire_at)
+            timer = sleep_timer(seconds, self.clock.now())
+            await self._write([self._event(ctx.stream, pos, gen, digest, timer)])
+        await self._await_timer(ctx, pos, gen, digest, timer.fire_at)
 
     async def _await_timer(
         self, ctx: Context, pos: int, gen: int, digest: str, fire_at: float
@@ -460,47 +314,28 @@ class Steps(TickState):
                 if left <= self.deps.settings.inline_wait:
                     await self.clock.sleep(left)
                 else:
-                    await self._park(fire_at, ())
+                    await self.parker.park(fire_at, ())
             event = self._event(
                 ctx.stream, pos, gen, digest, TimerFired(fired_at=self.clock.now()), done=True
             )
             await self._write([event])
             self.executed += 1
 
-    async def _park(self, not_before: float | None, names: tuple[str, ...]) -> None:
-        """Wait for the tick to park the run; never returns (the agent task is cancelled)."""
-        entry = (not_before, names)
-        parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(entry)
-        self._park_futures.add(parked)
-        self._inflight -= 1
-        if self._inflight == 0:
-            self._wake.set()
-        try:
-            with self.branches.parked(parked):  # the tick knows this task waits durably
-                await parked
-        finally:
-            self._inflight += 1
-            self._waiters.remove(entry)
-            self._park_futures.discard(parked)
-
     def message_step(
         self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
     ) -> Awaitable[Any]:
-        decision, gen = self._decide(ctx.stream, pos, "message", digest)
-        if isinstance(decision, Replay):
-            step = decision.step
+        answer = self._request(ctx.stream, pos, StepKind.MESSAGE, digest)
+        if isinstance(answer, Replay):
+            step = answer.step
             if step.complete:
                 self.replayed += 1
-                done = step.done or step.first
-                payload = done.payload
-                return _done(payload.payload if isinstance(payload, MessageReceived) else None)
+                return _done(replay_message(step))
             first = step.first.payload
             assert isinstance(first, TimerScheduled)
             return self._await_message(
                 ctx, pos, step.first.generation, step.digest, name, first.fire_at
             )
-        return self._start_message_wait(ctx, pos, gen, digest, name, timeout)
+        return self._start_message_wait(ctx, pos, answer.generation, digest, name, timeout)
 
     async def _start_message_wait(
         self, ctx: Context, pos: int, gen: int, digest: str, name: str, timeout: float | None
@@ -508,14 +343,8 @@ class Steps(TickState):
         deadline = None
         if timeout is not None:
             async with self._busy():
-                deadline = self.clock.now() + timeout
-                timer = TimerScheduled(
-                    fire_at=deadline,
-                    seconds=timeout,
-                    purpose="message",
-                    requested_seconds=timeout,
-                    message=name,  # the digest covers it; a timed-out wait records no other
-                )
+                timer = message_timer(name, timeout, self.clock.now())
+                deadline = timer.fire_at
                 await self._write([self._event(ctx.stream, pos, gen, digest, timer)])
         return await self._await_message(ctx, pos, gen, digest, name, deadline)
 
@@ -539,7 +368,7 @@ class Steps(TickState):
                 if deadline is not None and deadline - now <= self.deps.settings.inline_wait:
                     await self.clock.sleep(min(deadline - now, self.deps.settings.poll_interval))
                 else:
-                    await self._park(deadline, (name,))
+                    await self.parker.park(deadline, (name,))
 
     async def _take_message(
         self, ctx: Context, pos: int, gen: int, digest: str, name: str, deadline: float | None
@@ -548,7 +377,7 @@ class Steps(TickState):
         only superseded steps received (it goes back in line), then the inbox's oldest,
         unless it was sent after the wait's deadline (the timeout came first, even if this
         worker only sees both now; the message stays for a later wait)."""
-        received = redeliverable_message(self.log, name)
+        received = self.journal.redeliverable(name)
         consume = None
         if received is None:
             try:
@@ -566,24 +395,21 @@ class Steps(TickState):
     def child_step(
         self, ctx: Context, pos: int, digest: str, process: str, input: Any
     ) -> Awaitable[Any]:
-        decision, gen = self._decide(ctx.stream, pos, "child", digest)
-        if isinstance(decision, Replay):
-            step = decision.step
+        answer = self._request(ctx.stream, pos, StepKind.CHILD, digest)
+        if isinstance(answer, Replay):
+            step = answer.step
             if step.complete:
                 self.replayed += 1
-                assert step.done is not None
-                done = step.done.payload
-                assert isinstance(done, ChildCompleted)
-                if done.error is not None:
-                    return _fail(tagged(recorded_error(StepFailed, done.error), step.done.seq))
-                return _done(done.output)
+                try:
+                    return _done(replay_child(step))
+                except StepFailed as exc:
+                    return _fail(exc)
             return self._run_child(
                 ctx, pos, step.first.generation, step.digest, process, input, False
             )
-        continues = continued_child(self.log, ctx.stream, digest)
-        if continues is not None:  # claimed now, in call order
-            self.log.continues[f"{ctx.stream}/{pos}"] = continues
-        return self._run_child(ctx, pos, gen, digest, process, input, True, continues)
+        return self._run_child(
+            ctx, pos, answer.generation, digest, process, input, True, answer.continues
+        )
 
     async def _run_child(
         self,
@@ -624,40 +450,9 @@ class Steps(TickState):
         return output
 
 
-def repaired_response(response: ModelResponse) -> tuple[ModelResponse, dict[str, Any]]:
-    """The response with strings that are not valid Unicode repaired (core/text.py), so
-    that it can be recorded and replays as the agent saw it live; and its recorded form."""
-    data = response.to_dict()
-    fixed = repair(data)
-    return (response, data) if fixed is data else (ModelResponse.from_dict(fixed), fixed)
-
-
 async def _done(value: Any) -> Any:
     return value
 
 
 async def _fail(exc: BaseException) -> Any:
     raise exc
-
-
-async def _call_tool(tooldef: ToolDef, args: Mapping[str, Any]) -> Any:
-    if inspect.iscoroutinefunction(tooldef.fn):
-        return await tooldef.fn(**args)
-    result = await asyncio.to_thread(tooldef.fn, **args)
-    if inspect.isawaitable(result):
-        return await result
-    return result
-
-
-def _reported_usage(error: Mapping[str, Any] | None) -> Usage:
-    """The usage a failed model call had reported before it failed: the provider's
-    ``ModelCallFailed`` carries it as ``details["usage"]`` (see toren.providers._retry)."""
-    reported = (error or {}).get("usage")
-    if not isinstance(reported, Mapping):
-        return Usage()
-    # A provider of someone else's may put anything here: only token counts count.
-    return Usage(_count_of(reported.get("input_tokens")), _count_of(reported.get("output_tokens")))
-
-
-def _count_of(value: Any) -> int:
-    return value if type(value) is int and value > 0 else 0

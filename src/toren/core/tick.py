@@ -1,10 +1,15 @@
 """The tick: one scheduling of a run on a worker.
 
-Load the run's events, fold them (:mod:`toren.core.replay`), re-execute the agent code
-from the start resolving each step from the log, then execute live steps (each committed
-before the code continues) until the run completes, fails, waits, is cancelled, backs off
-or loses its lease. The pure decisions live in ``replay``; the steps in ``steps``; the
-tick's state and writes in ``tickstate``; this module drives them.
+Load the run's events, fold them into a :class:`~toren.core.journal.Journal`, re-execute
+the agent code from the start resolving each step from the log, then execute live steps
+(each committed before the code continues) until the run completes, fails, waits, is
+cancelled, backs off or loses its lease.
+
+The tick is one of two drivers over the journal (the other is the dry run of ``toren
+plan``). The journal decides (replay, run, supersede, back off) and holds no I/O; the
+driver does everything else: the steps' effects (``effects``), stamping and writing what
+the journal and the effects return under the lease (``tickstate.Writer``), parking
+(``tickstate.Parker``), and this module: load, drive, release.
 """
 
 from __future__ import annotations
@@ -12,10 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from toren.core.branches import IDLE, READY, UNKNOWN, verdict
 from toren.core.context import Context
 from toren.core.events import (
     Event,
@@ -25,9 +28,27 @@ from toren.core.events import (
     RunWaiting,
 )
 from toren.core.failures import failed_seqs, failure_dict
-from toren.core.replay import (
-    RunLog,
+from toren.core.fencing import lease_clock
+from toren.core.journal import Journal
+from toren.core.steps import Steps
+from toren.core.tickstate import (
+    FLUSH_INTERVAL,
+    TickDeps,
+    TickResult,
+    _BackOff,
+    _Cancel,
+    _Drain,
+    _LeaseGone,
+    _Park,
+    _StoreFailed,
+    error_dict,
+    json_value,
+    log_totals,
+    newest_start_by_version,
+    recorded_error,
+    tool_refs,
 )
+from toren.core.values import TickStatus, Totals
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
@@ -37,30 +58,7 @@ from toren.errors import (
     TorenError,
     UserError,
 )
-from toren.store.base import Lease, Release, RunDelta, RunRecord
-
-if TYPE_CHECKING:
-    pass
-from toren.core.fencing import lease_clock
-from toren.core.steps import Steps
-from toren.core.tickstate import (
-    FLUSH_INTERVAL,
-    TickDeps,
-    TickResult,
-    UsageBySeq,
-    _BackOff,
-    _Cancel,
-    _Drain,
-    _LeaseGone,
-    _Park,
-    _StoreFailed,
-    _tool_refs,
-    error_dict,
-    json_value,
-    log_totals,
-    newest_start_by_version,
-    recorded_error,
-)
+from toren.store.base import Lease, Release, RunRecord
 
 log = logging.getLogger("toren.tick")
 
@@ -103,7 +101,7 @@ class TickRunner(Steps):
         run = await self.store.get_run(self.run_id)
         if run is None:
             raise RunNotFound(f"no run with id {self.run_id!r}")
-        self.record = run
+        self.writer.record = run
         try:
             program = self.deps.agents.resolve(run.agent, run.process)
         except (AgentNotFound, AgentConfigError) as exc:
@@ -112,17 +110,17 @@ class TickRunner(Steps):
             return await self._defer(exc)
         self.code_version = self.deps.code_version or program.code_version
         events = await self.store.load_events(self.run_id)
-        self._correct_totals(run, events)
-        self.log = RunLog.fold(self.run_id, events)
-        self._known_blobs = {h for e in events for h in _tool_refs(e)}
+        self.journal = Journal.fold(self.run_id, events)
+        self._correct_totals(run)
+        self.bodies.known = {h for e in events for h in tool_refs(e)}
         self._interrupted = (
             self.lease.recovered
             or self.lease.previous_status == "running"
             or (run.code_version is not None and run.code_version != self.code_version)
             # A fork's first tick replays the history it was copied: that is saved too.
-            or (self.log.forked is not None and self.lease.previous_status == "queued")
+            or (self.journal.forked is not None and self.lease.previous_status == "queued")
         )
-        if self.log.terminal is not None:  # finished, but the row was not updated
+        if self.journal.terminal is not None:  # finished, but the row was not updated
             return await self._finish_from_log()
         if run.cancel_requested:
             return await self._finish_cancelled()
@@ -141,11 +139,24 @@ class TickRunner(Steps):
             await self._drive()
             return await self._conclude()
 
-    def _correct_totals(self, run: RunRecord, events: Sequence[Event]) -> None:
-        by_seq = UsageBySeq(events)
-        truth = by_seq.final()
-        self._pending.add(
-            RunDelta(
+    async def _drive(self) -> None:
+        assert self._task is not None
+        await self.parker.drive(
+            self._task,
+            stopped=lambda: self._abort is not None,
+            stop=self._stop_for,
+            grace=self.deps.settings.park_grace,
+            run_id=self.run_id,
+        )
+
+    def _stop_for(self, why: str) -> None:
+        self._stop(_Drain("worker draining") if why == "drain" else _Park("waiting"))
+
+    def _correct_totals(self, run: RunRecord) -> None:
+        """The run row is a cache of the log: put right what a crashed tick left unsaid."""
+        truth = self.journal.usage.final()
+        self.writer.add(
+            Totals(
                 input_tokens=truth.input_tokens - run.input_tokens,
                 output_tokens=truth.output_tokens - run.output_tokens,
                 cost_nanousd=truth.cost_nanousd - run.cost_nanousd,
@@ -153,102 +164,36 @@ class TickRunner(Steps):
                 invalidations=truth.invalidations - run.invalidations,
             )
         )
-        self._usage_by_seq = by_seq
 
     async def _main(self, ctx: Context) -> Any:
         output = await ctx.program.fn(ctx, ctx.input)
         self._end_stream(ctx)
         return json_value(output, f"the output of run {self.run_id!r}")
 
-    async def _drive(self) -> None:
-        assert self._task is not None
-        while not self._task.done():
-            self._wake.clear()
-            woken = asyncio.ensure_future(self._wake.wait())
-            await asyncio.wait({self._task, woken}, return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
-            if self._task.done() or self._abort is not None:
-                break
-            if self._draining and self._inflight == 0:
-                self._stop(_Drain("worker draining"))
-                break
-            if self._parkable() and await self._settled():
-                # Snapshot first: cancelling the agent task unwinds the waiters.
-                self._parked = list(self._waiters)
-                self._stop(_Park("waiting"))
-        with contextlib.suppress(BaseException):
-            await self._task
-
-    def _parkable(self) -> bool:
-        return bool(self._waiters) and self._inflight == 0
-
-    async def _settled(self) -> bool:
-        """Whether the run is idle, so that parking loses nothing: every branch of the
-        agent code waits on a durable wait. Branches that can run are let run; a branch
-        awaiting other work (outside ``ctx``) is waited for, up to ``park_grace`` seconds,
-        after which the run parks anyway and that work runs again on resume. False when
-        something else came up first (a live step, the end, a cancel, a drain)."""
-        assert self._task is not None
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None
-        while self._parkable() and not self._task.done():
-            if self._abort is not None or self._draining:
-                return False
-            found = verdict(self._task, self._park_futures.__contains__, self.branches)
-            if found.state == IDLE:
-                return True
-            if found.state == UNKNOWN:  # no way to tell: let ready branches run, then park
-                for _ in range(8):
-                    await asyncio.sleep(0)
-                return self._parkable() and not self._task.done()
-            if found.state == READY:
-                await asyncio.sleep(0)
-                continue
-            now = loop.time()
-            if deadline is None:
-                deadline = now + self.deps.settings.park_grace
-            if now >= deadline:
-                log.info(
-                    "run %s parks while a branch still awaits work outside ctx after %.0fs "
-                    "(park_grace); that work is cancelled and runs again when the run resumes",
-                    self.run_id,
-                    self.deps.settings.park_grace,
-                )
-                return True
-            self._wake.clear()
-            woken = asyncio.ensure_future(self._wake.wait())
-            await asyncio.wait(
-                {*found.futures, self._task, woken},
-                timeout=deadline - now,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            woken.cancel()
-        return False
-
     async def _conclude(self) -> TickResult:
         assert self._task is not None
         abort = self._abort
         if isinstance(abort, _LeaseGone):
-            return self._result("lease_lost", error=error_dict(abort.cause))
+            return self._result(TickStatus.LEASE_LOST, error=error_dict(abort.cause))
         if isinstance(abort, _StoreFailed):
             return await self._infrastructure_error(abort.cause)
         if isinstance(abort, _Cancel):
             return await self._finish_cancelled()
         if isinstance(abort, _Drain):
-            return await self._release_running("drained", None)
+            return await self._release_running(TickStatus.DRAINED, None)
         if isinstance(abort, _BackOff):
             return await self._back_off(abort)
         if isinstance(abort, _Park):
             return await self._park_release()
         exc = self._task.exception() if not self._task.cancelled() else None
         if self._task.cancelled():
-            return await self._release_running("drained", None)
+            return await self._release_running(TickStatus.DRAINED, None)
         if exc is None:
             output = self._task.result()
             await self._release(
                 Release("completed", output=output, events=[self._run_event(RunCompleted(output))])
             )
-            return self._result("completed", output=output)
+            return self._result(TickStatus.COMPLETED, output=output)
         if isinstance(exc, InfrastructureError):
             return await self._infrastructure_error(exc)
         err = failure_dict(exc)
@@ -256,11 +201,11 @@ class TickRunner(Steps):
             log.warning("run %s failed in agent code", self.run_id, exc_info=exc)
         failed = RunFailed(err, failed_seqs=failed_seqs(exc))
         await self._release(Release("failed", error=err, events=[self._run_event(failed)]))
-        return self._result("failed", error=err)
+        return self._result(TickStatus.FAILED, error=err)
 
     async def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
         blocked = await self._block(exc)
-        return self._result("error", error=error_dict(exc), not_before=blocked)
+        return self._result(TickStatus.ERROR, error=error_dict(exc), not_before=blocked)
 
     async def _block(
         self, exc: InfrastructureError | UserError, status: str = "running"
@@ -306,44 +251,26 @@ class TickRunner(Steps):
         self._publish({"type": "stalled", "error": error})
         return retry_at
 
-    def _result(self, status: str, **kw: Any) -> TickResult:
-        return TickResult(
-            self.run_id,
-            status,
-            replayed=self.replayed,
-            executed=self.executed,
-            invalidations=self.invalidations,
-            **kw,
-        )
-
     # -- releasing the run ----------------------------------------------------------------
 
     async def _release(self, release: Release) -> list[Event]:
         self.releasing = True
-        barrier = self._barrier
-        if barrier is not None and not barrier.done():
-            with contextlib.suppress(BaseException):
-                await barrier
-        async with self._lock:
-            release = Release(
-                **{**release.__dict__, "delta": self._pending.take(self.code_version)}
-            )
-            stored = await self.store.release(self.lease, release, now=self.clock.now())
+        stored = await self.writer.release(release)
         self._publish_events(stored)
         self._publish({"type": "status", "status": release.status})
         return stored
 
     async def _park_release(self) -> TickResult:
-        deadlines = [d for d, _ in self._parked if d is not None]
+        deadlines = [d for d, _ in self.parker.parked if d is not None]
         not_before = min(deadlines) if deadlines else None
-        names = sorted({n for _, ns in self._parked for n in ns})
+        names = sorted({n for _, ns in self.parker.parked for n in ns})
         event = self._run_event(RunWaiting(not_before=not_before, messages=names))
         await self._release(
             Release("waiting", not_before=not_before, waiting_for=names, events=[event])
         )
-        return self._result("waiting", not_before=not_before)
+        return self._result(TickStatus.WAITING, not_before=not_before)
 
-    async def _release_running(self, status: str, not_before: float | None) -> TickResult:
+    async def _release_running(self, status: TickStatus, not_before: float | None) -> TickResult:
         await self._release(Release("running", not_before=not_before))
         return self._result(status, not_before=not_before)
 
@@ -358,7 +285,7 @@ class TickRunner(Steps):
             abort.newer_version,
             self.deps.settings.drain_window,
         )
-        return await self._release_running("backed_off", not_before)
+        return await self._release_running(TickStatus.BACKED_OFF, not_before)
 
     async def _defer(self, exc: AgentNotFound | AgentConfigError) -> TickResult:
         """This worker cannot load the run's agent (not deployed here, or its files are
@@ -367,23 +294,23 @@ class TickRunner(Steps):
         # A run no worker could start stays queued (it never ran).
         status = "queued" if self.lease.previous_status == "queued" else "running"
         not_before = await self._block(exc, status)
-        return self._result("deferred", error=error_dict(exc), not_before=not_before)
+        return self._result(TickStatus.DEFERRED, error=error_dict(exc), not_before=not_before)
 
     async def _finish_cancelled(self) -> TickResult:
         event = self._run_event(RunCancelled(reason="cancel requested"))
         await self._release(Release("cancelled", events=[event]))
-        return self._result("cancelled")
+        return self._result(TickStatus.CANCELLED)
 
     async def _finish_from_log(self) -> TickResult:
-        terminal = self.log.terminal
+        terminal = self.journal.terminal
         assert terminal is not None
-        status = {"RunCompleted": "completed", "RunFailed": "failed"}.get(
-            terminal.type, "cancelled"
+        status = {"RunCompleted": TickStatus.COMPLETED, "RunFailed": TickStatus.FAILED}.get(
+            terminal.type, TickStatus.CANCELLED
         )
         payload = terminal.payload
         output = payload.output if isinstance(payload, RunCompleted) else None
         error = payload.error if isinstance(payload, RunFailed) else None
-        await self._release(Release(status, output=output, error=error))
+        await self._release(Release(status.value, output=output, error=error))
         return self._result(status, output=output, error=error)
 
 

@@ -1,64 +1,59 @@
-"""The state of one tick, and what every step stands on: ordered writes to the log,
-the replay decision taken at call time (with honest invalidation), and the
-invalidation-storm guard. The steps themselves are in :mod:`toren.core.steps`; the drive
-(load, replay, park, finish) in :mod:`toren.core.tick`.
+"""The tick's driver state: what every step stands on around the pure journal.
+
+The decisions (replay, run live, supersede, back off; reuse claims; replay-exact usage)
+are the journal's (:mod:`toren.core.journal`). This module holds what the driver adds:
+
+- :class:`Writer`: ordered writes under the lease: the invalidation barrier (a
+  ``Supersede``'s events are written before anything later of the run), the lock, and the
+  run row's pending totals, flushed at most once a second by the clock's monotonic time;
+- :class:`Parker`: the live steps in flight, the branches parked on durable waits and the
+  wake-up of the drive (:meth:`Parker.drive`, shared with the dry run of ``toren plan``);
+- :class:`TickState`: one tick: it asks the journal, stamps what it answers (slot,
+  worker, code version, time) and writes it, stops the agent code (cancel, drain, lease
+  lost, back off, park).
+
+The steps are in :mod:`toren.core.steps`, their effects in :mod:`toren.core.effects`, the
+drive (load, replay, park, finish) in :mod:`toren.core.tick`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
+import contextlib
 import gc
-import json
 import logging
+import random as _random
 import time
-from collections.abc import Callable, Mapping, Sequence
+import uuid as _uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from toren.config import Settings
-from toren.core.branches import Branches
+from toren.core.branches import IDLE, READY, UNKNOWN, Branches, verdict
 from toren.core.clock import Clock, SystemClock
 from toren.core.context import Context, RunUsage
-from toren.core.digest import (
-    HashCache,
-)
-from toren.core.events import (
-    ChildStarted,
-    Event,
-    ModelCallCutOff,
-    ModelCallRecorded,
-    Payload,
-    StreamInvalidated,
-    ToolCallRecorded,
-    ValueRecorded,
-    make_event,
-)
+from toren.core.digest import HashCache
+from toren.core.effects import RequestBodies, error_dict, json_value, recorded_error
+from toren.core.events import Event, ModelCallRecorded, Payload, make_event
 from toren.core.fencing import LeaseFence
-from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
-from toren.core.replay import (
-    Invalidate,
-    Live,
+from toren.core.journal import (
+    NO_GUARD,
+    BackOff,
+    Journal,
+    LiveVersions,
     Replay,
-    RunLog,
-    Step,
-    decide,
-    descendants,
-    end_slot,
-    invalidation_slot,
-    step_slot,
+    Run,
+    Supersede,
+    log_totals,
 )
-from toren.core.text import repair, repair_text
-from toren.errors import (
-    LeaseLost,
-    RunCancelledSignal,
-    StepFailed,
-    StorageError,
-    TorenError,
-)
+from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
+from toren.core.replay import RunLog, end_slot, step_slot
+from toren.core.values import StepKind, TickStatus, Totals
+from toren.errors import LeaseLost, RunCancelledSignal, StorageError
 from toren.providers.base import ModelProvider
-from toren.store.base import Lease, RunDelta, RunRecord, Store, WorkerInfo, to_nano
+from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo
 
 if TYPE_CHECKING:
     from toren.agents.telemetry import Telemetry
@@ -67,10 +62,31 @@ log = logging.getLogger("toren.tick")
 
 LiveFeed = Callable[[str, dict[str, Any]], None]  # (run_id, item) -> None; never blocks
 
+__all__ = [
+    "FLUSH_INTERVAL",
+    "LiveFeed",
+    "ReplayGcPause",
+    "TickDeps",
+    "TickResult",
+    "TickState",
+    "error_dict",
+    "json_value",
+    "log_totals",
+    "newest_start_by_version",
+    "recorded_error",
+]
+
+
+def _new_uuid() -> str:
+    return str(_uuid.uuid4())
+
 
 @dataclass
 class TickDeps:
-    """Everything one tick needs, injected, so a tick is testable with fakes."""
+    """Everything one tick needs, injected, so a tick is testable with fakes. Every source
+    of nondeterminism a live step records comes from here: the clock (``ctx.now()``,
+    timers, the flush cadence, latencies), ``random`` (``ctx.random()``) and ``uuid``
+    (``ctx.uuid()``)."""
 
     store: Store
     agents: AgentResolver
@@ -83,12 +99,14 @@ class TickDeps:
     pricing: Pricing | None = None
     live: LiveFeed | None = None
     telemetry: Telemetry | None = None  # toren.agents.telemetry.create_telemetry()
+    random: Callable[[], float] = _random.random
+    uuid: Callable[[], str] = _new_uuid
 
 
 @dataclass(frozen=True)
 class TickResult:
     run_id: str
-    status: str  # completed failed cancelled waiting backed_off drained lease_lost deferred error
+    status: str  # a TickStatus
     output: Any = None
     error: dict[str, Any] | None = None
     not_before: float | None = None
@@ -97,106 +115,15 @@ class TickResult:
     invalidations: int = 0
 
 
+_NANO = Decimal(10**9)
 FLUSH_INTERVAL = 1.0  # seconds between run-row total updates within a tick
 
 
-class _Pending:
-    """Totals not yet written to the run row. The run row is a cache of the log: during a
-    tick it is updated at most once a second (and at release), which keeps the commit of
-    each step to the event row itself; a tick starts by correcting the row from the log,
-    so totals lost with a crashed worker come back."""
-
-    __slots__ = ("cost", "input", "invalidations", "output", "saved", "steps")
-
-    def __init__(self) -> None:
-        self.input = self.output = self.cost = self.saved = self.steps = 0
-        self.invalidations = 0
-
-    def add(self, delta: RunDelta) -> None:
-        self.input += delta.input_tokens
-        self.output += delta.output_tokens
-        self.cost += delta.cost_nanousd
-        self.saved += delta.saved_nanousd
-        self.steps += delta.steps
-        self.invalidations += delta.invalidations
-
-    def take(self, code_version: str) -> RunDelta:
-        delta = RunDelta(
-            input_tokens=self.input,
-            output_tokens=self.output,
-            cost_nanousd=self.cost,
-            saved_nanousd=self.saved,
-            steps=self.steps,
-            invalidations=self.invalidations,
-            code_version=code_version,
-        )
-        self.__init__()  # type: ignore[misc]
-        return delta
-
-
-def log_totals(events: Sequence[Event]) -> RunDelta:
-    """What the run row's totals should be, from the log alone."""
-    return UsageBySeq(events).final()
-
-
-def _usage_of(event: Event) -> tuple[int, int, int, int] | None:
-    """(input tokens, output tokens, cost nano-USD, steps) of an event that counts in the
-    run's totals; None for any other event. A model call cut off in flight
-    (``ModelCallCutOff``) counts what the provider billed for it, but is not a step."""
-    payload = event.payload
-    if isinstance(payload, ModelCallRecorded):
-        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd), 1
-    if isinstance(payload, (ToolCallRecorded, ValueRecorded)):
-        return 0, 0, 0, 1
-    if isinstance(payload, ModelCallCutOff):
-        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd), 0
-    return None
-
-
-class UsageBySeq:
-    """The run's usage totals as they stood after each event of the log (by seq): what a
-    live run saw at a point of its code, so that replay can show the same. ``ctx.usage``
-    read during replay must not be the final total, or agent code deciding on it (a
-    budget) would take another branch on replay than it took live."""
-
-    __slots__ = ("invalidations", "seqs", "totals")
-
-    def __init__(self, events: Sequence[Event]) -> None:
-        self.seqs: list[int] = []
-        self.totals: list[tuple[int, int, int, int]] = []
-        self.invalidations = 0
-        for event in events:
-            self.add(event)
-
-    def add(self, event: Event) -> None:
-        """Count one more event (its seq above every one counted so far)."""
-        used = _usage_of(event)
-        if used is not None:
-            i, o, c, steps = self.spent()
-            self.seqs.append(event.seq)
-            self.totals.append((i + used[0], o + used[1], c + used[2], steps + used[3]))
-        elif isinstance(event.payload, StreamInvalidated):
-            self.invalidations += 1
-
-    def final(self) -> RunDelta:
-        """The totals of the whole log (what the run row should hold)."""
-        i, o, c, steps = self.spent()
-        return RunDelta(
-            input_tokens=i,
-            output_tokens=o,
-            cost_nanousd=c,
-            steps=steps,
-            invalidations=self.invalidations,
-        )
-
-    def spent(self) -> tuple[int, int, int, int]:
-        """(input tokens, output tokens, cost nano-USD, steps) of every event counted."""
-        return self.totals[-1] if self.totals else (0, 0, 0, 0)
-
-    def at(self, seq: int) -> tuple[int, int, int, int]:
-        """The totals after every event up to ``seq``."""
-        n = bisect.bisect_right(self.seqs, seq)
-        return self.totals[n - 1] if n else (0, 0, 0, 0)
+def monotonic_of(clock: Clock) -> Callable[[], float]:
+    """The clock's monotonic time (seconds, for intervals), or the process's when a clock
+    of the host's own has none."""
+    found = getattr(clock, "monotonic", None)
+    return found if callable(found) else time.perf_counter
 
 
 class _Abort(BaseException):
@@ -238,35 +165,6 @@ class _StoreFailed(_Abort):
         self.cause = cause
 
 
-def error_dict(exc: BaseException) -> dict[str, Any]:
-    code = exc.code if isinstance(exc, TorenError) else "agent_error"
-    message = exc.message if isinstance(exc, TorenError) else str(exc)
-    return {"type": type(exc).__name__, "code": code, "message": repair_text(message)}
-
-
-def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str = "") -> StepFailed:
-    """Rebuild the exception of a recorded failed step (live or replayed alike)."""
-    details = {k: v for k, v in error.items() if k != "message"}
-    return cls(prefix + str(error.get("message", "step failed")), **details)
-
-
-def json_value(value: Any, what: str) -> Any:
-    """A plain JSON copy of a value produced by agent code or a tool, as it is recorded:
-    strings that are not valid Unicode repaired (see toren.core.text)."""
-    try:
-        return repair(json.loads(json.dumps(value)))
-    except RecursionError:
-        raise TypeError(
-            f"{what} is nested too deeply to record (objects and arrays inside each other "
-            "about a thousand levels deep); return a flatter value"
-        ) from None
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"{what} is not JSON-serialisable ({exc}); return dicts, lists, strings, "
-            "numbers, booleans or None"
-        ) from None
-
-
 class ReplayGcPause:
     """Pauses Python's cycle collector while ticks replay.
 
@@ -295,6 +193,256 @@ class ReplayGcPause:
             gc.enable()
 
 
+class Writer:
+    """Ordered writes of one tick under its lease. A ``Supersede``'s events are written
+    through the barrier, in order, before any later write of the run; every write is
+    fenced by the lease's epoch in the store. The run row is a cache of the log: its
+    totals are updated at most once a second (and at release), which keeps the commit of
+    each step to the event row itself; a tick starts by correcting the row from the log,
+    so totals lost with a crashed worker come back."""
+
+    __slots__ = (
+        "_tally",
+        "barrier",
+        "clock",
+        "code_version",
+        "lease",
+        "lock",
+        "monotonic",
+        "next_flush",
+        "record",
+        "store",
+    )
+
+    def __init__(self, store: Store, lease: Lease, clock: Clock) -> None:
+        self.store = store
+        self.lease = lease
+        self.clock = clock
+        self.monotonic = monotonic_of(clock)
+        self.lock = asyncio.Lock()
+        self.barrier: asyncio.Task[Any] | None = None
+        # Pending totals as one list of ints (input, output, cost nano-USD, saved
+        # nano-USD, steps, invalidations), added to in place: a Totals per step would
+        # cost more than the rest of the bookkeeping of the step (see bench/RESULTS.md).
+        self._tally = [0, 0, 0, 0, 0, 0]
+        self.next_flush = float("-inf")
+        self.code_version = "dev"
+        self.record: RunRecord | None = None
+
+    @property
+    def pending(self) -> Totals:
+        """The totals not yet written to the run row."""
+        return Totals(*self._tally)
+
+    def add(self, delta: Totals) -> None:
+        t = self._tally
+        t[0] += delta.input_tokens
+        t[1] += delta.output_tokens
+        t[2] += delta.cost_nanousd
+        t[3] += delta.saved_nanousd
+        t[4] += delta.steps
+        t[5] += delta.invalidations
+
+    def count_step(self, input_tokens: int, output_tokens: int, cost_nanousd: int) -> None:
+        """One step written, with what it used (the hot path's :meth:`add`)."""
+        t = self._tally
+        t[0] += input_tokens
+        t[1] += output_tokens
+        t[2] += cost_nanousd
+        t[4] += 1
+
+    async def append(
+        self,
+        events: Sequence[Event],
+        *,
+        blobs: Mapping[str, str] | None = None,
+        step: tuple[int, int, int] | None = None,
+        consume: int | None = None,
+    ) -> list[Event]:
+        """Write after the barrier; ``step``: the events are a step's, which used (input
+        tokens, output tokens, nano-USD). Raises the store's ``LeaseLost`` /
+        ``StorageError``."""
+        barrier = self.barrier
+        if barrier is not None and not barrier.done():
+            await asyncio.shield(barrier)
+        if step is not None:
+            self.count_step(*step)
+        async with self.lock:
+            stored = await self.store.append(
+                self.lease,
+                events,
+                blobs=blobs,
+                delta=self.due_delta(),
+                consume_inbox=consume,
+                now=self.clock.now(),
+            )
+            record = self.record
+            if record is not None and record.blocked_error is not None:
+                # The first step written since the run was blocked: it moves again.
+                self.record = replace(record, blocked_error=None)
+                await self.store.clear_blocked(self.lease, now=self.clock.now())
+        return stored
+
+    def then(self, write: Callable[[], Awaitable[None]]) -> None:
+        """Schedule ``write()`` after every write scheduled so far (the barrier): what a
+        synchronous decision must write before anything later of the run."""
+        previous = self.barrier
+
+        async def ordered() -> None:
+            if previous is not None and not previous.done():
+                await asyncio.shield(previous)
+            await write()
+
+        self.barrier = asyncio.ensure_future(ordered())
+
+    async def invalidations(self, events: Sequence[Event]) -> list[Event]:
+        self._tally[5] += len(events)
+        async with self.lock:
+            return await self.store.append(
+                self.lease, events, delta=self.due_delta(), now=self.clock.now()
+            )
+
+    def due_delta(self) -> RunDelta | None:
+        """The pending totals, when it is time to write them to the run row."""
+        now = self.monotonic()
+        if now < self.next_flush:
+            return None
+        self.next_flush = now + FLUSH_INTERVAL
+        return self.take()
+
+    def take(self) -> RunDelta:
+        i, o, c, saved, steps, invalidations = self._tally
+        self._tally = [0, 0, 0, 0, 0, 0]
+        return RunDelta(
+            input_tokens=i,
+            output_tokens=o,
+            cost_nanousd=c,
+            saved_nanousd=saved,
+            steps=steps,
+            invalidations=invalidations,
+            code_version=self.code_version,
+        )
+
+    async def release(self, release: Release) -> list[Event]:
+        barrier = self.barrier
+        if barrier is not None and not barrier.done():
+            with contextlib.suppress(BaseException):  # its failure already stopped the tick
+                await barrier
+        async with self.lock:
+            release = Release(**{**release.__dict__, "delta": self.take()})
+            return await self.store.release(self.lease, release, now=self.clock.now())
+
+
+class Parker:
+    """Live steps in flight and branches parked on durable waits. A run parks (its tick
+    ends, status waiting) when no live step is in flight, some branch waits durably and
+    every branch is idle; see :meth:`drive`."""
+
+    __slots__ = ("branches", "draining", "futures", "inflight", "parked", "waiters", "wake")
+
+    def __init__(self) -> None:
+        self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
+        self.inflight = 0
+        self.waiters: list[tuple[float | None, tuple[str, ...]]] = []
+        self.parked: list[tuple[float | None, tuple[str, ...]]] = []
+        self.futures: set[asyncio.Future[None]] = set()  # what parked branches await
+        self.wake = asyncio.Event()
+        self.draining = False
+
+    async def park(self, not_before: float | None, names: tuple[str, ...]) -> None:
+        """Wait for the tick to park the run; never returns (the agent task is cancelled).
+        Called inside a live step (counted in flight)."""
+        entry = (not_before, names)
+        parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(entry)
+        self.futures.add(parked)
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.wake.set()
+        try:
+            with self.branches.parked(parked):  # the tick knows this task waits durably
+                await parked
+        finally:
+            self.inflight += 1
+            self.waiters.remove(entry)
+            self.futures.discard(parked)
+
+    def parkable(self) -> bool:
+        return bool(self.waiters) and self.inflight == 0
+
+    async def drive(
+        self,
+        task: asyncio.Task[Any],
+        *,
+        stopped: Callable[[], bool],
+        stop: Callable[[str], object],
+        grace: float,
+        run_id: str,
+    ) -> None:
+        """Run until the agent task ends or is stopped. ``stop("drain")`` once a draining
+        worker has nothing in flight; ``stop("park")`` once the run is idle (the waiters
+        are snapshot in :attr:`parked` first: cancelling the agent task unwinds them)."""
+        while not task.done():
+            self.wake.clear()
+            woken = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+            if task.done() or stopped():
+                break
+            if self.draining and self.inflight == 0:
+                stop("drain")
+                break
+            if self.parkable() and await self._settled(task, stopped, grace, run_id):
+                self.parked = list(self.waiters)
+                stop("park")
+        with contextlib.suppress(BaseException):
+            await task
+
+    async def _settled(
+        self, task: asyncio.Task[Any], stopped: Callable[[], bool], grace: float, run_id: str
+    ) -> bool:
+        """Whether the run is idle, so that parking loses nothing: every branch of the
+        agent code waits on a durable wait. Branches that can run are let run; a branch
+        awaiting other work (outside ``ctx``) is waited for, up to ``park_grace`` seconds,
+        after which the run parks anyway and that work runs again on resume. False when
+        something else came up first (a live step, the end, a cancel, a drain)."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while self.parkable() and not task.done():
+            if stopped() or self.draining:
+                return False
+            found = verdict(task, self.futures.__contains__, self.branches)
+            if found.state == IDLE:
+                return True
+            if found.state == UNKNOWN:  # no way to tell: let ready branches run, then park
+                for _ in range(8):
+                    await asyncio.sleep(0)
+                return self.parkable() and not task.done()
+            if found.state == READY:
+                await asyncio.sleep(0)
+                continue
+            now = loop.time()
+            if deadline is None:
+                deadline = now + grace
+            if now >= deadline:
+                log.info(
+                    "run %s parks while a branch still awaits work outside ctx after %.0fs "
+                    "(park_grace); that work is cancelled and runs again when the run resumes",
+                    run_id,
+                    grace,
+                )
+                return True
+            self.wake.clear()
+            woken = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait(
+                {*found.futures, task, woken},
+                timeout=deadline - now,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            woken.cancel()
+        return False
+
+
 class _Busy:
     """Marks a live step in flight. Entering it ends the replay phase (and, while the
     worker drains, blocks: no new live work). Leaving the last one wakes the tick's driver
@@ -309,23 +457,25 @@ class _Busy:
 
     async def __aenter__(self) -> None:
         s = self.state
-        if s._draining:  # no new live work; wait here to be released
-            s._wake.set()
+        p = s.parker
+        if p.draining:  # no new live work; wait here to be released
+            p.wake.set()
             await asyncio.Future()
         if s.fence.due():  # stalled near or past the lease: prove it before the effect
             await s._prove_lease()
         s.end_replay()  # the first live step: replay is over
-        s._inflight += 1
+        p.inflight += 1
 
     async def __aexit__(self, *exc: object) -> None:
-        s = self.state
-        s._inflight -= 1
-        if s._inflight == 0 and (s._waiters or s._draining):
-            s._wake.set()
+        p = self.state.parker
+        p.inflight -= 1
+        if p.inflight == 0 and (p.waiters or p.draining):
+            p.wake.set()
 
 
 class TickState:
-    """The state of one tick. Contexts call into it; :meth:`run` drives it."""
+    """The state of one tick: a :class:`Journal`, a :class:`Writer` and a :class:`Parker`.
+    Contexts call into its steps (:mod:`toren.core.steps`); :meth:`run` drives it."""
 
     def __init__(self, deps: TickDeps, lease: Lease, *, granted_at: float | None = None) -> None:
         self.deps = deps
@@ -337,44 +487,50 @@ class TickState:
         self.run_id = lease.run_id
         self.store = deps.store
         self.clock = deps.clock
+        self.monotonic = monotonic_of(deps.clock)
         self.hashes = HashCache()
-        self.log = RunLog(lease.run_id)
+        self.bodies = RequestBodies(self.hashes)
+        self.journal = Journal(lease.run_id)
+        self.writer = Writer(deps.store, lease, deps.clock)
+        self.parker = Parker()
         self.code_version = deps.code_version or "dev"
-        self.record: RunRecord | None = None
-        self._known_blobs: set[str] = set()
-        # Per stream: the message hashes of its last model request and their list node.
-        self._lists: dict[str, tuple[list[str], str]] = {}
-        self._lock = asyncio.Lock()
         self._inbox = asyncio.Lock()  # taking a message: see Steps._await_message
-        self._barrier: asyncio.Task[Any] | None = None
-        self._inflight = 0
-        self._waiters: list[tuple[float | None, tuple[str, ...]]] = []
-        self._parked: list[tuple[float | None, tuple[str, ...]]] = []
-        self._park_futures: set[asyncio.Future[None]] = set()  # what parked branches await
-        self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
-        self._wake = asyncio.Event()
         self._abort: _Abort | None = None
         self._task: asyncio.Task[Any] | None = None
-        # The log's usage totals by seq, extended by every event this tick writes: their
-        # end is what the run has spent (the budget); ctx.usage reads them as of the
-        # highest seq this tick has seen, a step replayed or an event written. Not a replay
-        # flag: the replay phase ends at the first live step, while a concurrent branch may
-        # still be replaying.
-        self._usage_by_seq = UsageBySeq(())
-        self._seen_seq = 0
-        self._pending = _Pending()
-        self._next_flush = 0.0
         self._interrupted = False
-        self._live_versions: dict[str, float] = {}
+        self._live: LiveVersions = NO_GUARD
         self.replayed = self.executed = self.invalidations = 0
-        self._draining = False
         self._replaying = False
         self.releasing = False  # giving the run back: the lease is let go on purpose
+
+    @property
+    def log(self) -> RunLog:
+        return self.journal.log
+
+    @property
+    def branches(self) -> Branches:
+        return self.parker.branches
+
+    @property
+    def raised_limits(self) -> Mapping[str, Any]:
+        return self.journal.raised_limits
+
+    @property
+    def record(self) -> RunRecord | None:
+        return self.writer.record
+
+    @property
+    def code_version(self) -> str:
+        return self.writer.code_version
+
+    @code_version.setter
+    def code_version(self, value: str) -> None:
+        self.writer.code_version = value
 
     # -- public controls ------------------------------------------------------------------
 
     def begin_replay(self) -> None:
-        if not self._replaying:
+        if not self._replaying and self.deps.settings.pause_gc_on_replay:
             self._replaying = True
             ReplayGcPause.begin()
 
@@ -394,8 +550,8 @@ class TickState:
     def begin_drain(self) -> None:
         """Graceful drain: start no new live step; steps in flight finish and are recorded,
         then the run is released (the next worker replays them for free)."""
-        self._draining = True
-        self._wake.set()
+        self.parker.draining = True
+        self.parker.wake.set()
 
     def drain(self) -> None:
         """Hard drain (the drain window ran out): abandon steps still in flight; they have
@@ -420,7 +576,7 @@ class TickState:
             self._abort = abort
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        self._wake.set()
+        self.parker.wake.set()
 
     def usage(self) -> RunUsage:
         """The run's usage as agent code sees it at this point: the log's totals as they
@@ -428,13 +584,14 @@ class TickState:
         Once the tick writes, that is everything spent so far. A branch still replaying
         while another already runs live (``asyncio.gather``) sees its own replay position,
         not the totals the live branch has made current."""
-        i, o, c, s = self._usage_by_seq.at(self._seen_seq)
-        return RunUsage(i, o, Decimal(c) / Decimal(10**9), s)
+        t = self.journal.usage_at()
+        cost = Decimal(t.cost_nanousd) / _NANO  # not normalised: str() as it always was
+        return RunUsage(t.input_tokens, t.output_tokens, cost, t.steps)
 
     def limits(self, program: AgentProgram) -> Limits:
         """The program's limits, raised where a retry of this run raised them (never
         lowered, and a limit the agent does not set stays unset)."""
-        return raised(program.limits, self.log.raised_limits)
+        return raised(program.limits, self.journal.raised_limits)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -443,44 +600,16 @@ class TickState:
         events: Sequence[Event],
         *,
         blobs: Mapping[str, str] | None = None,
-        delta: RunDelta | None = None,
+        step: tuple[int, int, int] | None = None,
         consume: int | None = None,
     ) -> list[Event]:
-        barrier = self._barrier
-        if barrier is not None and not barrier.done():
-            await asyncio.shield(barrier)
-        if delta is not None:
-            self._pending.add(delta)
         try:
-            async with self._lock:
-                stored = await self.store.append(
-                    self.lease,
-                    events,
-                    blobs=blobs,
-                    delta=self._due_delta(),
-                    consume_inbox=consume,
-                    now=self.clock.now(),
-                )
-                if self.record is not None and self.record.blocked_error is not None:
-                    # The first step written since the run was blocked: it moves again.
-                    self.record = replace(self.record, blocked_error=None)
-                    await self.store.clear_blocked(self.lease, now=self.clock.now())
+            stored = await self.writer.append(events, blobs=blobs, step=step, consume=consume)
         except (LeaseLost, StorageError) as exc:
             raise self._halt(exc) from None
-        for event in stored:
-            self.log.apply(event)
-            self._usage_by_seq.add(event)
-            self._seen_seq = max(self._seen_seq, event.seq)
+        self.journal.recorded(stored)
         self._publish_events(stored)
         return stored
-
-    def _due_delta(self) -> RunDelta | None:
-        """The pending totals, when it is time to write them to the run row."""
-        now = time.monotonic()
-        if now < self._next_flush:
-            return None
-        self._next_flush = now + FLUSH_INTERVAL
-        return self._pending.take(self.code_version)
 
     def _publish(self, item: dict[str, Any]) -> None:
         if self.deps.live is not None:
@@ -499,7 +628,7 @@ class TickState:
             stream=stream,
             position=pos,
             generation=gen,
-            slot=step_slot(stream, gen, pos, done, self.log.retries),
+            slot=step_slot(stream, gen, pos, done, self.journal.retries),
             digest=digest,
             code_version=self.code_version,
             worker_id=self.deps.worker_id,
@@ -511,7 +640,7 @@ class TickState:
         return make_event(
             self.run_id,
             payload,
-            slot=end_slot(self.log.retries) if terminal else None,
+            slot=end_slot(self.journal.retries) if terminal else None,
             code_version=self.code_version,
             worker_id=self.deps.worker_id,
             created_at=self.clock.now(),
@@ -521,163 +650,119 @@ class TickState:
         """``async with self._busy():`` around a live step's work (see :class:`_Busy`)."""
         return _Busy(self)
 
-    # -- decisions ------------------------------------------------------------------------
+    # -- decisions: the journal answers, the tick stamps and writes ------------------------
 
-    def _decide(self, stream: str, pos: int, kind: str, digest: str) -> tuple[Replay | Live, int]:
-        """Replay, or run live (after invalidating the stream from here if the recorded step
-        differs). Runs synchronously at call time, so decisions follow call order."""
+    def _request(
+        self, stream: str, pos: int, kind: StepKind, digest: str, reusable: bool = True
+    ) -> Replay | Run:
+        """Replay, or run live (after superseding the stream from here if the recorded step
+        differs). Runs synchronously at call time, so answers follow call order."""
         if self._abort is not None:
             raise self._abort
-        view = self.log.stream(stream)
-        decision = decide(view, pos, kind, digest)
-        if isinstance(decision, Replay):
-            step = decision.step
-            self._seen_seq = max(self._seen_seq, (step.done or step.first).seq)
+        answer = self.journal.request(
+            stream,
+            pos,
+            kind,
+            digest,
+            code_version=self.code_version,
+            live_versions=self._live,
+            reusable=reusable,
+        )
+        if isinstance(answer, Replay):
             if self.deps.live is not None:  # watchers mark the step replayed (free)
+                step = answer.step
                 self._publish(
                     {"type": "replayed", "stream": stream, "position": pos, "seq": step.first.seq}
                 )
-        elif isinstance(decision, Invalidate):
-            self._invalidate(
-                stream,
-                pos,
-                expected=decision.expected,
-                actual_kind=kind,
-                actual_digest=digest,
-            )
-            return Live(), view.generation
-        return decision, view.generation
+            return answer
+        if isinstance(answer, Run):
+            return answer
+        if isinstance(answer, BackOff):
+            raise self._backing_off(answer)
+        assert isinstance(answer, Supersede) and answer.run is not None
+        self._supersede(answer)
+        return answer.run
 
-    def _invalidate(
-        self,
-        stream: str,
-        from_pos: int,
-        *,
-        expected: Step | None,
-        actual_kind: str | None,
-        actual_digest: str | None,
-    ) -> None:
-        view = self.log.stream(stream)
-        suffix = [s for p, s in sorted(view.steps.items()) if p >= from_pos]
-        self._guard(suffix)
-        children = [
-            s.first.payload.child_stream
-            for s in suffix
-            if isinstance(s.first.payload, ChildStarted)
-        ]
-        if expected is None:
-            cause = "stream_ended"
-        elif expected.kind != actual_kind:
-            cause = "kind_mismatch"
-        else:
-            cause = "digest_mismatch"
+    def _end_stream(self, ctx: Context) -> None:
+        """New code ended the stream earlier than the log: the extra steps are superseded."""
+        answer = self.journal.end_stream(
+            ctx.stream,
+            ctx.positions_taken,
+            code_version=self.code_version,
+            live_versions=self._live,
+        )
+        if isinstance(answer, BackOff):
+            raise self._backing_off(answer)
+        if answer is not None:
+            self._supersede(answer)
+
+    def _backing_off(self, answer: BackOff) -> _BackOff:
+        abort = _BackOff(answer.newer_version)
+        self._stop(abort)
+        return abort
+
+    def _supersede(self, answer: Supersede) -> None:
         events = [
-            self._invalidation(
-                stream,
-                view.generation,
-                StreamInvalidated(
-                    from_pos=from_pos,
-                    expected_digest=expected.digest if expected else None,
-                    actual_digest=actual_digest,
-                    expected_kind=expected.kind if expected else None,
-                    actual_kind=actual_kind,
-                    code_version=self.code_version,
-                    cause=cause,
-                ),
+            make_event(
+                self.run_id,
+                inv.payload,
+                stream=inv.stream,
+                generation=inv.generation,
+                slot=inv.slot,
+                code_version=self.code_version,
+                worker_id=self.deps.worker_id,
+                created_at=self.clock.now(),
             )
+            for inv in answer.invalidations
         ]
-        view.truncate(from_pos)
-        for child in descendants(self.log, children):
-            child_view = self.log.stream(child)
-            if not child_view.steps:
-                continue
-            self._guard(list(child_view.steps.values()))
-            events.append(
-                self._invalidation(
-                    child,
-                    child_view.generation,
-                    StreamInvalidated(
-                        from_pos=0,
-                        code_version=self.code_version,
-                        cause="parent_invalidated",
-                    ),
-                )
-            )
-            child_view.truncate(0)
         self.invalidations += len(events)
         log.info(
             "run %s: stream %r invalidated from position %d (%s) by code version %s",
             self.run_id,
-            stream,
-            from_pos,
-            cause,
+            answer.stream,
+            answer.from_pos,
+            answer.cause,
             self.code_version,
         )
-        # Written in order before any later write of this run (see _write's barrier).
-        previous = self._barrier
-        self._barrier = asyncio.ensure_future(self._write_invalidation(previous, events))
+        # Written in order before any later write of this run (see Writer.append).
+        self.writer.then(lambda: self._write_invalidation(events))
 
-    async def _write_invalidation(
-        self, previous: asyncio.Task[Any] | None, events: list[Event]
-    ) -> None:
-        if previous is not None and not previous.done():
-            await asyncio.shield(previous)
+    async def _write_invalidation(self, events: list[Event]) -> None:
         try:
-            self._pending.invalidations += len(events)
-            async with self._lock:
-                stored = await self.store.append(
-                    self.lease, events, delta=self._due_delta(), now=self.clock.now()
-                )
+            stored = await self.writer.invalidations(events)
         except (LeaseLost, StorageError) as exc:
             raise self._halt(exc) from None
+        self.journal.recorded(stored)
         self._publish_events(stored)
 
-    def _invalidation(self, stream: str, gen: int, payload: StreamInvalidated) -> Event:
-        return make_event(
-            self.run_id,
-            payload,
-            stream=stream,
-            generation=gen,
-            slot=invalidation_slot(stream, gen),
-            code_version=self.code_version,
-            worker_id=self.deps.worker_id,
-            created_at=self.clock.now(),
-        )
-
-    def _end_stream(self, ctx: Context) -> None:
-        """New code ended the stream earlier than the log: the extra steps are superseded."""
-        view = self.log.stream(ctx.stream)
-        if view.length > ctx.positions_taken:
-            self._invalidate(
-                ctx.stream, ctx.positions_taken, expected=None, actual_kind=None, actual_digest=None
-            )
-
-    # -- the invalidation-storm guard -----------------------------------------------------
+    # -- the invalidation-storm guard's input ----------------------------------------------
 
     async def _load_live_versions(self) -> None:
+        if not self.deps.settings.storm_guard:
+            return
         workers = await self.store.live_workers(
             now=self.clock.now(), ttl=self.deps.settings.worker_ttl
         )
-        self._live_versions = newest_start_by_version(workers)
+        started = self.deps.worker_started_at
+        self._live = LiveVersions(
+            newest_start_by_version(workers),
+            started_at=started if started is not None else self.clock.now(),
+        )
 
-    def _guard(self, suffix: Sequence[Step]) -> None:
-        """During a rolling deploy the current deploy wins: the code version whose live
-        workers started most recently. Never overwrite a suffix written by a newer live
-        version; back off instead, so versions do not fight over a stream."""
-        if not self.deps.settings.storm_guard:
-            return
-        mine = self._live_versions.get(self.code_version)
-        if mine is None:
-            mine = self.deps.worker_started_at or self.clock.now()
-        for version in {s.code_version for s in suffix} - {self.code_version}:
-            theirs = self._live_versions.get(version)
-            if theirs is not None and theirs > mine:
-                abort = _BackOff(version)
-                self._stop(abort)
-                raise abort
+    # -- results --------------------------------------------------------------------------
+
+    def _result(self, status: TickStatus, **kw: Any) -> TickResult:
+        return TickResult(
+            self.run_id,
+            status.value,
+            replayed=self.replayed,
+            executed=self.executed,
+            invalidations=self.invalidations,
+            **kw,
+        )
 
 
-def _tool_refs(event: Event) -> list[str]:
+def tool_refs(event: Event) -> list[str]:
     payload = event.payload
     return payload.tools if isinstance(payload, ModelCallRecorded) else []
 
