@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import toren
-import toren.core.tick as tick_module
+import toren.core.tickstate as tick_module  # where the Parker takes its verdicts
 from toren.core import branches as branches_module
 from toren.core.branches import IDLE, UNKNOWN, Branches, Verdict
 from toren.core.combinators import TaskGroup, gather

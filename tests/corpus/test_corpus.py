@@ -28,15 +28,6 @@ NAMES = sorted(SCENARIOS)
 # Scenarios where ``toren plan`` disagrees with the tick on main (findings, see README.md).
 # Strict xfail: once the plan agrees, these tests pass and fail as XPASS, and the entry
 # goes (and the scenario is re-recorded: its plans change, a documented change).
-PLAN_DISAGREES = {
-    name: (
-        "PlanRunner.plan() never folds the log's usage by seq (TickRunner does, in "
-        "_correct_totals), so ctx.usage reads zero during a plan: agent code that branches "
-        "on it takes another branch than the tick and the plan reports an invalidation "
-        "the tick does not make"
-    )
-    for name in ("usage_on_replay", "usage_then_waits")
-}
 # What a plan finding and a StreamInvalidated event both say.
 FINDING = (
     "stream",
@@ -157,11 +148,6 @@ async def replayed(dbs: FreshDatabases, name: str, backend: str) -> Replayed:
     return _REPLAYED[key]
 
 
-def expect_plan_disagreement(request: pytest.FixtureRequest, name: str) -> None:
-    if name in PLAN_DISAGREES:
-        request.applymarker(pytest.mark.xfail(reason=PLAN_DISAGREES[name], strict=True))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", NAMES)
 async def test_the_recorded_log_replays_for_free(
@@ -180,11 +166,10 @@ async def test_the_recorded_log_replays_for_free(
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", NAMES)
 async def test_the_plan_of_a_recorded_log_is_clean(
-    request: pytest.FixtureRequest, dbs: FreshDatabases, name: str, backend: str
+    dbs: FreshDatabases, name: str, backend: str
 ) -> None:
     """Before (b)'s ticks, ``toren plan`` of each loaded log under the code that wrote it
     found nothing to re-run: the plan's half of "every recorded step replays"."""
-    expect_plan_disagreement(request, name)
     done = await replayed(dbs, name, backend)
     for run_name, plan in done.plans.items():
         assert plan == {"findings": [], "problem": None}, f"the plan of {run_name}: {plan}"
@@ -192,11 +177,7 @@ async def test_the_plan_of_a_recorded_log_is_clean(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", NAMES)
-async def test_tick_and_plan_agree(
-    request: pytest.FixtureRequest, dbs: FreshDatabases, name: str, backend: str
-) -> None:
-    if name == "usage_then_waits":  # usage_on_replay's plans happen to agree (see README)
-        expect_plan_disagreement(request, name)
+async def test_tick_and_plan_agree(dbs: FreshDatabases, name: str, backend: str) -> None:
     doc = json.loads(await recording(dbs, name, backend))
     for entry in doc["plans"]:
         plan: dict[str, Any] | None = entry["plan"]
