@@ -14,8 +14,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from toren.core.digest import request_digest
+from toren.core.model_types import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 from toren.errors import InvalidInput
-from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 
 if TYPE_CHECKING:
     from toren.core.program import AgentProgram

@@ -23,13 +23,14 @@ from toren.core.changes import RequestParts, body_parts, diff, live_model_parts,
 from toren.core.context import Context
 from toren.core.digest import HashedRequest
 from toren.core.events import Event, ModelCallRecorded
+from toren.core.model_types import ModelRequest
+from toren.core.ports import Store
 from toren.core.program import AgentResolver
 from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
+from toren.core.records import Lease, RunRecord
 from toren.core.replay import RunLog, Step, descendants
 from toren.core.tick import TickDeps, TickRunner
 from toren.errors import AgentNotFound, CorruptEventLog
-from toren.providers.base import ModelRequest
-from toren.store.base import Lease, RunRecord, Store
 
 IN_FLIGHT = ("queued", "running", "waiting")
 PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log

@@ -32,7 +32,10 @@ from toren.core.events import (
     ValueRecorded,
 )
 from toren.core.failures import failure_dict, tagged
+from toren.core.model_types import ModelRequest, ModelResponse, ToolSpec, Usage, frozen
+from toren.core.ports import ModelProvider
 from toren.core.program import AgentProgram, ToolDef
+from toren.core.records import RunDelta
 from toren.core.replay import (
     Replay,
     Step,
@@ -41,6 +44,7 @@ from toren.core.replay import (
     reusable_tool,
 )
 from toren.core.text import repair, repair_text
+from toren.core.values import to_nano
 from toren.errors import (
     LimitExceeded,
     ModelCallFailed,
@@ -49,15 +53,6 @@ from toren.errors import (
     StorageError,
     ToolFailed,
 )
-from toren.providers.base import (
-    ModelProvider,
-    ModelRequest,
-    ModelResponse,
-    ToolSpec,
-    Usage,
-    frozen,
-)
-from toren.store.base import RunDelta, to_nano
 
 if TYPE_CHECKING:
     pass

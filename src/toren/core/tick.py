@@ -25,6 +25,7 @@ from toren.core.events import (
     RunWaiting,
 )
 from toren.core.failures import failed_seqs, failure_dict
+from toren.core.records import Lease, Release, RunDelta, RunRecord
 from toren.core.replay import (
     RunLog,
 )
@@ -37,7 +38,6 @@ from toren.errors import (
     TorenError,
     UserError,
 )
-from toren.store.base import Lease, Release, RunDelta, RunRecord
 
 if TYPE_CHECKING:
     pass

@@ -34,7 +34,9 @@ from toren.core.events import (
     make_event,
 )
 from toren.core.fencing import LeaseFence
+from toren.core.ports import JournalStore, ModelProvider
 from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
+from toren.core.records import Lease, RunDelta, RunRecord, WorkerInfo
 from toren.core.replay import (
     Invalidate,
     Live,
@@ -48,6 +50,7 @@ from toren.core.replay import (
     step_slot,
 )
 from toren.core.text import repair, repair_text
+from toren.core.values import to_nano
 from toren.errors import (
     LeaseLost,
     RunCancelledSignal,
@@ -55,11 +58,9 @@ from toren.errors import (
     StorageError,
     TorenError,
 )
-from toren.providers.base import ModelProvider
-from toren.store.base import Lease, RunDelta, RunRecord, Store, WorkerInfo, to_nano
 
 if TYPE_CHECKING:
-    from toren.agents.telemetry import Telemetry
+    from toren.core.ports import Telemetry
 
 log = logging.getLogger("toren.tick")
 
@@ -70,7 +71,7 @@ LiveFeed = Callable[[str, dict[str, Any]], None]  # (run_id, item) -> None; neve
 class TickDeps:
     """Everything one tick needs, injected, so a tick is testable with fakes."""
 
-    store: Store
+    store: JournalStore
     agents: AgentResolver
     providers: Mapping[str, ModelProvider] = field(default_factory=dict)
     clock: Clock = field(default_factory=SystemClock)

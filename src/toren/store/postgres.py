@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from toren.core.events import Event
 from toren.errors import LeaseLost, SchemaError, StorageError
 from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
+from toren.store.retention import Pruning
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,
@@ -30,15 +31,15 @@ from toren.store.sql import (
     UNBLOCK,
     InlineGate,
     SqlStore,
-    _lease_lost,
-    _with_seq,
     event_params,
+    lease_lost,
     loop_is_idle,
     new_run_values,
     release_values,
     run_from_row,
     settle,
     step_conflict,
+    with_seq,
 )
 from toren.store.urls import shown_url, without_secrets
 
@@ -305,9 +306,9 @@ def _appended(lease: Lease, events: Sequence[Event], rows: list[Any]) -> list[Ev
     """The events as stored, from the seqs the statement returned (none: the lease was
     gone, so nothing was written)."""
     if len(rows) != len(events):
-        raise _lease_lost(lease)
+        raise lease_lost(lease)
     seqs = sorted(int(r[0]) for r in rows)
-    return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+    return [with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
 
 
 def _import_psycopg() -> Any:
@@ -321,7 +322,7 @@ def _import_psycopg() -> Any:
     return psycopg, psycopg_pool
 
 
-class PostgresStore(SqlStore):
+class PostgresStore(SqlStore, Pruning):
     dialect = "postgres"
     lease_check_lock = " FOR SHARE"
     run_row_lock = " FOR UPDATE"
@@ -483,9 +484,9 @@ class PostgresStore(SqlStore):
                     for job in batch:
                         got = sorted(seqs.get(job.lease.run_id, ()))
                         if len(got) != len(job.events):
-                            settle(job.future, None, _lease_lost(job.lease))
+                            settle(job.future, None, lease_lost(job.lease))
                         else:
-                            stored = [_with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
+                            stored = [with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
                             settle(job.future, stored, None)
                     return
             # Alone: runs side by side, each run's steps one after another (in call order).
@@ -615,12 +616,12 @@ class PostgresStore(SqlStore):
                 raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
             raise
         if len(rows) != max(1, len(release.events)):
-            raise _lease_lost(lease)
+            raise lease_lost(lease)
         await self.notify()
         if not release.events:
             return []
         seqs = sorted(int(r[0]) for r in rows)
-        return [_with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
+        return [with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
 
     async def _fetch_async(
         self, sql: str, params: Sequence[Any], *, rows: bool = True, inline: bool = True

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from toren.core.events import Event, parse_payload
 from toren.core.jsontext import dumps
+from toren.core.model_types import frozen
 from toren.errors import (
     CorruptEventLog,
     IdempotencyConflict,
@@ -26,7 +27,6 @@ from toren.errors import (
     RunNotFound,
     RunNotRetryable,
 )
-from toren.providers.base import frozen
 from toren.store.base import (
     TERMINAL_STATUSES,
     InboxMessage,
@@ -452,7 +452,7 @@ class SqlStore:
                 (lease.run_id,),
             ).fetchone()
             if row is None or row[0] != lease.worker_id or row[1] != lease.epoch:
-                raise _lease_lost(lease)
+                raise lease_lost(lease)
             return
         d = delta
         cur = self._x(
@@ -477,7 +477,7 @@ class SqlStore:
             ),
         )
         if cur.rowcount != 1:
-            raise _lease_lost(lease)
+            raise lease_lost(lease)
 
     def _insert_events(
         self, cur: Any, events: Sequence[Event], fence: Lease | None = None
@@ -492,10 +492,10 @@ class SqlStore:
                 params = (*event_params(event), fence.run_id, fence.worker_id, fence.epoch)
                 seq = self._insert_event(cur, self._insert_event_fenced, params)
                 if seq is None:
-                    raise _lease_lost(fence)
+                    raise lease_lost(fence)
                 fence = None
             assert seq is not None
-            out.append(_with_seq(event, seq))
+            out.append(with_seq(event, seq))
         return out
 
     def _insert_event(self, cur: Any, sql: str, params: Sequence[Any]) -> int | None:
@@ -676,7 +676,7 @@ class SqlStore:
                 ),
             )
             if cur.rowcount != 1:
-                raise _lease_lost(lease)
+                raise lease_lost(lease)
             row = self._x(
                 cur, "SELECT blocked_attempts FROM runs WHERE id = ?", (lease.run_id,)
             ).fetchone()
@@ -697,7 +697,7 @@ class SqlStore:
                 (now, lease.run_id, lease.worker_id, lease.epoch),
             )
             if cur.rowcount != 1:
-                raise _lease_lost(lease)
+                raise lease_lost(lease)
 
         await self._run(tx)
 
@@ -954,13 +954,16 @@ def step_conflict(lease: Lease) -> LeaseLost:
     )
 
 
-def _lease_lost(lease: Lease) -> LeaseLost:
+def lease_lost(lease: Lease) -> LeaseLost:
+    """The error of a write whose lease fence failed (both dialects raise it)."""
     return LeaseLost(
         f"worker {lease.worker_id!r} no longer holds the lease on run {lease.run_id!r} "
         f"(epoch {lease.epoch}); another worker took it over"
     )
 
 
-def _with_seq(event: Event, seq: int) -> Event:
-    # A copy made without the frozen __init__ (cheaper than replace()).
+def with_seq(event: Event, seq: int) -> Event:
+    """``event`` as stored: a copy carrying the sequence the database gave it."""
+    # A copy of an event already built (and checked) by its constructor, made without the
+    # frozen __init__: cheaper than replace(), and no field but seq changes.
     return frozen(Event, event.__dict__, seq=int(seq))
