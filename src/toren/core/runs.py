@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from toren.core.clock import Clock, SystemClock
@@ -27,6 +28,15 @@ def new_run_id(now: float) -> str:
     return f"run_{int(now * 1000):012x}{os.urandom(5).hex()}"
 
 
+@dataclass(frozen=True)
+class Started:
+    """A started run, and whether this call created it (False: the idempotency key named a
+    run that already existed, which is returned as it is now)."""
+
+    run: RunRecord
+    created: bool
+
+
 async def start_run(
     store: RunStore,
     agents: AgentResolver,
@@ -37,6 +47,29 @@ async def start_run(
     idempotency_key: str | None = None,
     clock: Clock | None = None,
 ) -> RunRecord:
+    """Create a run (queued) and wake the workers; the run (see :func:`start`)."""
+    started = await start(
+        store,
+        agents,
+        agent,
+        input,
+        process=process,
+        idempotency_key=idempotency_key,
+        clock=clock,
+    )
+    return started.run
+
+
+async def start(
+    store: RunStore,
+    agents: AgentResolver,
+    agent: str,
+    input: Any = None,
+    *,
+    process: str = "main",
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+) -> Started:
     """Create a run (queued) and wake the workers. The same ``idempotency_key`` returns the
     same run; reusing it with another agent, process or input is an error. An input that
     is not JSON data, or nests objects and arrays more than
@@ -59,10 +92,10 @@ async def start_run(
         slot="run:start",
         created_at=now,
     )
-    run, _ = await store.create_run(
+    run, created = await store.create_run(
         NewRun(run_id, agent, process, input, idempotency_key, now, started)
     )
-    return run
+    return Started(run, created)
 
 
 async def send_message(
