@@ -346,13 +346,14 @@ class PostgresStore(SqlStore, Pruning):
     ) -> list[Event]:
         """A step in one statement, hence one round trip and one autocommit transaction:
         the lease check (with the run's totals when due), the new blobs and the events,
-        all or nothing. Consuming a message takes the general path.
+        all or nothing. Consuming a message takes the generic path
+        (:meth:`_append_in_transaction`).
 
         Group commit: the steps of many runs requested in the same turn of the event loop
         go to the database as one statement (one round trip, one WAL flush); a lone step,
         with nothing else ready to run, goes at once."""
         if consume_inbox is not None or not events:
-            return await super().append(
+            return await self._append_in_transaction(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
         blobs = blobs or {}
@@ -458,16 +459,40 @@ class PostgresStore(SqlStore, Pruning):
             raise
         return True
 
+    async def _append_in_transaction(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        *,
+        blobs: Mapping[str, str] | None,
+        delta: RunDelta | None,
+        consume_inbox: int | None,
+        now: float,
+    ) -> list[Event]:
+        """Fallback to the generic path (``SqlStore.append``, one transaction of several
+        statements) for the appends the one-statement CTE does not express: consuming an
+        inbox message (its row must be taken in the same transaction, or the step fails)
+        and an append without events."""
+        return await super().append(
+            lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
+        )
+
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
-        """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a run
-        that already exists (its idempotency key was used) takes the general path, which
-        returns it or names the conflict."""
-        if run.events or run.forked_from is not None:  # a fork: the general path
-            return await super().create_run(run)
+        """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a fork, or
+        a run that already exists (its id or idempotency key was used), takes the generic
+        path (:meth:`_create_run_in_transaction`)."""
+        if run.events or run.forked_from is not None:
+            return await self._create_run_in_transaction(run)
         params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
         if rows:
             return run_from_row(rows[0][:-1]), True
+        return await self._create_run_in_transaction(run)
+
+    async def _create_run_in_transaction(self, run: NewRun) -> tuple[RunRecord, bool]:
+        """Fallback to the generic path (``SqlStore.create_run``) for what the one-statement
+        CTE does not express: a fork (its copied events and lineage), and a run whose id or
+        idempotency key exists (returned as it is, or named as a conflict)."""
         return await super().create_run(run)
 
     async def renew(
@@ -497,12 +522,17 @@ class PostgresStore(SqlStore, Pruning):
         )
         return bool(rows)
 
+    async def _park_on_inbox(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
+        """Fallback to the generic path (``SqlStore.release``) for a run parking on its
+        inbox: it must look at the inbox again after its row is locked (a message that
+        arrived meanwhile keeps it runnable), which one statement's snapshot cannot."""
+        return await super().release(lease, release, now=now)
+
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         """Give the run back in one statement (the common case). A run parking on its
-        inbox takes the general path: it must look at the inbox again after its row is
-        locked, which one statement's snapshot cannot."""
+        inbox takes the generic path (:meth:`_park_on_inbox`)."""
         if release.status == "waiting" and release.waiting_for:
-            return await super().release(lease, release, now=now)
+            return await self._park_on_inbox(lease, release, now=now)
         params: list[Any] = [
             *release_values(release, now),
             *_totals_params(release.delta, now),
