@@ -148,9 +148,9 @@ class Lanes:
     async def fetch(
         self, sql: str, params: Sequence[Any], *, rows: bool = True, inline_ok: bool = True
     ) -> list[Any]:
-        """One autocommit statement; all its rows. On the inline lane when the gate is
-        open (unless ``inline_ok`` is False: a read of unbounded size), else on an async
-        connection."""
+        """One autocommit statement (psycopg's ``%s`` placeholders); all its rows. On the
+        inline lane when the gate is open (unless ``inline_ok`` is False: a read of
+        unbounded size), else on the fast lane or an async connection."""
         if self._apool is None:
             await self.reach()
             self._apool = self.psycopg_pool.AsyncConnectionPool(
