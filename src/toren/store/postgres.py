@@ -22,7 +22,7 @@ from toren.core.events import Event
 from toren.errors import LeaseLost, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
-from toren.store.retention import Pruning
+from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,

@@ -638,17 +638,3 @@ async def _import_one(
         result.blobs += len(run.blobs)
     else:
         result.skipped.append(run_id)
-
-
-class Pruning:
-    """The retention half of the journal port (:class:`toren.core.ports.JournalStore`):
-    what a worker's retention loop calls, for the dialect stores to inherit."""
-
-    async def prune_finished(self: Store, *, before: float, limit: int) -> int:
-        """Prune one batch of up to ``limit`` runs finished before ``before``: the number
-        of runs pruned (see :func:`prune_batch`)."""
-        return (await prune_batch(self, before=before, limit=limit)).runs
-
-    async def sweep_blobs(self: Store) -> int:
-        """Delete the bodies nothing references any more (see :func:`sweep_blobs`)."""
-        return await sweep_blobs(self)

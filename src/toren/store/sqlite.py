@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
-from toren.store.retention import Pruning
+from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import CLAIMABLE, InlineGate, SqlStore, settle
 
