@@ -44,9 +44,15 @@ class Deprecation:
     removed_in: str
 
 
-# Every deprecation of every settled surface, printed by ``toren version --deprecations``.
-# The agent.yaml entries come from ``toren.agents.config.DEPRECATED_KEYS`` (the config
-# loader's own table); the CLI and HTTP ones are declared here and used where parsed.
+# Every deprecation of every settled surface, printed by ``toren version --deprecations``,
+# declared here and used where parsed (``toren.agents.config`` re-exports DEPRECATED_KEYS).
+
+# agent.yaml: old key -> (new key, first release that rejects the old key). Applies to the
+# top level of agent.yaml and to every entry of ``processes:``. An entry stays here for
+# exactly one minor after the rename, then moves to the "removed" list in CHANGELOG.md.
+DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
+    "system_prompt": ("instructions", "0.3.0"),
+}
 CLI_FLAGS: dict[str, tuple[str, str]] = {
     # old flag: (new flag, removed in)
     "toren worker --drain-timeout": ("toren worker --drain-window", "0.3.0"),
@@ -58,8 +64,6 @@ HTTP_FIELDS: dict[str, tuple[str, str]] = {
 
 
 def registry() -> list[Deprecation]:
-    from toren.agents.config import DEPRECATED_KEYS
-
     entries = [
         Deprecation("agent.yaml", old, new, "0.1.0", removed)
         for old, (new, removed) in sorted(DEPRECATED_KEYS.items())

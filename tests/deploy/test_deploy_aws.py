@@ -16,7 +16,6 @@ import pytest
 from click.testing import CliRunner, Result
 from moto import mock_aws
 
-from toren.adapters.aws.cli import deploy_aws
 from toren.adapters.aws.deploy import (
     DeployEnvironment,
     DeployRefused,
@@ -26,6 +25,7 @@ from toren.adapters.aws.deploy import (
     pin_image_tag,
 )
 from toren.adapters.aws.runner import Command, CommandResult, RecordingRunner, SubprocessRunner
+from toren.cli.deploy_aws import deploy_aws
 
 REGION = "eu-west-1"
 OLD_TAG = "1111111111111111111111111111111111111111"

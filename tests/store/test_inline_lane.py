@@ -20,7 +20,7 @@ from tests.conftest import create_pg_database, drop_pg_database, pg_url, require
 from tests.store.steps import value_event
 from toren.core.events import ValueRecorded
 from toren.errors import LeaseLost, StorageError
-from toren.store import postgres
+from toren.store import _pg_conn
 from toren.store.base import Lease
 from toren.store.postgres import PostgresStore
 
@@ -46,9 +46,9 @@ class _Open:
 
 async def _open_lane(store: PostgresStore) -> None:
     await store.get_run("none")  # the first statement starts opening the lane
-    assert store._inline_opening is not None
-    await store._inline_opening
-    assert store._inline is not None
+    assert store.lanes._inline_opening is not None
+    await store.lanes._inline_opening
+    assert store.lanes._inline is not None
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ async def test_a_locked_run_row_does_not_block_the_loop(pg: tuple[PostgresStore,
     store, url = pg
     await _open_lane(store)
     lease = await _lone_run(store)
-    store._gate = _Open()  # type: ignore[assignment]
+    store.lanes.gate = _Open()  # type: ignore[assignment]
     await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
     assert store.inline_statements > 0
 
@@ -135,22 +135,22 @@ async def test_a_broken_lane_fails_one_statement_then_opens_again(
     store, url = pg
     await _open_lane(store)
     lease = await _lone_run(store)
-    store._gate = _Open()  # type: ignore[assignment]
+    store.lanes.gate = _Open()  # type: ignore[assignment]
     await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
-    assert store._inline is not None
-    pid = store._inline[0].info.backend_pid
+    assert store.lanes._inline is not None
+    pid = store.lanes._inline[0].info.backend_pid
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
 
     with pytest.raises(StorageError) as failed:
         await store.append(lease, [value_event(lease.run_id, 1, 1)], now=time.time())
     assert isinstance(failed.value.__cause__, psycopg.OperationalError)
-    assert store._inline is None  # dropped
+    assert store.lanes._inline is None  # dropped
 
     # Nothing of it was written: the step goes again (the loop's way while the lane opens).
     await store.append(lease, [value_event(lease.run_id, 1, 1)], now=time.time())
-    assert store._inline_opening is not None
-    await store._inline_opening
+    assert store.lanes._inline_opening is not None
+    await store.lanes._inline_opening
     before = store.inline_statements
     await store.append(lease, [value_event(lease.run_id, 2, 2)], now=time.time())
     assert store.inline_statements == before + 1
@@ -161,18 +161,18 @@ async def test_a_failed_open_is_retried(
     pg: tuple[PostgresStore, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, _ = pg
-    monkeypatch.setitem(postgres._INLINE_CONNECT, "connect_timeout", "not a number")
+    monkeypatch.setitem(_pg_conn._INLINE_CONNECT, "connect_timeout", "not a number")
     await store.get_run("none")  # starts opening the lane, which fails
-    opening = store._inline_opening
+    opening = store.lanes._inline_opening
     if opening is not None:
         await opening
-    assert store._inline is None and store._inline_opening is None  # failed; may retry
-    assert store._inline_retry_at > time.monotonic()
+    assert store.lanes._inline is None and store.lanes._inline_opening is None  # failed; may retry
+    assert store.lanes._inline_retry_at > time.monotonic()
     await store.get_run("none")
-    assert store._inline_opening is None  # not before the retry delay
+    assert store.lanes._inline_opening is None  # not before the retry delay
 
-    monkeypatch.delitem(postgres._INLINE_CONNECT, "connect_timeout")
-    store._inline_retry_at = 0.0  # the delay has passed
+    monkeypatch.delitem(_pg_conn._INLINE_CONNECT, "connect_timeout")
+    store.lanes._inline_retry_at = 0.0  # the delay has passed
     await _open_lane(store)
 
 
@@ -186,11 +186,11 @@ async def test_a_conflict_on_the_flush_path_is_lease_lost(
     flushed: list[bool] = []
     original = PostgresStore._append_inline
 
-    def spy(self: PostgresStore, job: Any) -> bool:
-        flushed.append(done := original(self, job))
+    def spy(job: Any) -> bool:
+        flushed.append(done := original(store, job))
         return done
 
-    monkeypatch.setattr(PostgresStore, "_append_inline", spy)
+    monkeypatch.setattr(store._batcher, "_inline", spy)  # the batcher's flush calls it
     # Something else ready in this turn: the step is queued, then committed alone from the
     # flush (by then nothing else is ready), where the clash with slot 0 must surface.
     asyncio.get_running_loop().call_soon(lambda: None)

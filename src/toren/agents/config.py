@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from toren.deprecations import TorenDeprecationWarning, warn_deprecated
+from toren.deprecations import DEPRECATED_KEYS, TorenDeprecationWarning, warn_deprecated
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -51,13 +51,6 @@ KNOWN_PROVIDER_TYPES = ("anthropic", "openai", "scripted")
 
 # Tools the built-in loop provides itself; they may be listed in ``tools:``.
 BUILTIN_TOOLS = ("ask_human",)
-
-# old key -> (new key, first release that rejects the old key). Applies to the top level
-# of agent.yaml and to every entry of ``processes:``. An entry stays here for exactly one
-# minor after the rename, then moves to the "removed" list in CHANGELOG.md.
-DEPRECATED_KEYS: dict[str, tuple[str, str]] = {
-    "system_prompt": ("instructions", "0.3.0"),
-}
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 ENTRY_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"

@@ -15,88 +15,22 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from toren._yamlcheck import MISSING as _MISSING
+from toren._yamlcheck import Loc, Problem, config_error, describe_found, format_path
 from toren.agents.config import PATTERN_HELP
-from toren.errors import AgentConfigError
 
-__all__ = ["Problem", "config_error", "describe_found", "format_path", "problems_from_pydantic"]
-
-Loc = tuple[str | int, ...]
-_MISSING = object()
-
-
-@dataclass(frozen=True)
-class Problem:
-    path: Loc
-    found: str
-    expected: str
-
-    def render(self, file: str, lines: Mapping[Loc, int]) -> str:
-        line = _line_for(self.path, lines)
-        where = f"{file}:{line}" if line else file
-        key = f"at {format_path(self.path)!r}" if self.path else "at the top level"
-        return f"{where}: {key}: found {self.found}; expected {self.expected}"
-
-
-def format_path(path: Loc) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
-def _line_for(path: Loc, lines: Mapping[Loc, int]) -> int | None:
-    for end in range(len(path), -1, -1):
-        if path[:end] in lines:
-            return lines[path[:end]]
-    return None
-
-
-def config_error(
-    file: str, problems: Sequence[Problem], lines: Mapping[Loc, int]
-) -> AgentConfigError:
-    rendered = [p.render(file, lines) for p in problems]
-    first = problems[0]
-    if len(rendered) == 1:
-        message = rendered[0]
-    else:
-        message = f"{file}: {len(rendered)} problems:\n" + "\n".join(f"  - {r}" for r in rendered)
-    return AgentConfigError(
-        message,
-        file=file,
-        key=format_path(first.path),
-        found=first.found,
-        expected=first.expected,
-        problems=rendered,
-    )
-
-
-_TYPE_NAMES = {
-    str: "string",
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    list: "list",
-    dict: "mapping",
-    type(None): "null",
-}
-
-
-def describe_found(value: Any) -> str:
-    if value is _MISSING:
-        return "nothing (the key is missing)"
-    if isinstance(value, Mapping):
-        # Keys only: values may be secrets pasted in the wrong place.
-        return f"a mapping with keys {sorted(map(str, value))}"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    kind = next((n for t, n in _TYPE_NAMES.items() if type(value) is t), type(value).__name__)
-    return f"{text} ({kind})"
+__all__ = [
+    "Loc",
+    "Problem",
+    "config_error",
+    "describe_found",
+    "format_path",
+    "problems_from_pydantic",
+]
 
 
 def _value_at(data: Any, loc: Loc) -> Any:

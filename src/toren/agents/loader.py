@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
+from toren._yamlcheck import parse_yaml
 from toren.agents.config import (
     BUILTIN_TOOLS,
     KNOWN_PROVIDER_TYPES,
@@ -274,93 +274,6 @@ def directory_hash(root: str | Path) -> str:
         digest.update(b"%d:%s\0%d:" % (len(rel), rel, len(data)))
         digest.update(data)
     return digest.hexdigest()[:16]
-
-
-# -- YAML with line numbers and duplicate-key detection ---------------------------------
-
-
-class _DuplicateKey(Exception):
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
-        super().__init__(key)
-        self.key, self.line, self.first_line = key, line, first_line
-
-
-class _Loader(yaml.SafeLoader):
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if (
-                not isinstance(key_node, yaml.ScalarNode)
-                or key_node.tag == "tag:yaml.org,2002:merge"
-            ):
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                raise _DuplicateKey(key, line, seen[key])
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _line_map(
-    node: yaml.Node | None, path: Loc = (), out: dict[Loc, int] | None = None
-) -> dict[Loc, int]:
-    out = {} if out is None else out
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            sub = (*path, str(key_node.value))
-            out[sub] = key_node.start_mark.line + 1
-            _line_map(value_node, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            out[(*path, index)] = item.start_mark.line + 1
-            _line_map(item, (*path, index), out)
-    return out
-
-
-def parse_yaml(
-    text: str, file: str, example: str = "'name: my-agent'"
-) -> tuple[Any, dict[Loc, int]]:
-    """YAML with duplicate keys refused, and the line of every key path. A syntax error
-    is an :class:`AgentConfigError` naming ``file``, the line, and ``example`` (a mapping
-    of the shape the file should have)."""
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except _DuplicateKey as dup:
-        raise config_error(
-            file,
-            [
-                Problem(
-                    (str(dup.key),),
-                    f"the key {dup.key!r} a second time (first on line {dup.first_line})",
-                    "each key at most once in a mapping",
-                )
-            ],
-            {(str(dup.key),): dup.line},
-        ) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = (
-            f"{file}:{mark.line + 1}: at line {mark.line + 1}, column {mark.column + 1}"
-            if mark is not None
-            else file
-        )
-        raise AgentConfigError(
-            f"{where}: found invalid YAML "
-            f"({exc.problem or exc.context}); expected a YAML mapping such as "
-            f"{example} (check indentation, colons and quotes)",
-            file=file,
-            key="",
-        ) from None
-    except yaml.YAMLError as exc:
-        raise AgentConfigError(
-            f"{file}: found invalid YAML ({exc}); expected a YAML mapping", file=file
-        ) from None
-    finally:
-        loader.dispose()
-    return data, _line_map(node)
 
 
 # -- loading agent code -----------------------------------------------------------------

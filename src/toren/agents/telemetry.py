@@ -33,8 +33,9 @@ import time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any
 
+from toren.core.ports import Telemetry
 from toren.providers.base import ModelRequest, ModelResponse
 
 __all__ = [
@@ -45,40 +46,6 @@ __all__ = [
     "create_telemetry",
     "run_logger",
 ]
-
-
-class Telemetry(Protocol):
-    """The hooks the engine calls. Implementations must never raise into the engine."""
-
-    def run_span(
-        self, run_id: str, *, agent: str, process: str, code_version: str = ""
-    ) -> contextlib.AbstractContextManager[None]: ...
-
-    def on_model_call(
-        self,
-        run_id: str,
-        stream: str,
-        position: int,
-        request: ModelRequest,
-        response: ModelResponse | None,
-        latency: float,
-        replayed: bool,
-        *,
-        error: str | None = None,
-        cost_usd: Decimal | None = None,
-    ) -> None: ...
-
-    def on_tool_call(
-        self,
-        run_id: str,
-        stream: str,
-        position: int,
-        name: str,
-        latency: float,
-        replayed: bool,
-        *,
-        error: str | None = None,
-    ) -> None: ...
 
 
 class NoopTelemetry:

@@ -1,6 +1,6 @@
 """Toren's HTTP API (``/v1``, JSON, Server-Sent Events). Reference: docs/http-api.md."""
 
-from toren.api.app import ApiState, create_app
+from toren.api.app import create_app
 from toren.api.server import (
     InsecureBind,
     RunningServer,
@@ -9,6 +9,7 @@ from toren.api.server import (
     running_server,
     serve,
 )
+from toren.api.state import ApiState
 
 __all__ = [
     "ApiState",

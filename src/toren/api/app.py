@@ -13,7 +13,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Annotated, Any, TypeVar, cast
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
@@ -27,6 +26,7 @@ from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
 from toren.api.sse import RunStream, StreamSettings, resume_problem
+from toren.api.state import ApiState
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
 from toren.core.fixforward import fork_run as core_fork_run
@@ -37,38 +37,20 @@ from toren.core.program import AgentResolver
 from toren.core.recorded import load_blobs
 from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.runs import send_message as core_send_message
-from toren.core.runs import start_run as core_start_run
+from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
 from toren.core.verify import verify_events
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, secrets_from_env
-from toren.store.base import NewRun, RunRecord, Store
+from toren.store.base import RunRecord, Store
 
 log = logging.getLogger("toren.api")
 F = TypeVar("F", bound=Callable[..., Any])
 
-PUBLIC_PATHS = frozenset({"/v1/health"})
 # Run ids the store hands out are ``run_<hex>``; anything far from that is not a run, and
 # is answered without a query (a NUL byte would even make PostgreSQL fail the query).
 _RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-@dataclass
-class ApiState:
-    """What the routes share; ``app.state.toren``. The console may add public paths."""
-
-    store: Store
-    agents: AgentResolver
-    live: LiveHub | None
-    runtime: LocalWorkerRuntime | None
-    redact: Redactor
-    stream: StreamSettings
-    public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))
-    closing: bool = False  # set on shutdown: open streams end so the server can stop
-
-    def is_public(self, path: str) -> bool:
-        return path in self.public_paths
 
 
 def create_app(
@@ -262,22 +244,6 @@ def _run(state: ApiState, run: RunRecord) -> dict[str, Any]:
     return cast(dict[str, Any], state.redact(run.to_dict()))
 
 
-class _CreationWatch:
-    """The store as ``start_run`` sees it, noting whether ``create_run`` made a new run
-    or returned the one an idempotency key already named (201 versus 200)."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.created = True
-
-    async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
-        record, self.created = await self._store.create_run(run)
-        return record, self.created
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-
 _ROUTES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
 
 
@@ -332,16 +298,16 @@ async def start_run(
         # Runs execute in this process (toren dev): a provider with no key here would
         # block the run from its first model call; refuse it like a config error.
         check_ready(body.agent)
-    watch = _CreationWatch(state.store)
-    run = await core_start_run(
-        cast(Store, watch),
+    started = await core_start(
+        state.store,
         state.agents,
         body.agent,
         body.input,
         process=body.process,
         idempotency_key=key,
     )
-    if not watch.created:
+    run = started.run
+    if not started.created:
         response.status_code = 200
     elif state.live is not None:
         state.live.publish(run.id, {"type": "created", "agent": run.agent})

@@ -39,8 +39,8 @@ from typing import Any
 
 from toren.core.events import TERMINAL_TYPES, Event
 from toren.core.live import LiveHub
+from toren.core.ports import RunStore
 from toren.redact import Redactor, StreamRedactor
-from toren.store.base import Store
 
 log = logging.getLogger("toren.api")
 
@@ -69,7 +69,7 @@ def error_message(code: str, text: str) -> bytes:
     return message("error", {"error": {"code": code, "message": text}})
 
 
-async def resume_problem(store: Store, run_id: str, after: int) -> str | None:
+async def resume_problem(store: RunStore, run_id: str, after: int) -> str | None:
     """Why ``after`` is not a valid resume point of this run, or None when it is.
 
     A valid point is 0 (from the start) or the seq of one of this run's events. Anything
@@ -91,7 +91,7 @@ class RunStream:
 
     def __init__(
         self,
-        store: Store,
+        store: RunStore,
         run_id: str,
         after: int,
         *,

@@ -26,13 +26,14 @@ from typing import Any, Protocol, TypeAlias
 from toren.cli._common import RunFinished
 from toren.client import Run
 from toren.core.fixforward import fork_run, retry_run
+from toren.core.ports import RunStore, Store
 from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
 from toren.core.values import RunStatus
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import RunNotFound
 from toren.runtime import Runtime
-from toren.store.base import Lease, Release, RunRecord, Store
+from toren.store.base import Lease, Release, RunRecord
 from toren.store.urls import shown_url
 
 Item: TypeAlias = tuple[str, "dict[str, Any] | Run"]
@@ -276,7 +277,7 @@ class EmbeddedBackend:
         await self.stop_worker(0.0)
 
 
-def _where(store: Store) -> str:
+def _where(store: RunStore) -> str:
     url = getattr(store, "url", "")
     if url.startswith("sqlite:///"):
         return str(Path(url[len("sqlite:///") :]))

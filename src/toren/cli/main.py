@@ -34,7 +34,7 @@ from toren.deprecations import install_one_line_warnings
 class TorenGroup(click.Group):
     """Catches Toren errors at the top. ``deploy-aws`` is imported only when used."""
 
-    lazy = {"deploy-aws": ("toren.adapters.aws.cli", "deploy_aws")}
+    lazy = {"deploy-aws": ("toren.cli.deploy_aws", "deploy_aws")}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})

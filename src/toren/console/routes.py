@@ -12,20 +12,21 @@ of the versioned API, which is a contract the console is not part of.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from toren.api.app import ApiState
-from toren.api.errors import ApiError
 from toren.console import pages
 from toren.core.events import ModelCallRecorded
 from toren.core.history import load_messages
-from toren.store.base import from_nano
+from toren.core.ports import RunStore
+from toren.core.values import from_nano
 
 STATIC = Path(__file__).parent / "static"
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the API's run routes accept
@@ -43,6 +44,27 @@ HEADERS = {
 }
 
 
+class _Runtime(Protocol):
+    @property
+    def active_runs(self) -> Sequence[str]: ...
+
+
+class ConsoleState(Protocol):
+    """What the console reads of the API's shared state (``toren.api.state.ApiState``,
+    ``app.state.toren``). A Protocol, so that the API mounts the console and the console
+    does not import the API back."""
+
+    public_paths: set[str]
+
+    @property
+    def store(self) -> RunStore: ...
+
+    @property
+    def runtime(self) -> _Runtime | None: ...
+
+    def redact(self, value: Any) -> Any: ...
+
+
 class PublicPaths(set[str]):
     """The API's public path set (``ApiState.public_paths``), plus the console's pages.
 
@@ -57,7 +79,7 @@ class PublicPaths(set[str]):
         return super().__contains__(path)
 
 
-def mount(app: FastAPI, state: ApiState) -> None:
+def mount(app: FastAPI, state: ConsoleState) -> None:
     """Add the console to an API app built by :func:`toren.api.create_app`."""
     state.public_paths = PublicPaths(state.public_paths)
     for path, page in (
@@ -78,8 +100,8 @@ def mount(app: FastAPI, state: ApiState) -> None:
     app.mount("/console/static", StaticFiles(directory=STATIC), name="console-static")
 
 
-def _state(request: Request) -> ApiState:
-    return cast(ApiState, request.app.state.toren)
+def _state(request: Request) -> ConsoleState:
+    return cast(ConsoleState, request.app.state.toren)
 
 
 def _page(name: str) -> Any:
@@ -121,7 +143,7 @@ async def summary(request: Request) -> Response:
     return JSONResponse(body)
 
 
-def _active(state: ApiState) -> int | None:
+def _active(state: ConsoleState) -> int | None:
     return len(state.runtime.active_runs) if state.runtime is not None else None
 
 
@@ -132,15 +154,14 @@ async def model_call(request: Request) -> Response:
     seq_text = request.path_params["seq"]
     if not SEQ.fullmatch(seq_text) or not RUN_ID.match(run_id):
         # Not a seq at all (as before: a 404), and said so: only ASCII digits name one.
-        raise ApiError(
+        raise HTTPException(
             404,
-            "not_found",
             f"no model call {seq_text[:40]!r} in run {run_id!r}: a seq is 1-18 ASCII digits 0-9",
         )
     seq = int(seq_text)
     found = await state.store.load_events(run_id, after_seq=seq - 1, limit=1) if seq else []
     event = found[0] if found and found[0].seq == seq else None
     if event is None or not isinstance(event.payload, ModelCallRecorded):
-        raise ApiError(404, "not_found", f"no model call with seq {seq} in run {run_id!r}")
+        raise HTTPException(404, f"no model call with seq {seq} in run {run_id!r}")
     messages = await load_messages(state.store, event.payload.message_list)
     return JSONResponse(state.redact({"seq": seq, "messages": messages}))

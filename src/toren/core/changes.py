@@ -17,8 +17,8 @@ from typing import Any
 
 from toren.core.digest import HashedRequest, canonical_json
 from toren.core.events import Event, StreamInvalidated
+from toren.core.model_types import ModelRequest
 from toren.core.recorded import Derived, RecordedStep, derive, group_steps, waited_names
-from toren.providers.base import ModelRequest
 
 _SHOWN = 60  # characters of a value shown in a change's text
 

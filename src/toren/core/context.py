@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 
 from toren.core import combinators
 from toren.core.digest import request_digest
+from toren.core.model_types import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 from toren.core.values import Totals
 from toren.errors import InvalidInput
-from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
 
 if TYPE_CHECKING:
     from toren.core.branches import Branches

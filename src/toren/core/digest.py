@@ -34,9 +34,9 @@ from typing import Any
 import orjson
 
 from toren.core.jsontext import NOT_PLAIN, PLAIN, plain_kind
+from toren.core.model_types import TRANSPORT_PARAMS, Message, ModelRequest, ToolSpec
 from toren.core.text import repair
 from toren.errors import InvalidInput
-from toren.providers.base import TRANSPORT_PARAMS, Message, ModelRequest, ToolSpec
 
 DIGEST_VERSION = 1
 _REQUEST_PREFIX = b"toren.request.v1\n"

@@ -27,13 +27,7 @@ from toren.core.events import (
     ValueRecorded,
 )
 from toren.core.failures import failure_dict, tagged
-from toren.core.program import AgentProgram, Pricing, ToolDef
-from toren.core.replay import Step
-from toren.core.text import repair, repair_text
-from toren.core.values import to_nano
-from toren.errors import ModelCallFailed, StepFailed, ToolFailed, TorenError
-from toren.providers.base import (
-    ModelProvider,
+from toren.core.model_types import (
     ModelRequest,
     ModelResponse,
     ToolSpec,
@@ -41,6 +35,12 @@ from toren.providers.base import (
     frozen,
     usage_cut_off,
 )
+from toren.core.ports import ModelProvider
+from toren.core.program import AgentProgram, Pricing, ToolDef
+from toren.core.replay import Step
+from toren.core.text import repair, repair_text
+from toren.core.values import to_nano
+from toren.errors import ModelCallFailed, StepFailed, ToolFailed, TorenError
 
 _ZERO = Decimal(0)
 

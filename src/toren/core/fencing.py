@@ -10,7 +10,7 @@ passes (``toren.core.tickstate._Busy``) asks :meth:`LeaseFence.due` first:
 
 * more than ``margin`` seconds left: proceed (no I/O; the heartbeat keeps the deadline far);
 * otherwise: renew the lease in one round trip fenced by its epoch
-  (:meth:`~toren.store.base.Store.renew_lease`); if another worker claimed the run in the
+  (:meth:`~toren.core.ports.JournalStore.renew_lease`); if another worker claimed the run in the
   meantime the renewal finds another epoch, and the tick stops before the effect.
 
 The deadline is the time a renewal (or the claim) was *sent* plus the TTL: the database
@@ -26,8 +26,9 @@ from __future__ import annotations
 import time
 
 from toren.core.clock import Clock
+from toren.core.ports import JournalStore
+from toren.core.records import Lease
 from toren.errors import LeaseLost, StorageError
-from toren.store.base import Lease, Store
 
 # CLOCK_BOOTTIME keeps counting through a system suspend (CLOCK_MONOTONIC does not);
 # both keep counting while the process itself is stopped (SIGSTOP, a cgroup freeze).
@@ -66,7 +67,7 @@ class LeaseFence:
         """Whether the lease must be proven (renewed) before the next effect starts."""
         return self.remaining() <= self.margin
 
-    async def prove(self, store: Store, clock: Clock) -> None:
+    async def prove(self, store: JournalStore, clock: Clock) -> None:
         """Renew the lease, fenced by its epoch, until it holds for more than the margin.
         Raises :class:`LeaseLost` if the run is another worker's (or released), and
         :class:`StorageError` if the database cannot confirm it in a few round trips."""

@@ -43,18 +43,19 @@ from toren.core.events import (
     make_event,
 )
 from toren.core.inputs import json_data
+from toren.core.ports import RunStore
 from toren.core.program import AgentResolver
+from toren.core.records import NewRun, RunRecord
 from toren.core.replay import RunLog, Step, step_slot
 from toren.core.runs import new_run_id
 from toren.errors import ForkPointNotFound, InvalidInput, RunNotFound, RunNotRetryable
-from toren.store.base import NewRun, RunRecord, Store
 
 _UNSET: Any = object()
 RETRY_LIMITS = ("max_steps", "max_cost_usd")
 
 
 async def retry_run(
-    store: Store,
+    store: RunStore,
     agents: AgentResolver,
     run_id: str,
     *,
@@ -156,7 +157,7 @@ def _not_retryable(run: RunRecord) -> str:
     return f"run {run.id!r} is {run.status}, not failed; only a failed run can be retried"
 
 
-async def _get(store: Store, run_id: str) -> RunRecord:
+async def _get(store: RunStore, run_id: str) -> RunRecord:
     run = await store.get_run(run_id)
     if run is None:
         raise RunNotFound(f"no run with id {run_id!r}")
@@ -179,7 +180,7 @@ def parse_at(at: str) -> tuple[str, int]:
 
 
 async def fork_run(
-    store: Store,
+    store: RunStore,
     agents: AgentResolver,
     run_id: str,
     *,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from toren.core.ports import BlobStore
 from toren.errors import CorruptEventLog
-from toren.store.base import Store
 
 
-async def load_messages(store: Store, node: str | None) -> list[Any]:
+async def load_messages(store: BlobStore, node: str | None) -> list[Any]:
     """The full message list a recorded model call sent, oldest first."""
     chain: list[list[str]] = []
     while node is not None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
+from toren.core.model_types import FrozenList, Message
 from toren.core.text import has_surrogates, repair_text
-from toren.providers.base import FrozenList, Message
 
 NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS = 0, 1, 2
 _MAX_NODES = 100_000  # containers walked at most before leaving a value to json

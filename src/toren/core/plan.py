@@ -28,14 +28,15 @@ from toren.core.digest import HashCache, HashedRequest
 from toren.core.effects import replay_child, replay_message, replay_model, replay_tool, replay_value
 from toren.core.events import Event, ModelCallRecorded
 from toren.core.journal import Journal, Replay, Supersede
+from toren.core.model_types import ModelRequest, ModelResponse
+from toren.core.ports import Store
 from toren.core.program import AgentResolver
 from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
+from toren.core.records import RunRecord
 from toren.core.replay import RunLog, Step
 from toren.core.tickstate import TickDeps
 from toren.core.values import StepKind
 from toren.errors import AgentNotFound, CorruptEventLog
-from toren.providers.base import ModelRequest, ModelResponse
-from toren.store.base import RunRecord, Store
 
 IN_FLIGHT = ("queued", "running", "waiting")
 PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toren.core.model_types import ToolSpec, Usage
+from toren.core.ports import ModelProvider
 from toren.errors import AgentNotFound
-from toren.providers.base import ModelProvider, ToolSpec, Usage
 
 if TYPE_CHECKING:
     from toren.core.context import Context

@@ -25,7 +25,7 @@ from toren.core.events import (
     UnknownEvent,
     ValueRecorded,
 )
-from toren.store.base import Store
+from toren.core.ports import BlobStore
 
 # The event that opens each kind of step (its first event); the others complete a step.
 _KIND_OF_FIRST = {
@@ -94,7 +94,7 @@ def waited_names(events: Iterable[Event]) -> list[str]:
 # -- blobs --------------------------------------------------------------------------------
 
 
-async def load_blobs(store: Store, events: Sequence[Event]) -> dict[str, Any]:
+async def load_blobs(store: BlobStore, events: Sequence[Event]) -> dict[str, Any]:
     """Every blob the model calls of ``events`` reference: their message-list nodes (the
     whole chains), message bodies and tool specs. Missing ones are simply absent."""
     found: dict[str, Any] = {}

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import RunStarted, make_event
 from toren.core.inputs import check_message_name, json_data
+from toren.core.ports import RunStore
 from toren.core.program import AgentResolver
+from toren.core.records import NewRun, RunRecord
 from toren.errors import InvalidInput, RunNotFound
-from toren.store.base import NewRun, RunRecord, Store
 
 MAX_IDEMPOTENCY_KEY = 255
 # The most runs one listing returns: a page of ``GET /v1/runs`` and ``toren runs list
@@ -26,8 +28,17 @@ def new_run_id(now: float) -> str:
     return f"run_{int(now * 1000):012x}{os.urandom(5).hex()}"
 
 
+@dataclass(frozen=True)
+class Started:
+    """A started run, and whether this call created it (False: the idempotency key named a
+    run that already existed, which is returned as it is now)."""
+
+    run: RunRecord
+    created: bool
+
+
 async def start_run(
-    store: Store,
+    store: RunStore,
     agents: AgentResolver,
     agent: str,
     input: Any = None,
@@ -36,6 +47,29 @@ async def start_run(
     idempotency_key: str | None = None,
     clock: Clock | None = None,
 ) -> RunRecord:
+    """Create a run (queued) and wake the workers; the run (see :func:`start`)."""
+    started = await start(
+        store,
+        agents,
+        agent,
+        input,
+        process=process,
+        idempotency_key=idempotency_key,
+        clock=clock,
+    )
+    return started.run
+
+
+async def start(
+    store: RunStore,
+    agents: AgentResolver,
+    agent: str,
+    input: Any = None,
+    *,
+    process: str = "main",
+    idempotency_key: str | None = None,
+    clock: Clock | None = None,
+) -> Started:
     """Create a run (queued) and wake the workers. The same ``idempotency_key`` returns the
     same run; reusing it with another agent, process or input is an error. An input that
     is not JSON data, or nests objects and arrays more than
@@ -58,14 +92,14 @@ async def start_run(
         slot="run:start",
         created_at=now,
     )
-    run, _ = await store.create_run(
+    run, created = await store.create_run(
         NewRun(run_id, agent, process, input, idempotency_key, now, started)
     )
-    return run
+    return Started(run, created)
 
 
 async def send_message(
-    store: Store, run_id: str, name: str, payload: Any = None, *, clock: Clock | None = None
+    store: RunStore, run_id: str, name: str, payload: Any = None, *, clock: Clock | None = None
 ) -> int:
     """Send the message ``name`` to run ``run_id`` (a run waiting in
     ``ctx.wait_for_message(name)`` continues); the id of the stored message. The checks of
@@ -73,14 +107,14 @@ async def send_message(
     characters, a payload that is not JSON data, or nests objects and arrays
     more than :data:`~toren.core.inputs.MAX_JSON_DEPTH` levels deep, is an
     :class:`InvalidInput` and nothing is stored; an unknown or finished run is a
-    :class:`RunNotFound`. (``Store.send_message`` is the storage call beneath, unchecked.)"""
+    :class:`RunNotFound`. (``RunStore.send_message`` is the storage call beneath, unchecked.)"""
     check_message_name(name)
     payload = json_data(payload, "message payload", "payload")
     return await store.send_message(run_id, name, payload, now=(clock or SystemClock()).now())
 
 
 async def wait_for_run(
-    store: Store, run_id: str, *, timeout: float = 60.0, until: tuple[str, ...] = ()
+    store: RunStore, run_id: str, *, timeout: float = 60.0, until: tuple[str, ...] = ()
 ) -> RunRecord:
     """Poll until the run is terminal (or in one of ``until``); TimeoutError otherwise."""
     deadline = time.monotonic() + timeout

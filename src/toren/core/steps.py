@@ -42,6 +42,14 @@ from toren.core.events import (
 )
 from toren.core.failures import failure_dict, tagged
 from toren.core.journal import Replay
+from toren.core.model_types import (
+    CancelledWithUsage,
+    ModelRequest,
+    ModelResponse,
+    Usage,
+    frozen,
+)
+from toren.core.ports import ModelProvider
 from toren.core.program import AgentProgram, ToolDef
 from toren.core.replay import Step
 from toren.core.text import repair_text
@@ -53,14 +61,6 @@ from toren.errors import (
     ProviderUnavailable,
     StepFailed,
     StorageError,
-)
-from toren.providers.base import (
-    CancelledWithUsage,
-    ModelProvider,
-    ModelRequest,
-    ModelResponse,
-    Usage,
-    frozen,
 )
 
 _reported_usage = reported_usage  # the name tests and older callers import

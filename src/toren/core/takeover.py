@@ -23,7 +23,8 @@ import logging
 import os
 import socket
 
-from toren.store.base import Store, WorkerInfo
+from toren.core.ports import JournalStore
+from toren.core.records import WorkerInfo
 
 log = logging.getLogger("toren.worker")
 
@@ -55,7 +56,7 @@ def why_gone(worker: WorkerInfo, *, hostname: str, now: float, heartbeat: float)
 
 
 async def take_over_gone(
-    store: Store,
+    store: JournalStore,
     *,
     me: str,
     now: float,

@@ -30,6 +30,7 @@ from toren.core.events import (
 from toren.core.failures import failed_seqs, failure_dict
 from toren.core.fencing import lease_clock
 from toren.core.journal import Journal
+from toren.core.records import Lease, Release, RunRecord
 from toren.core.steps import Steps
 from toren.core.tickstate import (
     FLUSH_INTERVAL,
@@ -58,7 +59,6 @@ from toren.errors import (
     TorenError,
     UserError,
 )
-from toren.store.base import Lease, Release, RunRecord
 
 log = logging.getLogger("toren.tick")
 

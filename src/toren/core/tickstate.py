@@ -48,15 +48,15 @@ from toren.core.journal import (
     Supersede,
     log_totals,
 )
+from toren.core.ports import JournalStore, ModelProvider
 from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
+from toren.core.records import Lease, Release, RunDelta, RunRecord, WorkerInfo
 from toren.core.replay import RunLog, end_slot, step_slot
 from toren.core.values import StepKind, TickStatus, Totals
 from toren.errors import LeaseLost, RunCancelledSignal, StorageError
-from toren.providers.base import ModelProvider
-from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo
 
 if TYPE_CHECKING:
-    from toren.agents.telemetry import Telemetry
+    from toren.core.ports import Telemetry
 
 log = logging.getLogger("toren.tick")
 
@@ -88,7 +88,7 @@ class TickDeps:
     timers, the flush cadence, latencies), ``random`` (``ctx.random()``) and ``uuid``
     (``ctx.uuid()``)."""
 
-    store: Store
+    store: JournalStore
     agents: AgentResolver
     providers: Mapping[str, ModelProvider] = field(default_factory=dict)
     clock: Clock = field(default_factory=SystemClock)
@@ -214,7 +214,7 @@ class Writer:
         "store",
     )
 
-    def __init__(self, store: Store, lease: Lease, clock: Clock) -> None:
+    def __init__(self, store: JournalStore, lease: Lease, clock: Clock) -> None:
         self.store = store
         self.lease = lease
         self.clock = clock

@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 from toren.core.digest import request_digest
 from toren.core.events import Event
+from toren.core.ports import RunStore
 from toren.core.recorded import RecordedStep, derive, group_steps, load_blobs, waited_names
 from toren.errors import InvalidInput, RunNotFound
-from toren.store.base import Store
 
 Verdict = Literal["verified", "unverifiable", "mismatch"]
 
@@ -108,7 +108,7 @@ def verify_events(
     return RunVerification(run_id, tuple(checks))
 
 
-async def verify_run(store: Store, run_id: str) -> RunVerification:
+async def verify_run(store: RunStore, run_id: str) -> RunVerification:
     """Re-derive every digest of run ``run_id`` from its stored events and blobs."""
     if await store.get_run(run_id) is None:
         raise RunNotFound(f"no run with id {run_id!r}", run_id=run_id)
@@ -116,7 +116,7 @@ async def verify_run(store: Store, run_id: str) -> RunVerification:
     return verify_events(run_id, events, await load_blobs(store, events))
 
 
-async def verify_runs(store: Store, run_ids: Iterable[str]) -> list[RunVerification]:
+async def verify_runs(store: RunStore, run_ids: Iterable[str]) -> list[RunVerification]:
     return [await verify_run(store, run_id) for run_id in run_ids]
 
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toren.core.fencing import lease_clock
+from toren.core.records import Lease, WorkerInfo
 from toren.core.takeover import take_over_gone
 from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
 from toren.core.values import TickStatus
 from toren.errors import CorruptRow, StorageError
-from toren.store.base import Lease, WorkerInfo
 
 log = logging.getLogger("toren.worker")
 RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
@@ -273,8 +273,6 @@ class LocalWorkerRuntime:
         """Prune runs finished longer ago than the retention setting, one small batch at a
         time: a batch, then ``pause`` while there is more, ``interval`` once caught up.
         Workers pruning at once split the work (see toren.store.retention)."""
-        from toren.store.retention import prune_batch, sweep_blobs
-
         retention = self.settings.retention
         assert retention.finished_after is not None
         swept_at, pruned_since = self.deps.clock.now(), 0
@@ -282,18 +280,18 @@ class LocalWorkerRuntime:
             wait = retention.interval
             try:
                 now = self.deps.clock.now()
-                done = await prune_batch(
-                    self.deps.store, before=now - retention.finished_after, limit=retention.batch
+                done = await self.deps.store.prune_finished(
+                    before=now - retention.finished_after, limit=retention.batch
                 )
-                self.metrics.pruned_runs += done.runs
-                pruned_since += done.runs
-                if done.runs:
-                    log.info("worker %s pruned %d finished runs", self.worker_id, done.runs)
-                if done.runs >= retention.batch:
+                self.metrics.pruned_runs += done
+                pruned_since += done
+                if done:
+                    log.info("worker %s pruned %d finished runs", self.worker_id, done)
+                if done >= retention.batch:
                     wait = retention.pause
                 elif pruned_since and now - swept_at >= retention.sweep_interval:
                     swept_at, pruned_since = now, 0
-                    swept = await sweep_blobs(self.deps.store)
+                    swept = await self.deps.store.sweep_blobs()
                     log.info("worker %s swept %d unreferenced bodies", self.worker_id, swept)
             except Exception:
                 log.exception("worker %s: prune failed; retrying later", self.worker_id)

@@ -35,9 +35,10 @@ from toren.errors import AgentConfigError, ModelCallFailed
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, ToolCall, Usage
 
 if TYPE_CHECKING:
-    from toren.agents.diagnostics import Loc, Problem
+    from toren._yamlcheck import Loc, Problem
 
-# Agent loading (toren.agents) imports this module; its diagnostics are imported where used.
+# YAML and its diagnostics (toren._yamlcheck) are imported where used: yaml is not loaded
+# until a script is.
 
 # The built-in model: scripted:echo answers with the last user message, no script needed.
 ECHO_MODEL = "echo"
@@ -178,7 +179,7 @@ def load_script(path: str | Path) -> dict[str, Any]:
     """Read and check a script file. Agent loading calls it, so a broken script is an
     :class:`AgentConfigError` (file, line, key, what was found, the shape expected) before
     any run exists, not a failed run."""
-    from toren.agents.loader import parse_yaml
+    from toren._yamlcheck import parse_yaml
 
     path = Path(path)
     try:
@@ -201,7 +202,7 @@ def load_script(path: str | Path) -> dict[str, Any]:
 
 def check_script(data: Any, where: str, lines: Mapping[Loc, int] | None = None) -> dict[str, Any]:
     """``data`` as a script, or an :class:`AgentConfigError` listing what is wrong."""
-    from toren.agents.diagnostics import config_error
+    from toren._yamlcheck import config_error
 
     data = {} if data is None else data
     problems = list(_script_problems(data))
@@ -211,7 +212,7 @@ def check_script(data: Any, where: str, lines: Mapping[Loc, int] | None = None) 
 
 
 def _problem(path: Loc, value: Any, expected: str) -> Problem:
-    from toren.agents.diagnostics import Problem, describe_found
+    from toren._yamlcheck import Problem, describe_found
 
     return Problem(path, describe_found(value), expected)
 

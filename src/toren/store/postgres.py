@@ -1,6 +1,8 @@
-"""PostgreSQL store (psycopg 3 with a connection pool).
+"""PostgreSQL store (psycopg 3): the dialect's SQL and its semantics.
 
-The shared logic in :mod:`toren.store.sql` runs on a small thread pool over a pool of
+Every connection (the pools, the fast and inline lanes, LISTEN) and the group-commit
+batcher live in :mod:`toren.store._pg_conn`; this module says what to run, not where. The
+shared logic in :mod:`toren.store.sql` runs on a small thread pool over a pool of
 autocommit connections; each unit of work is one explicit transaction. Claims use
 ``FOR UPDATE SKIP LOCKED`` so concurrent workers never block on each other's rows; the
 schema is applied under an advisory lock so concurrent starts do not race; new runs and
@@ -11,59 +13,38 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from toren.core.events import Event
 from toren.core.values import RunStatus
 from toren.errors import LeaseLost, SchemaError, StorageError
+from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
+from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,
     RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
     UNBLOCK,
-    InlineGate,
     SqlStore,
-    _lease_lost,
-    _with_seq,
     event_params,
+    lease_lost,
     loop_is_idle,
     new_run_values,
     release_values,
     run_from_row,
     settle,
     step_conflict,
+    with_seq,
 )
-from toren.store.urls import shown_url, without_secrets
 
 T = TypeVar("T")
 log = logging.getLogger("toren.store")
-CHANNEL = "toren_work"
 _MIGRATION_LOCK = 0x746F72656E  # "toren": one advisory lock key for the schema list
-# The inline lane blocks the event loop while its statement runs, so it gives up on any
-# wait it can: a row lock held by another transaction, a statement that runs long (both
-# cancelled before the commit: the statement did nothing, and goes the loop's way), a peer
-# gone silent (TCP keepalives and a user timeout end the connection within seconds).
-_INLINE_SETTINGS = "SET lock_timeout = '20ms'; SET statement_timeout = '250ms'"
-_INLINE_CONNECT = {
-    "autocommit": True,
-    "keepalives": 1,
-    "keepalives_idle": 2,
-    "keepalives_interval": 1,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 5000,  # ms
-}
-_INLINE_RETRY = 5.0  # s between attempts to (re)open the inline lane
-_PROBE_TIMEOUT = 10  # s: the first connection's connect_timeout, unless the URL sets one
-
-
 _TOTALS = (
     "updated_at = %s::double precision, "
     "input_tokens = input_tokens + %s::bigint, output_tokens = output_tokens + %s::bigint, "
@@ -306,61 +287,35 @@ def _appended(lease: Lease, events: Sequence[Event], rows: list[Any]) -> list[Ev
     """The events as stored, from the seqs the statement returned (none: the lease was
     gone, so nothing was written)."""
     if len(rows) != len(events):
-        raise _lease_lost(lease)
+        raise lease_lost(lease)
     seqs = sorted(int(r[0]) for r in rows)
-    return [_with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
+    return [with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
 
 
-def _import_psycopg() -> Any:
-    try:
-        import psycopg
-        import psycopg_pool
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise StorageError(
-            "PostgreSQL support needs psycopg: pip install 'toren-run[postgres]'"
-        ) from exc
-    return psycopg, psycopg_pool
-
-
-class PostgresStore(SqlStore):
+class PostgresStore(SqlStore, Pruning):
     dialect = "postgres"
     lease_check_lock = " FOR SHARE"
     run_row_lock = " FOR UPDATE"
 
     def __init__(self, url: str, *, pool_size: int = 16) -> None:
         self.url = url
-        psycopg, psycopg_pool = _import_psycopg()
-        self._psycopg = psycopg
-        self._psycopg_pool = psycopg_pool
-        self._pool_size = pool_size
-        self._apool: Any = None
-        self._lane: tuple[Any, Any] | None = None  # (connection, cursor): see _on_lane
-        self._lane_free = True
-        self._gate = InlineGate()
-        self._inline: tuple[Any, Any] | None = None  # (connection, cursor): see _on_inline
-        self._inline_opening: asyncio.Future[None] | None = None
-        self._inline_retry_at = 0.0  # monotonic time before which no new attempt is made
-        self._closed = False
-        self._pool = psycopg_pool.ConnectionPool(
-            url,
-            min_size=1,
-            max_size=pool_size,
-            kwargs={"autocommit": True},
-            open=False,
-        )
-        self._opened = False
-        self._reachable = False  # see _probe
-        self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="toren-pg")
+        self.lanes = Lanes(url, pool_size=pool_size)
+        self._psycopg = self.lanes.psycopg
         self._sql_cache: dict[str, str] = {}
-        self._listener: Any = None
-        self._listen_task: asyncio.Task[None] | None = None
-        self._wakeup: asyncio.Event | None = None
-        self._batch: list[_Append] = []
-        self._batch_tasks: set[asyncio.Task[None]] = set()
+        self._batcher: TurnBatcher[_Append] = TurnBatcher(
+            self.lanes, self._append_inline, self._append_batch
+        )
         self.batched_steps = 0  # steps committed in a statement shared with other runs
-        self.inline_statements = 0  # statements run on the inline lane
-        # Statements that gave up a wait there and took the loop, by reason.
-        self.inline_deferred: collections.Counter[str] = collections.Counter()
+
+    @property
+    def inline_statements(self) -> int:
+        """Statements run on the inline lane."""
+        return self.lanes.inline_statements
+
+    @property
+    def inline_deferred(self) -> collections.Counter[str]:
+        """Statements that gave up a wait on the inline lane and took the loop, by reason."""
+        return self.lanes.inline_deferred
 
     def _q(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
@@ -372,51 +327,13 @@ class PostgresStore(SqlStore):
         cur.execute(self._q(sql), params)
         return cur
 
-    def _in_tx(self, fn: Callable[[Any], T], write: bool) -> T:
-        if not self._opened:
-            self._pool.open(wait=True, timeout=30)
-            self._opened = True
-        with self._pool.connection() as conn:
-            if not write:
-                with conn.cursor() as cur:
-                    return fn(cur)
-            with conn.transaction(), conn.cursor() as cur:
-                return fn(cur)
-
-    def _probe(self) -> None:
-        """Connect once, directly, before any pool opens. A pool retries a refused or
-        rejected connection in the background, logging every attempt, until its timeout
-        (30 s), and then reports only that it is incomplete; one direct attempt fails at
-        once with the server's answer ("database ... does not exist", "connection
-        refused")."""
-        psycopg = self._psycopg
-        try:
-            options = psycopg.conninfo.conninfo_to_dict(self.url)
-            timeout = {} if "connect_timeout" in options else {"connect_timeout": _PROBE_TIMEOUT}
-            psycopg.connect(self.url, autocommit=True, **timeout).close()
-        except psycopg.Error as exc:
-            cause = without_secrets(" ".join(str(exc).split()), self.url)
-            raise StorageError(
-                f"cannot connect to PostgreSQL at {shown_url(self.url)!r}: {cause}",
-                url=shown_url(self.url),
-            ) from None
-        self._reachable = True
-
-    async def _reach(self) -> None:
-        """Probe the server the first time the store is used (see :meth:`_probe`)."""
-        if not self._reachable:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._probe)
-
     async def _run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
-        if not self._reachable:
-            await self._reach()
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._executor, self._in_tx, fn, write)
-        except self._psycopg.errors.UniqueViolation:
-            raise
-        except self._psycopg.Error as exc:
-            raise StorageError(f"PostgreSQL error: {exc}") from exc
+        return await self.lanes.run(fn, write=write)
+
+    async def _fetch_async(
+        self, sql: str, params: Sequence[Any], *, rows: bool = True, inline: bool = True
+    ) -> list[Any]:
+        return await self.lanes.fetch(self._q(sql), params, rows=rows, inline_ok=inline)
 
     async def append(
         self,
@@ -430,34 +347,23 @@ class PostgresStore(SqlStore):
     ) -> list[Event]:
         """A step in one statement, hence one round trip and one autocommit transaction:
         the lease check (with the run's totals when due), the new blobs and the events,
-        all or nothing. Consuming a message takes the general path.
+        all or nothing. Consuming a message takes the generic path
+        (:meth:`_append_in_transaction`).
 
         Group commit: the steps of many runs requested in the same turn of the event loop
         go to the database as one statement (one round trip, one WAL flush); a lone step,
         with nothing else ready to run, goes at once."""
         if consume_inbox is not None or not events:
-            return await super().append(
+            return await self._append_in_transaction(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
         blobs = blobs or {}
         loop = asyncio.get_running_loop()
-        if not self._batch and loop_is_idle(loop):
+        if self._batcher.empty and loop_is_idle(loop):
             return await self._append_one(lease, events, blobs, delta, now)
         future: asyncio.Future[list[Event]] = loop.create_future()
-        self._batch.append(_Append(lease, events, blobs, delta, now, future))
-        if len(self._batch) == 1:
-            loop.call_soon(self._flush_batch)
+        self._batcher.add(_Append(lease, events, blobs, delta, now, future))
         return await future
-
-    def _flush_batch(self) -> None:
-        self._gate.turned()
-        batch, self._batch = self._batch, []
-        alone = len(batch) == 1 and loop_is_idle(asyncio.get_running_loop())
-        if alone and self._append_inline(batch[0]):
-            return
-        task = asyncio.ensure_future(self._append_batch(batch))
-        self._batch_tasks.add(task)
-        task.add_done_callback(self._batch_tasks.discard)
 
     async def _append_batch(self, batch: list[_Append]) -> None:
         """Commit a batch in one statement. If that statement fails (one run's step
@@ -484,9 +390,9 @@ class PostgresStore(SqlStore):
                     for job in batch:
                         got = sorted(seqs.get(job.lease.run_id, ()))
                         if len(got) != len(job.events):
-                            settle(job.future, None, _lease_lost(job.lease))
+                            settle(job.future, None, lease_lost(job.lease))
                         else:
-                            stored = [_with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
+                            stored = [with_seq(e, q) for e, q in zip(job.events, got, strict=True)]
                             settle(job.future, stored, None)
                     return
             # Alone: runs side by side, each run's steps one after another (in call order).
@@ -537,7 +443,7 @@ class PostgresStore(SqlStore):
         idle and commits inline too."""
         try:
             sql, params = _append_statement(job.lease, job.events, job.blobs, job.delta, job.now)
-            rows = self._try_inline(sql, params, turn=True)
+            rows = self.lanes.try_inline(self._q(sql), params, turn=True)
             if rows is None:
                 return False
             settle(job.future, _appended(job.lease, job.events, rows), None)
@@ -554,16 +460,40 @@ class PostgresStore(SqlStore):
             raise
         return True
 
+    async def _append_in_transaction(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        *,
+        blobs: Mapping[str, str] | None,
+        delta: RunDelta | None,
+        consume_inbox: int | None,
+        now: float,
+    ) -> list[Event]:
+        """Fallback to the generic path (``SqlStore.append``, one transaction of several
+        statements) for the appends the one-statement CTE does not express: consuming an
+        inbox message (its row must be taken in the same transaction, or the step fails)
+        and an append without events."""
+        return await super().append(
+            lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
+        )
+
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
-        """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a run
-        that already exists (its idempotency key was used) takes the general path, which
-        returns it or names the conflict."""
-        if run.events or run.forked_from is not None:  # a fork: the general path
-            return await super().create_run(run)
+        """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a fork, or
+        a run that already exists (its id or idempotency key was used), takes the generic
+        path (:meth:`_create_run_in_transaction`)."""
+        if run.events or run.forked_from is not None:
+            return await self._create_run_in_transaction(run)
         params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
         if rows:
             return run_from_row(rows[0][:-1]), True
+        return await self._create_run_in_transaction(run)
+
+    async def _create_run_in_transaction(self, run: NewRun) -> tuple[RunRecord, bool]:
+        """Fallback to the generic path (``SqlStore.create_run``) for what the one-statement
+        CTE does not express: a fork (its copied events and lineage), and a run whose id or
+        idempotency key exists (returned as it is, or named as a conflict)."""
         return await super().create_run(run)
 
     async def renew(
@@ -593,12 +523,17 @@ class PostgresStore(SqlStore):
         )
         return bool(rows)
 
+    async def _park_on_inbox(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
+        """Fallback to the generic path (``SqlStore.release``) for a run parking on its
+        inbox: it must look at the inbox again after its row is locked (a message that
+        arrived meanwhile keeps it runnable), which one statement's snapshot cannot."""
+        return await super().release(lease, release, now=now)
+
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         """Give the run back in one statement (the common case). A run parking on its
-        inbox takes the general path: it must look at the inbox again after its row is
-        locked, which one statement's snapshot cannot."""
+        inbox takes the generic path (:meth:`_park_on_inbox`)."""
         if release.status == RunStatus.WAITING and release.waiting_for:
-            return await super().release(lease, release, now=now)
+            return await self._park_on_inbox(lease, release, now=now)
         params: list[Any] = [
             *release_values(release, now),
             *_totals_params(release.delta, now),
@@ -616,146 +551,12 @@ class PostgresStore(SqlStore):
                 raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
             raise
         if len(rows) != max(1, len(release.events)):
-            raise _lease_lost(lease)
+            raise lease_lost(lease)
         await self.notify()
         if not release.events:
             return []
         seqs = sorted(int(r[0]) for r in rows)
-        return [_with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
-
-    async def _fetch_async(
-        self, sql: str, params: Sequence[Any], *, rows: bool = True, inline: bool = True
-    ) -> list[Any]:
-        """One autocommit statement; all its rows. On the inline lane when the gate is
-        open (unless ``inline`` is False: a read of unbounded size), else on an async
-        connection."""
-        if self._apool is None:
-            await self._reach()
-            self._apool = self._psycopg_pool.AsyncConnectionPool(
-                self.url,
-                min_size=1,
-                max_size=self._pool_size,
-                kwargs={"autocommit": True},
-                open=False,
-            )
-            await self._apool.open(wait=True, timeout=30)
-        try:
-            done = self._try_inline(sql, params, rows) if inline else None
-            if done is not None:
-                return done
-            try:
-                if self._lane_free and self._pool_size > 1:
-                    return await self._on_lane(self._q(sql), params, rows)
-                async with self._apool.connection() as conn:
-                    cur = await conn.execute(self._q(sql), params)
-                    return list(await cur.fetchall()) if rows else []
-            finally:
-                self._gate.turned()  # that statement's wait was a turn of the loop
-        except self._psycopg.errors.UniqueViolation:
-            raise
-        except self._psycopg.Error as exc:
-            raise StorageError(f"PostgreSQL error: {exc}") from exc
-
-    def _try_inline(
-        self, sql: str, params: Sequence[Any], rows: bool = True, *, turn: bool = False
-    ) -> list[Any] | None:
-        """The statement's rows if it ran on the inline lane; None if it must go the loop's
-        way: the gate is closed, the lane not open yet, or the statement gave up on a wait
-        it could not bound (then it did nothing). ``turn``: the caller is a turn of the
-        loop of its own (a scheduled flush), which needs no gate."""
-        if self._inline is None:
-            if (
-                self._inline_opening is None
-                and not self._closed
-                and time.monotonic() >= self._inline_retry_at
-            ):
-                self._inline_opening = asyncio.ensure_future(self._open_inline())
-            return None
-        if not turn and not self._gate.open(asyncio.get_running_loop()):
-            return None
-        errors = self._psycopg.errors
-        try:
-            return self._on_inline(self._q(sql), params, rows)
-        except errors.LockNotAvailable:
-            self.inline_deferred["lock_timeout"] += 1
-            return None
-        except errors.QueryCanceled:
-            self.inline_deferred["statement_timeout"] += 1
-            return None
-
-    def _on_inline(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
-        """The inline lane: one statement on a connection of its own, run on the event
-        loop's thread and waited for there, blocking. Only when the loop has nothing else
-        to do (see :class:`InlineGate`): a lone run's step then pays neither the loop's
-        wake-ups nor the async driver's bookkeeping (about half of psycopg's client time
-        per statement). A broken connection is dropped, and opened again later."""
-        conn, cur = self._inline  # type: ignore[misc]
-        try:
-            cur.execute(sql, params)
-            self.inline_statements += 1
-            return cur.fetchall() if rows else []
-        except BaseException:
-            if conn.broken:
-                self._inline = None
-                self._inline_opening = None
-                with contextlib.suppress(Exception):
-                    conn.close()
-            raise
-
-    async def _open_inline(self) -> None:
-        """Connect the inline lane off the loop (connecting takes milliseconds); until it
-        is ready, statements take the loop's way. A failed attempt is retried a few
-        seconds later. A server that waits for synchronous standbys at commit gets no
-        inline lane: that wait has no bound the lane could set."""
-
-        def connect() -> Any:
-            conn = self._psycopg.connect(self.url, **_INLINE_CONNECT)
-            try:
-                conn.execute(_INLINE_SETTINGS)
-                standbys = conn.execute("SHOW synchronous_standby_names").fetchone()[0]
-                if standbys:
-                    conn.close()
-                    return None
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
-        try:
-            conn = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
-        except Exception as exc:
-            log.warning("no inline PostgreSQL connection yet (%s); retrying later", exc)
-            self._inline_retry_at = time.monotonic() + _INLINE_RETRY
-            self._inline_opening = None
-            return
-        if conn is None:
-            return  # synchronous standbys: _inline_opening stays set, never tried again
-        if self._closed:
-            conn.close()
-            return
-        self._inline = (conn, conn.cursor())
-
-    async def _on_lane(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
-        """The fast lane: one pooled connection kept out of the pool, with its cursor,
-        used whenever no other statement is on it (always, for a lone run), so a step
-        skips the pool's check-out and check-in. A connection that fails goes back to the
-        pool, which checks it and replaces it if broken."""
-        self._lane_free = False
-        try:
-            if self._lane is None:
-                conn = await self._apool.getconn()
-                self._lane = (conn, conn.cursor())
-            conn, cur = self._lane
-            try:
-                await cur.execute(sql, params)
-                return list(await cur.fetchall()) if rows else []
-            except BaseException:  # an error, or a cancellation mid-statement
-                if conn.broken or conn.info.transaction_status != 0:  # not IDLE
-                    self._lane = None
-                    await self._apool.putconn(conn)
-                raise
-        finally:
-            self._lane_free = True
+        return [with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
 
     # The reads at the start of every tick, on the loop too: with a thousand runs in
     # flight, a thread hand-off per read is what bounds a worker.
@@ -811,7 +612,7 @@ class PostgresStore(SqlStore):
                 cur.execute("RESET lock_timeout")
                 cur.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
 
-        await self._reach()  # an unreachable server is its own error, not a schema problem
+        await self.lanes.reach()  # an unreachable server is its own error, not a schema problem
         try:
             await self._run(apply, write=False)
         except StorageError as exc:
@@ -820,54 +621,8 @@ class PostgresStore(SqlStore):
     async def notify(self) -> None:
         await self._fetch_async(f"NOTIFY {CHANNEL}", (), rows=False)
 
-    async def _listen(self) -> None:
-        psycopg = self._psycopg
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-                self._listener = conn
-                await conn.execute(f"LISTEN {CHANNEL}")
-                async for _ in conn.notifies():
-                    if self._wakeup is not None:
-                        self._wakeup.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                await asyncio.sleep(1.0)  # the database restarted: listen again
-
     async def wait_for_work(self, timeout: float) -> None:
-        if self._wakeup is None:
-            self._wakeup = asyncio.Event()
-        if self._listen_task is None:
-            self._listen_task = asyncio.create_task(self._listen())
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except TimeoutError:
-            pass
-        self._wakeup.clear()
+        await self.lanes.wait_for_work(timeout)
 
     async def close(self) -> None:
-        self._closed = True
-        if self._listen_task is not None:
-            self._listen_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._listen_task
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.close()
-        if self._inline_opening is not None:
-            with contextlib.suppress(BaseException):
-                await self._inline_opening
-        if self._inline is not None:
-            with contextlib.suppress(Exception):
-                self._inline[0].close()
-            self._inline = None
-        if self._apool is not None:
-            if self._lane is not None:
-                await self._apool.putconn(self._lane[0])
-                self._lane = None
-            await self._apool.close()
-        loop = asyncio.get_running_loop()
-        if self._opened:
-            await loop.run_in_executor(self._executor, self._pool.close)
-        self._executor.shutdown(wait=True)
+        await self.lanes.close()

@@ -90,18 +90,17 @@ async def _bulk(store: Store, fn: Callable[[Cursor], T], *, write: bool = True) 
     of deletes or a page of an export takes milliseconds to seconds, and a worker's loop
     must keep stepping its runs meanwhile. PostgreSQL's ``_run`` already uses its thread
     pool; SQLite's would group-commit on the loop, so its database thread does it."""
-    from toren.store.sqlite import SQLiteStore
-
-    if isinstance(store, SQLiteStore):
+    sql_store: Any = store
+    if sql_store.dialect == "sqlite":
         import sqlite3
 
         try:
-            return await store._on_thread(fn, write=write)
+            on_thread: T = await sql_store._on_thread(fn, write=write)
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
-            raise StorageError(f"SQLite error on {store.path!r}: {exc}") from exc
-    sql_store: Any = store
+            raise StorageError(f"SQLite error on {sql_store.path!r}: {exc}") from exc
+        return on_thread
     result: T = await sql_store._run(fn, write=write)
     return result
 

@@ -465,7 +465,7 @@ class SqlStore:
                 (lease.run_id,),
             ).fetchone()
             if row is None or row[0] != lease.worker_id or row[1] != lease.epoch:
-                raise _lease_lost(lease)
+                raise lease_lost(lease)
             return
         d = delta
         cur = self._x(
@@ -490,7 +490,7 @@ class SqlStore:
             ),
         )
         if cur.rowcount != 1:
-            raise _lease_lost(lease)
+            raise lease_lost(lease)
 
     def _insert_events(
         self, cur: Cursor, events: Sequence[Event], fence: Lease | None = None
@@ -505,10 +505,10 @@ class SqlStore:
                 params = (*event_params(event), fence.run_id, fence.worker_id, fence.epoch)
                 seq = self._insert_event(cur, self._insert_event_fenced, params)
                 if seq is None:
-                    raise _lease_lost(fence)
+                    raise lease_lost(fence)
                 fence = None
             assert seq is not None
-            out.append(_with_seq(event, seq))
+            out.append(with_seq(event, seq))
         return out
 
     def _insert_event(self, cur: Cursor, sql: str, params: Sequence[Any]) -> int | None:
@@ -689,7 +689,7 @@ class SqlStore:
                 ),
             )
             if cur.rowcount != 1:
-                raise _lease_lost(lease)
+                raise lease_lost(lease)
             row = self._x(
                 cur, "SELECT blocked_attempts FROM runs WHERE id = ?", (lease.run_id,)
             ).fetchone()
@@ -710,7 +710,7 @@ class SqlStore:
                 (now, lease.run_id, lease.worker_id, lease.epoch),
             )
             if cur.rowcount != 1:
-                raise _lease_lost(lease)
+                raise lease_lost(lease)
 
         await self._run(tx)
 
@@ -967,7 +967,8 @@ def step_conflict(lease: Lease) -> LeaseLost:
     )
 
 
-def _lease_lost(lease: Lease) -> LeaseLost:
+def lease_lost(lease: Lease) -> LeaseLost:
+    """The error of a write whose lease fence failed (both dialects raise it)."""
     return LeaseLost(
         f"worker {lease.worker_id!r} no longer holds the lease on run {lease.run_id!r} "
         f"(epoch {lease.epoch}); another worker took it over"
@@ -981,7 +982,8 @@ _SEQ = "seq"
 assert _SEQ in {f.name for f in fields(Event)}
 
 
-def _with_seq(event: Event, seq: int) -> Event:
+def with_seq(event: Event, seq: int) -> Event:
+    """``event`` as stored: a copy carrying the sequence the database gave it."""
     copy = object.__new__(Event)
     values = copy.__dict__
     values.update(event.__dict__)

@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
+from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import CLAIMABLE, Cursor, InlineGate, SqlStore, settle
 
@@ -66,7 +67,7 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
     return path, options
 
 
-class SQLiteStore(SqlStore):
+class SQLiteStore(SqlStore, Pruning):
     dialect = "sqlite"
 
     def __init__(self, url: str) -> None:

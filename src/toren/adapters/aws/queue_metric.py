@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from toren.store.base import Store
+from toren.core.ports import RunStore
 
 log = logging.getLogger("toren.aws")
 NAMESPACE = "Toren"
@@ -25,7 +25,7 @@ METRIC = "QueueDepth"
 class QueueDepthPublisher:
     def __init__(
         self,
-        store: Store,
+        store: RunStore,
         deployment: str,
         *,
         region: str | None = None,

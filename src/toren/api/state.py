@@ -1,0 +1,31 @@
+"""What the API's routes share (``app.state.toren``), apart from the app that serves them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from toren.api.sse import StreamSettings
+from toren.core.live import LiveHub
+from toren.core.ports import Store
+from toren.core.program import AgentResolver
+from toren.core.worker import LocalWorkerRuntime
+from toren.redact import Redactor
+
+PUBLIC_PATHS = frozenset({"/v1/health"})
+
+
+@dataclass
+class ApiState:
+    """What the routes share; ``app.state.toren``. The console may add public paths."""
+
+    store: Store
+    agents: AgentResolver
+    live: LiveHub | None
+    runtime: LocalWorkerRuntime | None
+    redact: Redactor
+    stream: StreamSettings
+    public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))
+    closing: bool = False  # set on shutdown: open streams end so the server can stop
+
+    def is_public(self, path: str) -> bool:
+        return path in self.public_paths

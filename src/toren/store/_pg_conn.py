@@ -1,0 +1,369 @@
+"""PostgreSQL connections: the lanes a statement can take, and LISTEN.
+
+:class:`Lanes` owns every connection a :class:`~toren.store.postgres.PostgresStore` opens,
+which holds the SQL and its semantics and calls :meth:`Lanes.fetch` (one autocommit
+statement, its rows) and :meth:`Lanes.run` (a function over a cursor, in one transaction):
+
+- the **sync pool** and its **thread pool** (``run``, ``in_tx``): transactions of many
+  statements, run off the event loop;
+- the **async pool**: one statement awaited on the loop;
+- the **fast lane**: one connection of the async pool kept out of it, with its cursor,
+  used whenever no other statement is on it;
+- the **inline lane**: one connection of its own whose statements run on the event loop's
+  thread, blocking, only while :class:`~toren.store.sql.InlineGate` says the loop has
+  nothing else to do, with short lock and statement timeouts;
+- **LISTEN** on the work channel, one connection, for :meth:`Lanes.wait_for_work`.
+
+:class:`TurnBatcher` gathers the writes requested in one turn of the loop (group commit).
+The connection budget per worker process is in docs/storage.md#connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Generic, TypeVar
+
+from toren.errors import StorageError
+from toren.store.sql import InlineGate, loop_is_idle
+from toren.store.urls import shown_url, without_secrets
+
+T = TypeVar("T")
+J = TypeVar("J")
+log = logging.getLogger("toren.store")
+CHANNEL = "toren_work"
+# The inline lane blocks the event loop while its statement runs, so it gives up on any
+# wait it can: a row lock held by another transaction, a statement that runs long (both
+# cancelled before the commit: the statement did nothing, and goes the loop's way), a peer
+# gone silent (TCP keepalives and a user timeout end the connection within seconds).
+_INLINE_SETTINGS = "SET lock_timeout = '20ms'; SET statement_timeout = '250ms'"
+_INLINE_CONNECT = {
+    "autocommit": True,
+    "keepalives": 1,
+    "keepalives_idle": 2,
+    "keepalives_interval": 1,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 5000,  # ms
+}
+_INLINE_RETRY = 5.0  # s between attempts to (re)open the inline lane
+_PROBE_TIMEOUT = 10  # s: the first connection's connect_timeout, unless the URL sets one
+
+
+def _import_psycopg() -> Any:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise StorageError(
+            "PostgreSQL support needs psycopg: pip install 'toren-run[postgres]'"
+        ) from exc
+    return psycopg, psycopg_pool
+
+
+class Lanes:
+    """Every connection of one PostgreSQL store, and the lane each statement takes."""
+
+    def __init__(self, url: str, *, pool_size: int = 16) -> None:
+        self.url = url
+        psycopg, psycopg_pool = _import_psycopg()
+        self.psycopg = psycopg
+        self.psycopg_pool = psycopg_pool
+        self._pool_size = pool_size
+        self._apool: Any = None
+        self._lane: tuple[Any, Any] | None = None  # (connection, cursor): see _on_lane
+        self._lane_free = True
+        self.gate = InlineGate()
+        self._inline: tuple[Any, Any] | None = None  # (connection, cursor): see _on_inline
+        self._inline_opening: asyncio.Future[None] | None = None
+        self._inline_retry_at = 0.0  # monotonic time before which no new attempt is made
+        self._closed = False
+        self._pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+        )
+        self._opened = False
+        self._reachable = False  # see _probe
+        self._executor = ThreadPoolExecutor(max_workers=pool_size, thread_name_prefix="toren-pg")
+        self._listener: Any = None
+        self._listen_task: asyncio.Task[None] | None = None
+        self._wakeup: asyncio.Event | None = None
+        self.inline_statements = 0  # statements run on the inline lane
+        # Statements that gave up a wait there and took the loop, by reason.
+        self.inline_deferred: collections.Counter[str] = collections.Counter()
+
+    def in_tx(self, fn: Callable[[Any], T], write: bool) -> T:
+        if not self._opened:
+            self._pool.open(wait=True, timeout=30)
+            self._opened = True
+        with self._pool.connection() as conn:
+            if not write:
+                with conn.cursor() as cur:
+                    return fn(cur)
+            with conn.transaction(), conn.cursor() as cur:
+                return fn(cur)
+
+    def _probe(self) -> None:
+        """Connect once, directly, before any pool opens. A pool retries a refused or
+        rejected connection in the background, logging every attempt, until its timeout
+        (30 s), and then reports only that it is incomplete; one direct attempt fails at
+        once with the server's answer ("database ... does not exist", "connection
+        refused")."""
+        psycopg = self.psycopg
+        try:
+            options = psycopg.conninfo.conninfo_to_dict(self.url)
+            timeout = {} if "connect_timeout" in options else {"connect_timeout": _PROBE_TIMEOUT}
+            psycopg.connect(self.url, autocommit=True, **timeout).close()
+        except psycopg.Error as exc:
+            cause = without_secrets(" ".join(str(exc).split()), self.url)
+            raise StorageError(
+                f"cannot connect to PostgreSQL at {shown_url(self.url)!r}: {cause}",
+                url=shown_url(self.url),
+            ) from None
+        self._reachable = True
+
+    async def reach(self) -> None:
+        """Probe the server the first time the store is used (see :meth:`_probe`)."""
+        if not self._reachable:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._probe)
+
+    async def run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
+        if not self._reachable:
+            await self.reach()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, self.in_tx, fn, write)
+        except self.psycopg.errors.UniqueViolation:
+            raise
+        except self.psycopg.Error as exc:
+            raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    async def fetch(
+        self, sql: str, params: Sequence[Any], *, rows: bool = True, inline_ok: bool = True
+    ) -> list[Any]:
+        """One autocommit statement (psycopg's ``%s`` placeholders); all its rows. On the
+        inline lane when the gate is open (unless ``inline_ok`` is False: a read of
+        unbounded size), else on the fast lane or an async connection."""
+        if self._apool is None:
+            await self.reach()
+            self._apool = self.psycopg_pool.AsyncConnectionPool(
+                self.url,
+                min_size=1,
+                max_size=self._pool_size,
+                kwargs={"autocommit": True},
+                open=False,
+            )
+            await self._apool.open(wait=True, timeout=30)
+        try:
+            done = self.try_inline(sql, params, rows) if inline_ok else None
+            if done is not None:
+                return done
+            try:
+                if self._lane_free and self._pool_size > 1:
+                    return await self._on_lane(sql, params, rows)
+                async with self._apool.connection() as conn:
+                    cur = await conn.execute(sql, params)
+                    return list(await cur.fetchall()) if rows else []
+            finally:
+                self.gate.turned()  # that statement's wait was a turn of the loop
+        except self.psycopg.errors.UniqueViolation:
+            raise
+        except self.psycopg.Error as exc:
+            raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    def try_inline(
+        self, sql: str, params: Sequence[Any], rows: bool = True, *, turn: bool = False
+    ) -> list[Any] | None:
+        """The statement's rows if it ran on the inline lane; None if it must go the loop's
+        way: the gate is closed, the lane not open yet, or the statement gave up on a wait
+        it could not bound (then it did nothing). ``turn``: the caller is a turn of the
+        loop of its own (a scheduled flush), which needs no gate."""
+        if self._inline is None:
+            if (
+                self._inline_opening is None
+                and not self._closed
+                and time.monotonic() >= self._inline_retry_at
+            ):
+                self._inline_opening = asyncio.ensure_future(self._open_inline())
+            return None
+        if not turn and not self.gate.open(asyncio.get_running_loop()):
+            return None
+        errors = self.psycopg.errors
+        try:
+            return self._on_inline(sql, params, rows)
+        except errors.LockNotAvailable:
+            self.inline_deferred["lock_timeout"] += 1
+            return None
+        except errors.QueryCanceled:
+            self.inline_deferred["statement_timeout"] += 1
+            return None
+
+    def _on_inline(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
+        """The inline lane: one statement on a connection of its own, run on the event
+        loop's thread and waited for there, blocking. Only when the loop has nothing else
+        to do (see :class:`InlineGate`): a lone run's step then pays neither the loop's
+        wake-ups nor the async driver's bookkeeping (about half of psycopg's client time
+        per statement). A broken connection is dropped, and opened again later."""
+        conn, cur = self._inline  # type: ignore[misc]
+        try:
+            cur.execute(sql, params)
+            self.inline_statements += 1
+            return cur.fetchall() if rows else []
+        except BaseException:
+            if conn.broken:
+                self._inline = None
+                self._inline_opening = None
+                with contextlib.suppress(Exception):
+                    conn.close()
+            raise
+
+    async def _open_inline(self) -> None:
+        """Connect the inline lane off the loop (connecting takes milliseconds); until it
+        is ready, statements take the loop's way. A failed attempt is retried a few
+        seconds later. A server that waits for synchronous standbys at commit gets no
+        inline lane: that wait has no bound the lane could set."""
+
+        def connect() -> Any:
+            conn = self.psycopg.connect(self.url, **_INLINE_CONNECT)
+            try:
+                conn.execute(_INLINE_SETTINGS)
+                standbys = conn.execute("SHOW synchronous_standby_names").fetchone()[0]
+                if standbys:
+                    conn.close()
+                    return None
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+        try:
+            conn = await asyncio.get_running_loop().run_in_executor(self._executor, connect)
+        except Exception as exc:
+            log.warning("no inline PostgreSQL connection yet (%s); retrying later", exc)
+            self._inline_retry_at = time.monotonic() + _INLINE_RETRY
+            self._inline_opening = None
+            return
+        if conn is None:
+            return  # synchronous standbys: _inline_opening stays set, never tried again
+        if self._closed:
+            conn.close()
+            return
+        self._inline = (conn, conn.cursor())
+
+    async def _on_lane(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
+        """The fast lane: one pooled connection kept out of the pool, with its cursor,
+        used whenever no other statement is on it (always, for a lone run), so a step
+        skips the pool's check-out and check-in. A connection that fails goes back to the
+        pool, which checks it and replaces it if broken."""
+        self._lane_free = False
+        try:
+            if self._lane is None:
+                conn = await self._apool.getconn()
+                self._lane = (conn, conn.cursor())
+            conn, cur = self._lane
+            try:
+                await cur.execute(sql, params)
+                return list(await cur.fetchall()) if rows else []
+            except BaseException:  # an error, or a cancellation mid-statement
+                if conn.broken or conn.info.transaction_status != 0:  # not IDLE
+                    self._lane = None
+                    await self._apool.putconn(conn)
+                raise
+        finally:
+            self._lane_free = True
+
+    async def _listen(self) -> None:
+        psycopg = self.psycopg
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+                self._listener = conn
+                await conn.execute(f"LISTEN {CHANNEL}")
+                async for _ in conn.notifies():
+                    if self._wakeup is not None:
+                        self._wakeup.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                await asyncio.sleep(1.0)  # the database restarted: listen again
+
+    async def wait_for_work(self, timeout: float) -> None:
+        if self._wakeup is None:
+            self._wakeup = asyncio.Event()
+        if self._listen_task is None:
+            self._listen_task = asyncio.create_task(self._listen())
+        try:
+            await asyncio.wait_for(self._wakeup.wait(), timeout)
+        except TimeoutError:
+            pass
+        self._wakeup.clear()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._listen_task
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                await self._listener.close()
+        if self._inline_opening is not None:
+            with contextlib.suppress(BaseException):
+                await self._inline_opening
+        if self._inline is not None:
+            with contextlib.suppress(Exception):
+                self._inline[0].close()
+            self._inline = None
+        if self._apool is not None:
+            if self._lane is not None:
+                await self._apool.putconn(self._lane[0])
+                self._lane = None
+            await self._apool.close()
+        loop = asyncio.get_running_loop()
+        if self._opened:
+            await loop.run_in_executor(self._executor, self._pool.close)
+        self._executor.shutdown(wait=True)
+
+
+class TurnBatcher(Generic[J]):
+    """Writes requested in the same turn of the event loop, handed over together (group
+    commit): at the end of the turn, a lone write to ``inline`` (which commits it there and
+    says True, or says False), else the batch to ``many`` in a task of its own."""
+
+    def __init__(
+        self,
+        lanes: Lanes,
+        inline: Callable[[J], bool],
+        many: Callable[[list[J]], Awaitable[None]],
+    ) -> None:
+        self._lanes = lanes
+        self._inline = inline
+        self._many = many
+        self._batch: list[J] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def empty(self) -> bool:
+        return not self._batch
+
+    def add(self, job: J) -> None:
+        self._batch.append(job)
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._lanes.gate.turned()
+        batch, self._batch = self._batch, []
+        alone = len(batch) == 1 and loop_is_idle(asyncio.get_running_loop())
+        if alone and self._inline(batch[0]):
+            return
+        task = asyncio.ensure_future(self._many(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
