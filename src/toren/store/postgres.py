@@ -447,6 +447,7 @@ class PostgresStore(SqlStore):
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self.batched_steps = 0  # steps committed in a statement shared with other runs
         self.notifications = 0  # NOTIFYs received on the work channel (wait_for_work)
+        self.listening = False  # the work channel's LISTEN is in place
         self.inline_statements = 0  # statements run on the inline lane
         # Statements that gave up a wait there and took the loop, by reason.
         self.inline_deferred: collections.Counter[str] = collections.Counter()
@@ -981,6 +982,11 @@ class PostgresStore(SqlStore):
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 self._listener = conn
                 await conn.execute(f"LISTEN {CHANNEL}")
+                # What was signalled before this LISTEN (the worker's first claim came
+                # earlier; a reconnect missed everything in between) is looked for now.
+                self.listening = True
+                if self._wakeup is not None:
+                    self._wakeup.set()
                 async for _ in conn.notifies():
                     self.notifications += 1
                     if self._wakeup is not None:
@@ -988,6 +994,7 @@ class PostgresStore(SqlStore):
             except asyncio.CancelledError:
                 raise
             except Exception:
+                self.listening = False
                 await asyncio.sleep(1.0)  # the database restarted: listen again
 
     async def wait_for_work(self, timeout: float) -> bool:
