@@ -37,6 +37,11 @@ REASSERT_MAX_DELAY = 0.5
 # (not_before <= now) even if the event loop's clock woke it a hair early.
 TIMER_SLACK = 0.002
 
+# While due runs outnumber its slots, a worker claims once a 1/CLAIM_BATCH_FRACTION of its
+# slots are free, or CLAIM_GATHER seconds after the first one freed, whichever is first.
+CLAIM_BATCH_FRACTION = 4
+CLAIM_GATHER = 0.05
+
 
 @dataclass
 class WorkerMetrics:
@@ -146,9 +151,16 @@ class LocalWorkerRuntime:
         ``metrics.wakes`` counts why it woke, ``metrics.claimed`` the runs each cause
         found."""
         store, clock = self.deps.store, self.deps.clock
-        cause = "start"
+        cause, backlog = "start", False
+        batch = max(1, self.concurrency // CLAIM_BATCH_FRACTION)
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
+            if backlog and 0 < free < batch:
+                # The last claim filled every slot, so more runs are likely due (a herd of
+                # timers): gather a few freed slots for one claim rather than one claim,
+                # which sorts every due run, per finished run.
+                await self._gather_capacity(batch, CLAIM_GATHER)
+                free = self.concurrency - len(self._active)
             leases: list[Lease] = []
             sent = lease_clock()
             if free > 0:
@@ -164,7 +176,8 @@ class LocalWorkerRuntime:
                 self._launch(lease, sent)
             if leases:
                 self.metrics.claimed[cause] += len(leases)
-            if len(leases) == free and free > 0:
+            backlog = len(leases) == free and free > 0
+            if backlog:
                 cause = "more"
                 continue  # there may be more work waiting
             timeout, timer = self.settings.poll_interval, False
@@ -187,6 +200,17 @@ class LocalWorkerRuntime:
             else:
                 cause = "capacity"
             self.metrics.wakes[cause] += 1
+
+    async def _gather_capacity(self, slots: int, timeout: float) -> None:
+        """Wait until ``slots`` slots are free, at most ``timeout`` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.concurrency - len(self._active) < slots and not self._stopping.is_set():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._capacity.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._capacity.wait(), left)
 
     async def _next_due(self) -> float | None:
         """The store's earliest timer after now, or None (also when the store cannot
