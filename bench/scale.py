@@ -943,10 +943,14 @@ async def timer_worker(url: str, concurrency: int) -> None:
     await worker.wait_stopped()
     await store.close()
     m = worker.metrics
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(
         json.dumps(
             {
                 "vm_hwm_mb": round(_vm_hwm_mb(), 1),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
                 "wakes": dict(m.wakes),
                 "claimed": dict(m.claimed),
                 "ticks": dict(m.ticks),
@@ -983,8 +987,11 @@ async def _timer_template(url: str) -> tuple[Any, list[Any]]:
         await store.close()
 
 
-def _fill_timers(url: str, count: int, due: float, row: Any, events: list[Any]) -> None:
-    """``count`` copies of the template run, every timer due at ``due``."""
+def _fill_timers(
+    url: str, count: int, due: float, row: Any, events: list[Any], spread: float = 0.0
+) -> None:
+    """``count`` copies of the template run, every timer due at ``due`` (with ``spread``,
+    the i-th at ``due + spread * i / count``)."""
     from toren.core.jsontext import dumps
 
     run_cols = "id, agent, process, status, input, created_at, updated_at, not_before, steps"
@@ -992,12 +999,13 @@ def _fill_timers(url: str, count: int, due: float, row: Any, events: list[Any]) 
     now = time.time()
     for i in range(count):
         run_id = new_run_id(now - count + i)
-        runs.append((run_id, row.agent, row.process, "waiting", "{}", now, now, due, row.steps))
+        at = due + spread * i / count
+        runs.append((run_id, row.agent, row.process, "waiting", "{}", now, now, at, row.steps))
         for ev in events:
             payload = ev.payload_json()
             if ev.type == "TimerScheduled":
                 body = json.loads(payload)
-                body["fire_at"] = due
+                body["fire_at"] = at
                 payload = dumps(body)
             rows.append(
                 (
@@ -1048,13 +1056,13 @@ def _fill_timers(url: str, count: int, due: float, row: Any, events: list[Any]) 
     conn2.close()
 
 
-def _timer_outcome(url: str, due: float, template: str) -> dict[str, Any]:
+def _timer_outcome(url: str, template: str) -> dict[str, Any]:
     """Per run: when its timer fired (TimerFired.fired_at) and when its next step was
     committed (the ModelCallRecorded row's created_at), and its lease epoch."""
     sql = (
         "SELECT r.id, r.status, r.lease_epoch, e.type, e.payload, e.created_at FROM runs r "
         "JOIN events e ON e.run_id = r.id WHERE r.agent = 'sleeper' "
-        "AND e.type IN ('TimerFired', 'ModelCallRecorded')"
+        "AND e.type IN ('TimerScheduled', 'TimerFired', 'ModelCallRecorded')"
     )
     # The template run (written first, by the engine) is not one of the N.
     if url.startswith("postgresql"):
@@ -1092,10 +1100,13 @@ def _timer_outcome(url: str, due: float, template: str) -> dict[str, Any]:
                 ).fetchall()
             )
     found = [f for f in found if f[0] != template]
+    due = {r: json.loads(p)["fire_at"] for r, _, _, t, p, _ in found if t == "TimerScheduled"}
     fired = [
-        (json.loads(p)["fired_at"] - due) * 1000 for _, _, _, t, p, _ in found if t == "TimerFired"
+        (json.loads(p)["fired_at"] - due[r]) * 1000
+        for r, _, _, t, p, _ in found
+        if t == "TimerFired"
     ]
-    stepped = [(c - due) * 1000 for _, _, _, t, _, c in found if t == "ModelCallRecorded"]
+    stepped = [(c - due[r]) * 1000 for r, _, _, t, _, c in found if t == "ModelCallRecorded"]
 
     def spread(xs: list[float]) -> dict[str, float]:
         if not xs:
@@ -1117,10 +1128,12 @@ def _timer_outcome(url: str, due: float, template: str) -> dict[str, Any]:
     }
 
 
-def timers(kind: str, count: int, workers: int, concurrency: int) -> dict[str, Any]:
-    """``count`` runs parked on ``ctx.sleep(1)``, every timer due at the same instant, and
-    ``workers`` worker processes: does every timer fire, how late, and the workers' peak
-    RSS."""
+def timers(
+    kind: str, count: int, workers: int, concurrency: int, spread: float = 0.0
+) -> dict[str, Any]:
+    """``count`` runs parked on ``ctx.sleep(1)``, every timer due at the same instant (or
+    spread evenly over ``spread`` seconds), and ``workers`` worker processes: does every
+    timer fire, how late, and the workers' peak RSS."""
     backend = Backend.fresh(kind, "timers")
     url = backend.pg_dsn if kind == "postgres" else f"sqlite:///{backend.sqlite_path}"
     procs: list[subprocess.Popen[str]] = []
@@ -1142,17 +1155,17 @@ def timers(kind: str, count: int, workers: int, concurrency: int) -> dict[str, A
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         t = time.time()
         due = t + 3.0 + count / 4000  # after the fill, which the workers see as parks
-        _fill_timers(url, count, due, row, events)
+        _fill_timers(url, count, due, row, events, spread)
         fill_s = time.time() - t
         assert time.time() < due, "the fill took longer than planned: raise the margin"
-        deadline = due + 300
+        deadline = due + spread + 300
         done = 0
         while time.time() < deadline:
             time.sleep(0.5)
             done = _count_completed(url)
             if done >= count + 1:  # and the template
                 break
-        drained_s = time.time() - due
+        drained_s = time.time() - due - spread
         out = []
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -1164,9 +1177,10 @@ def timers(kind: str, count: int, workers: int, concurrency: int) -> dict[str, A
             "runs": count,
             "workers": workers,
             "concurrency": concurrency,
+            "due_spread_s": spread,
             "fill_seconds": round(fill_s, 2),
-            "all_completed_after_due_s": round(drained_s, 2),
-            **_timer_outcome(url, due, row.id),
+            "all_completed_after_last_due_s": round(drained_s, 2),
+            **_timer_outcome(url, row.id),
             "worker_stats": out,
         }
         return result
@@ -1247,12 +1261,21 @@ def main() -> None:
         "at the same instant, and --workers worker processes: lateness and worker RSS.",
     )
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--timer-spread",
+        type=float,
+        default=0.0,
+        help="With --timers: spread the due times evenly over this many seconds (0: all "
+        "at one instant).",
+    )
     parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--out", default=str(Path(__file__).with_name("scale-results.json")))
     args = parser.parse_args()
     if args.timers:
         kinds = ("postgres", "sqlite") if args.backend == "both" else (args.backend,)
-        found = [timers(k, args.timers, args.workers, args.concurrency) for k in kinds]
+        found = [
+            timers(k, args.timers, args.workers, args.concurrency, args.timer_spread) for k in kinds
+        ]
         for item in found:
             print(json.dumps(item), flush=True)
         Path(args.out).write_text(json.dumps(found, indent=2) + "\n")
