@@ -1129,7 +1129,12 @@ def _timer_outcome(url: str, template: str) -> dict[str, Any]:
 
 
 def timers(
-    kind: str, count: int, workers: int, concurrency: int, spread: float = 0.0
+    kind: str,
+    count: int,
+    workers: int,
+    concurrency: int,
+    spread: float = 0.0,
+    async_commit: bool = False,
 ) -> dict[str, Any]:
     """``count`` runs parked on ``ctx.sleep(1)``, every timer due at the same instant (or
     spread evenly over ``spread`` seconds), and ``workers`` worker processes: does every
@@ -1138,6 +1143,13 @@ def timers(
     url = backend.pg_dsn if kind == "postgres" else f"sqlite:///{backend.sqlite_path}"
     procs: list[subprocess.Popen[str]] = []
     try:
+        if async_commit and kind == "postgres":
+            # Diagnostic only (not a durable configuration): is the herd bound by the
+            # disk's commits or by CPU?
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f'ALTER DATABASE "{backend.pg_db}" SET synchronous_commit = off')
         asyncio.run(_migrate(url))
         row, events = asyncio.run(_timer_template(url))
         env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
@@ -1178,6 +1190,7 @@ def timers(
             "workers": workers,
             "concurrency": concurrency,
             "due_spread_s": spread,
+            "async_commit_diagnostic": async_commit,
             "fill_seconds": round(fill_s, 2),
             "all_completed_after_last_due_s": round(drained_s, 2),
             **_timer_outcome(url, row.id),
@@ -1262,6 +1275,12 @@ def main() -> None:
     )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="With --timers on PostgreSQL, a diagnostic: the bench database's commits do "
+        "not wait for the disk (synchronous_commit off; not a durable configuration).",
+    )
+    parser.add_argument(
         "--timer-spread",
         type=float,
         default=0.0,
@@ -1274,7 +1293,10 @@ def main() -> None:
     if args.timers:
         kinds = ("postgres", "sqlite") if args.backend == "both" else (args.backend,)
         found = [
-            timers(k, args.timers, args.workers, args.concurrency, args.timer_spread) for k in kinds
+            timers(
+                k, args.timers, args.workers, args.concurrency, args.timer_spread, args.async_commit
+            )
+            for k in kinds
         ]
         for item in found:
             print(json.dumps(item), flush=True)
