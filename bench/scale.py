@@ -25,6 +25,10 @@
 
 4. **Parked runs** (``--parked N``, PostgreSQL, instead of the rest): N runs parked on a
    message beside one worker: its RSS and idle CPU, and message-to-next-step latency.
+5. **Timers** (``--timers N [--workers 2] [--concurrency 100]``, instead of the rest): N
+   runs parked on ``ctx.sleep(1)`` (copies of one engine-written run), every timer due at
+   the same instant, and worker processes with default settings: every timer fires? how
+   late (``TimerFired.fired_at``, and the next step's commit), the workers' peak RSS.
 
 Results go to ``bench/scale-results.json`` (``--out``) and are summarised in ``bench/RESULTS.md``.
 """
@@ -899,6 +903,322 @@ async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
     }
 
 
+# -- timers at scale -----------------------------------------------------------------------
+
+
+async def sleeper_agent(ctx: toren.Context, input: Any) -> Any:
+    await ctx.sleep(1)
+    reply = await ctx.model(MODEL, [{"role": "user", "content": "awake"}])
+    return {"answer": reply.text[:20]}
+
+
+def timer_registry() -> toren.Registry:
+    reg = toren.Registry()
+    reg.add("sleeper", sleeper_agent, code_version="bench-v1")
+    return reg
+
+
+def _vm_hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def timer_worker(url: str, concurrency: int) -> None:
+    """A worker process of the timer scenario: default settings (poll interval 0.25 s,
+    timers tracked by ``store.next_due``); on SIGTERM it drains and prints its peak RSS and
+    wake-up counters as one JSON line."""
+    store = await toren.connect(url)
+    deps = toren.TickDeps(
+        store=store,
+        agents=timer_registry(),
+        providers={"scripted": ScriptedProvider({"default": {"text": "ok"}})},
+    )
+    worker = toren.LocalWorkerRuntime(deps, concurrency=concurrency)
+    await worker.start()
+    worker.install_signal_handlers()
+    print("ready", flush=True)
+    await worker.wait_stopped()
+    await store.close()
+    m = worker.metrics
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        json.dumps(
+            {
+                "vm_hwm_mb": round(_vm_hwm_mb(), 1),
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
+                "wakes": dict(m.wakes),
+                "claimed": dict(m.claimed),
+                "ticks": dict(m.ticks),
+            }
+        ),
+        flush=True,
+    )
+
+
+async def _timer_template(url: str) -> tuple[Any, list[Any]]:
+    """One run written by the engine up to its park on ``ctx.sleep(1)`` (inline waits off,
+    so the 1 s timer parks): its row and its log, the shape every generated run copies."""
+    store = await toren.connect(url)
+    reg = timer_registry()
+    deps = toren.TickDeps(
+        store=store,
+        agents=reg,
+        providers={"scripted": ScriptedProvider({"default": {"text": "ok"}})},
+        settings=toren.Settings(inline_wait=0.0),
+    )
+    try:
+        run = await toren.start_run(store, reg, "sleeper", {})
+        async with toren.LocalWorkerRuntime(deps, concurrency=1) as worker:
+            for _ in range(3000):
+                row = await store.get_run(run.id)
+                if row is not None and row.status == "waiting" and not worker.active_runs:
+                    break
+                await asyncio.sleep(0.01)
+        row = await store.get_run(run.id)
+        events = await store.load_events(run.id)
+        assert row is not None and row.status == "waiting", row
+        return row, events
+    finally:
+        await store.close()
+
+
+def _fill_timers(
+    url: str, count: int, due: float, row: Any, events: list[Any], spread: float = 0.0
+) -> None:
+    """``count`` copies of the template run, every timer due at ``due`` (with ``spread``,
+    the i-th at ``due + spread * i / count``)."""
+    from toren.core.jsontext import dumps
+
+    run_cols = "id, agent, process, status, input, created_at, updated_at, not_before, steps"
+    runs, rows = [], []
+    now = time.time()
+    for i in range(count):
+        run_id = new_run_id(now - count + i)
+        at = due + spread * i / count
+        runs.append((run_id, row.agent, row.process, "waiting", "{}", now, now, at, row.steps))
+        for ev in events:
+            payload = ev.payload_json()
+            if ev.type == "TimerScheduled":
+                body = json.loads(payload)
+                body["fire_at"] = at
+                payload = dumps(body)
+            rows.append(
+                (
+                    run_id,
+                    ev.stream,
+                    ev.position,
+                    ev.generation,
+                    ev.slot,
+                    ev.type,
+                    ev.digest,
+                    ev.code_version,
+                    ev.worker_id,
+                    now,
+                    ev.format_version,
+                    payload,
+                )
+            )
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as conn, conn.cursor() as cur:
+            with cur.copy(f"COPY runs ({run_cols}) FROM STDIN") as copy:
+                for r in runs:
+                    copy.write_row(r)
+            with cur.copy(f"COPY events ({EVENT_INSERT_COLS}) FROM STDIN") as copy:
+                for e in rows:
+                    copy.write_row(e)
+            conn.commit()
+            conn.execute("ANALYZE")
+            conn.commit()
+            # As the engine's park of each run would have: the workers look again.
+            conn.execute("NOTIFY toren_work")
+            conn.commit()
+        return
+    import sqlite3
+
+    from toren.store.sqlite import parse_sqlite_url
+
+    conn2 = sqlite3.connect(parse_sqlite_url(url)[0], isolation_level=None, timeout=30)
+    marks = lambda cols: ", ".join("?" for _ in cols.split(","))  # noqa: E731
+    conn2.execute("BEGIN")
+    conn2.executemany(f"INSERT INTO runs ({run_cols}) VALUES ({marks(run_cols)})", runs)
+    conn2.executemany(
+        f"INSERT INTO events ({EVENT_INSERT_COLS}) VALUES ({marks(EVENT_INSERT_COLS)})", rows
+    )
+    conn2.execute("COMMIT")
+    conn2.execute("ANALYZE")
+    conn2.close()
+
+
+def _timer_outcome(url: str, template: str) -> dict[str, Any]:
+    """Per run: when its timer fired (TimerFired.fired_at) and when its next step was
+    committed (the ModelCallRecorded row's created_at), and its lease epoch."""
+    sql = (
+        "SELECT r.id, r.status, r.lease_epoch, e.type, e.payload, e.created_at FROM runs r "
+        "JOIN events e ON e.run_id = r.id WHERE r.agent = 'sleeper' "
+        "AND e.type IN ('TimerScheduled', 'TimerFired', 'ModelCallRecorded')"
+    )
+    # The template run (written first, by the engine) is not one of the N.
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            found = conn.execute(sql).fetchall()
+            statuses = dict(
+                conn.execute(
+                    "SELECT status, COUNT(id) FROM runs WHERE agent = 'sleeper' GROUP BY status"
+                ).fetchall()
+            )
+            epochs = dict(
+                conn.execute(
+                    "SELECT lease_epoch, COUNT(id) FROM runs WHERE agent = 'sleeper' "
+                    "GROUP BY lease_epoch"
+                ).fetchall()
+            )
+    else:
+        import sqlite3
+
+        from toren.store.sqlite import parse_sqlite_url
+
+        with sqlite3.connect(parse_sqlite_url(url)[0], timeout=30) as conn:
+            found = conn.execute(sql).fetchall()
+            statuses = dict(
+                conn.execute(
+                    "SELECT status, COUNT(id) FROM runs WHERE agent = 'sleeper' GROUP BY status"
+                ).fetchall()
+            )
+            epochs = dict(
+                conn.execute(
+                    "SELECT lease_epoch, COUNT(id) FROM runs WHERE agent = 'sleeper' "
+                    "GROUP BY lease_epoch"
+                ).fetchall()
+            )
+    found = [f for f in found if f[0] != template]
+    due = {r: json.loads(p)["fire_at"] for r, _, _, t, p, _ in found if t == "TimerScheduled"}
+    fired = [
+        (json.loads(p)["fired_at"] - due[r]) * 1000
+        for r, _, _, t, p, _ in found
+        if t == "TimerFired"
+    ]
+    stepped = [(c - due[r]) * 1000 for r, _, _, t, _, c in found if t == "ModelCallRecorded"]
+
+    def spread(xs: list[float]) -> dict[str, float]:
+        if not xs:
+            return {}
+        return {
+            "p50": round(_pct(xs, 0.5), 1),
+            "p90": round(_pct(xs, 0.9), 1),
+            "p99": round(_pct(xs, 0.99), 1),
+            "max": round(max(xs), 1),
+            "min": round(min(xs), 1),
+        }
+
+    return {
+        "timers_fired": len(fired),
+        "statuses": statuses,
+        "lease_epochs": {str(k): v for k, v in epochs.items()},
+        "fired_late_ms": spread(fired),
+        "next_step_committed_late_ms": spread(stepped),
+    }
+
+
+def timers(
+    kind: str,
+    count: int,
+    workers: int,
+    concurrency: int,
+    spread: float = 0.0,
+    async_commit: bool = False,
+) -> dict[str, Any]:
+    """``count`` runs parked on ``ctx.sleep(1)``, every timer due at the same instant (or
+    spread evenly over ``spread`` seconds), and ``workers`` worker processes: does every
+    timer fire, how late, and the workers' peak RSS."""
+    backend = Backend.fresh(kind, "timers")
+    url = backend.pg_dsn if kind == "postgres" else f"sqlite:///{backend.sqlite_path}"
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        if async_commit and kind == "postgres":
+            # Diagnostic only (not a durable configuration): is the herd bound by the
+            # disk's commits or by CPU?
+            import psycopg
+
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(f'ALTER DATABASE "{backend.pg_db}" SET synchronous_commit = off')
+        asyncio.run(_migrate(url))
+        row, events = asyncio.run(_timer_template(url))
+        env = {**os.environ, "PYTHONPATH": f"{REPO / 'src'}:{REPO}"}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "bench.scale", "timer-worker", url, str(concurrency)],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(workers)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        t = time.time()
+        due = t + 3.0 + count / 4000  # after the fill, which the workers see as parks
+        _fill_timers(url, count, due, row, events, spread)
+        fill_s = time.time() - t
+        assert time.time() < due, "the fill took longer than planned: raise the margin"
+        deadline = due + spread + 300
+        done = 0
+        while time.time() < deadline:
+            time.sleep(0.5)
+            done = _count_completed(url)
+            if done >= count + 1:  # and the template
+                break
+        drained_s = time.time() - due - spread
+        out = []
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            text, _ = p.communicate(timeout=120)
+            out.append(json.loads(text.strip().splitlines()[-1]))
+        result = {
+            "backend": kind,
+            "runs": count,
+            "workers": workers,
+            "concurrency": concurrency,
+            "due_spread_s": spread,
+            "async_commit_diagnostic": async_commit,
+            "fill_seconds": round(fill_s, 2),
+            "all_completed_after_last_due_s": round(drained_s, 2),
+            **_timer_outcome(url, row.id),
+            "worker_stats": out,
+        }
+        return result
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        backend.drop()
+
+
+def _count_completed(url: str) -> int:
+    sql = "SELECT COUNT(id) FROM runs WHERE agent = 'sleeper' AND status = 'completed'"
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return int(conn.execute(sql).fetchone()[0])
+    import sqlite3
+
+    from toren.store.sqlite import parse_sqlite_url
+
+    with sqlite3.connect(parse_sqlite_url(url)[0], timeout=30) as conn:
+        return int(conn.execute(sql).fetchone()[0])
+
+
 # -- main ----------------------------------------------------------------------------------
 
 
@@ -929,6 +1249,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         asyncio.run(serve_worker(sys.argv[2]))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "timer-worker":
+        asyncio.run(timer_worker(sys.argv[2], int(sys.argv[3])))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="both", choices=("postgres", "sqlite", "both"))
     parser.add_argument("--runs", type=int, default=100_000)
@@ -943,8 +1266,42 @@ def main() -> None:
         help="Instead of the rest: a worker beside this many runs parked on a message "
         "(PostgreSQL): idle RSS and CPU, message-to-next-step latency.",
     )
+    parser.add_argument(
+        "--timers",
+        type=int,
+        default=0,
+        help="Instead of the rest: this many runs parked on ctx.sleep(1), every timer due "
+        "at the same instant, and --workers worker processes: lateness and worker RSS.",
+    )
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--async-commit",
+        action="store_true",
+        help="With --timers on PostgreSQL, a diagnostic: the bench database's commits do "
+        "not wait for the disk (synchronous_commit off; not a durable configuration).",
+    )
+    parser.add_argument(
+        "--timer-spread",
+        type=float,
+        default=0.0,
+        help="With --timers: spread the due times evenly over this many seconds (0: all "
+        "at one instant).",
+    )
+    parser.add_argument("--concurrency", type=int, default=100)
     parser.add_argument("--out", default=str(Path(__file__).with_name("scale-results.json")))
     args = parser.parse_args()
+    if args.timers:
+        kinds = ("postgres", "sqlite") if args.backend == "both" else (args.backend,)
+        found = [
+            timers(
+                k, args.timers, args.workers, args.concurrency, args.timer_spread, args.async_commit
+            )
+            for k in kinds
+        ]
+        for item in found:
+            print(json.dumps(item), flush=True)
+        Path(args.out).write_text(json.dumps(found, indent=2) + "\n")
+        return
     if args.parked:
         backend = Backend.fresh("postgres", "parked")
         try:

@@ -273,7 +273,9 @@ async def test_a_worker_that_lost_its_lease_stops_the_step_in_flight(store: Stor
         store=store, agents=reg, settings=settings(lease=LeaseSettings(ttl=60, heartbeat=3600))
     )
     run = await toren.start_run(store, reg, "s")
-    async with toren.LocalWorkerRuntime(deps) as worker:
+    # One slot, held by the run: the worker cannot claim the run back itself when the
+    # expiry below wakes it (NOTIFY), before the other worker does.
+    async with toren.LocalWorkerRuntime(deps, concurrency=1) as worker:
         await started.wait()
         now = deps.clock.now()
         await store.expire_leases(worker.worker_id, now=now)

@@ -80,28 +80,31 @@ async def test_postgres_a_message_sent_while_the_run_parks_wakes_it() -> None:
 
         def holding_x(cur: Any, sql: str, params: Any = ()) -> Any:
             out = plain_x(cur, sql, params)
-            if sql.startswith("UPDATE runs SET not_before = ? WHERE id = ? AND status"):
-                held.set()  # send_message has inserted its message, not yet committed
+            if sql.startswith("SELECT lease_owner, lease_epoch FROM runs WHERE id"):
+                held.set()  # the park holds the run row (its lease check), not committed
                 go.wait(30)
             return out
 
+        # send_message is one statement that locks the run row, so it runs wholly before
+        # the park (which then sees the message) or waits for the park to commit: here,
+        # the second way, the harder one (the park looked at the inbox before the message).
         store._x = holding_x  # type: ignore[method-assign]
-        sender = asyncio.create_task(store.send_message(run_id, "approval", 1, now=now + 1))
-        assert await asyncio.to_thread(held.wait, 30)
-        store._x = plain_x  # type: ignore[method-assign]
         parking = asyncio.create_task(
             store.release(lease, Release("waiting", waiting_for=["approval"]), now=now + 1)
         )
-        # Let the send commit once the park either finished or waits for the run's row.
+        assert await asyncio.to_thread(held.wait, 30)
+        store._x = plain_x  # type: ignore[method-assign]
+        sender = asyncio.create_task(store.send_message(run_id, "approval", 1, now=now + 1))
+        # Let the park commit once the send waits for the run's row (or is done).
         with psycopg.connect(pg_url(name), autocommit=True) as admin:
-            while not parking.done():
+            while not sender.done():
                 waits = admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
                 if waits.fetchone()[0]:  # type: ignore[index]
                     break
                 await asyncio.sleep(0.01)
         go.set()
-        await sender
         await parking
+        await sender
         row = await store.get_run(run_id)
         assert row.status == "waiting"
         claimed = await store.claim("w2", 10, now=now + 3600, ttl=60)

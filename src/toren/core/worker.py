@@ -34,6 +34,15 @@ RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
 # a run continues at most this long after the database is back.
 REASSERT_MAX_DELAY = 0.5
 
+# How long after a timer's due time an idle worker claims (s): it must find the run due
+# (not_before <= now) even if the event loop's clock woke it a hair early.
+TIMER_SLACK = 0.002
+
+# While due runs outnumber its slots, a worker claims once a 1/CLAIM_BATCH_FRACTION of its
+# slots are free, or CLAIM_GATHER seconds after the first one freed, whichever is first.
+CLAIM_BATCH_FRACTION = 4
+CLAIM_GATHER = 0.05
+
 
 @dataclass
 class WorkerMetrics:
@@ -44,6 +53,11 @@ class WorkerMetrics:
     steps_replayed: int = 0
     steps_executed: int = 0
     pruned_runs: int = 0
+    # Why the claim loop woke (notify, timer, poll, capacity) and how many runs the claim
+    # after each kind of wake-up found (plus start and more: the claim right after one
+    # that filled every free slot).
+    wakes: Counter[str] = field(default_factory=Counter)
+    claimed: Counter[str] = field(default_factory=Counter)
 
 
 class LocalWorkerRuntime:
@@ -131,9 +145,23 @@ class LocalWorkerRuntime:
     # -- claiming -------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
+        """Claim while there is room; then sleep until new work is signalled (NOTIFY on
+        PostgreSQL, in-process on SQLite), a slot frees, the earliest timer of a parked
+        run is due (``store.next_due``), or ``poll_interval`` passes (the safety net for
+        what nothing signals: an expired lease, a write from another SQLite process).
+        ``metrics.wakes`` counts why it woke, ``metrics.claimed`` the runs each cause
+        found."""
         store, clock = self.deps.store, self.deps.clock
+        cause, backlog = "start", False
+        batch = max(1, self.concurrency // CLAIM_BATCH_FRACTION)
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
+            if backlog and 0 < free < batch:
+                # The last claim filled every slot, so more runs are likely due (a herd of
+                # timers): gather a few freed slots for one claim rather than one claim,
+                # which sorts every due run, per finished run.
+                await self._gather_capacity(batch, CLAIM_GATHER)
+                free = self.concurrency - len(self._active)
             leases: list[Lease] = []
             sent = lease_clock()
             if free > 0:
@@ -147,18 +175,56 @@ class LocalWorkerRuntime:
                     continue
             for lease in leases:
                 self._launch(lease, sent)
-            if len(leases) == free and free > 0:
+            if leases:
+                self.metrics.claimed[cause] += len(leases)
+            backlog = len(leases) == free and free > 0
+            if backlog:
+                cause = "more"
                 continue  # there may be more work waiting
+            timeout, timer = self.settings.poll_interval, False
+            if free > 0:  # room to spare: sleep no longer than until the next timer
+                due = await self._next_due()
+                if due is not None and due - clock.now() < timeout:
+                    # A hair after the due time: the claim compares not_before <= now.
+                    timeout, timer = max(0.0, due - clock.now()) + TIMER_SLACK, True
             self._capacity.clear()
-            waits: list[asyncio.Future[Any]] = [
-                asyncio.ensure_future(store.wait_for_work(self.settings.poll_interval))
-            ]
+            work = asyncio.ensure_future(store.wait_for_work(timeout))
+            waits: list[asyncio.Future[Any]] = [work]
             if free <= 0:
                 waits.append(asyncio.ensure_future(self._capacity.wait()))
             waits.append(asyncio.ensure_future(self._stopping.wait()))
             await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for w in waits:
                 w.cancel()
+            if work.done() and not work.cancelled() and work.exception() is None:
+                cause = "notify" if work.result() else ("timer" if timer else "poll")
+            else:
+                cause = "capacity"
+            self.metrics.wakes[cause] += 1
+
+    async def _gather_capacity(self, slots: int, timeout: float) -> None:
+        """Wait until ``slots`` slots are free, at most ``timeout`` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.concurrency - len(self._active) < slots and not self._stopping.is_set():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            self._capacity.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._capacity.wait(), left)
+
+    async def _next_due(self) -> float | None:
+        """The store's earliest timer after now, or None (also when the store cannot
+        tell: then the poll interval is the only bound)."""
+        next_due = getattr(self.deps.store, "next_due", None)
+        if next_due is None:
+            return None
+        try:
+            due: float | None = await next_due(now=self.deps.clock.now())
+        except Exception:
+            log.exception("worker %s: reading the next timer failed", self.worker_id)
+            return None
+        return due
 
     def _launch(self, lease: Lease, granted_at: float) -> None:
         if lease.recovered:

@@ -95,6 +95,8 @@ class Lanes:
         self._listener: Any = None
         self._listen_task: asyncio.Task[None] | None = None
         self._wakeup: asyncio.Event | None = None
+        self.notifications = 0  # NOTIFYs received on the work channel (wait_for_work)
+        self.listening = False  # the work channel's LISTEN is in place
         self.inline_statements = 0  # statements run on the inline lane
         # Statements that gave up a wait there and took the loop, by reason.
         self.inline_deferred: collections.Counter[str] = collections.Counter()
@@ -286,24 +288,34 @@ class Lanes:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 self._listener = conn
                 await conn.execute(f"LISTEN {CHANNEL}")
+                # What was signalled before this LISTEN (the worker's first claim came
+                # earlier; a reconnect missed everything in between) is looked for now.
+                self.listening = True
+                if self._wakeup is not None:
+                    self._wakeup.set()
                 async for _ in conn.notifies():
+                    self.notifications += 1
                     if self._wakeup is not None:
                         self._wakeup.set()
             except asyncio.CancelledError:
                 raise
             except Exception:
+                self.listening = False
                 await asyncio.sleep(1.0)  # the database restarted: listen again
 
-    async def wait_for_work(self, timeout: float) -> None:
+    async def wait_for_work(self, timeout: float) -> bool:
+        """Wait for a NOTIFY on the work channel (True) or ``timeout`` seconds (False)."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
         if self._listen_task is None:
             self._listen_task = asyncio.create_task(self._listen())
+        woken = True
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout)
         except TimeoutError:
-            pass
+            woken = False
         self._wakeup.clear()
+        return woken
 
     async def close(self) -> None:
         self._closed = True

@@ -19,14 +19,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from toren.core.events import Event
-from toren.core.values import RunStatus
-from toren.errors import LeaseLost, SchemaError, StorageError
+from toren.core.jsontext import dumps
+from toren.core.values import TERMINAL_STATUSES, RunStatus
+from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
-from toren.store.base import Lease, NewRun, Release, RunDelta, RunRecord
+from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
 from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,
+    NEXT_DUE,
     RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
     UNBLOCK,
@@ -100,6 +102,42 @@ def _append_sql(n_blobs: int, n_events: int, fence: str) -> str:
         f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
         "type, digest, code_version, worker_id, created_at, format_version, payload) "
         "WHERE EXISTS (SELECT 1 FROM fence) RETURNING seq"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _consume_sql(n_blobs: int, n_events: int, fence: str) -> str:
+    """A step that takes a message from the inbox, in one statement: the lease check, the
+    message row locked if it is still unconsumed, then (only if both hold) the blobs, the
+    events and the message marked consumed by the last event. All or nothing: no rows
+    back means nothing was written (the general path then says why)."""
+    blob_rows = ", ".join("(%s, %s, %s::bigint, %s)" for _ in range(n_blobs))
+    event_rows = ", ".join(
+        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
+        for _ in range(n_events)
+    )
+    blobs = (
+        ", b AS (INSERT INTO blobs (hash, body, size, run_id) SELECT v.hash, v.body, v.size, "
+        f"v.run_id FROM (VALUES {blob_rows}) AS v (hash, body, size, run_id) "
+        f"WHERE EXISTS (SELECT 1 FROM m) {SHARED})"
+        if n_blobs
+        else ""
+    )
+    return (
+        f"WITH fence AS ({fence}), "
+        "m AS (SELECT id FROM inbox WHERE id = %s::bigint AND run_id = %s "
+        "AND consumed_seq IS NULL AND EXISTS (SELECT 1 FROM fence) FOR UPDATE)"
+        f"{blobs}, "
+        "e AS (INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
+        "code_version, worker_id, created_at, format_version, payload) "
+        "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
+        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+        f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
+        "type, digest, code_version, worker_id, created_at, format_version, payload) "
+        "WHERE EXISTS (SELECT 1 FROM m) RETURNING seq), "
+        "u AS (UPDATE inbox SET consumed_seq = (SELECT max(seq) FROM e) "
+        "WHERE id IN (SELECT id FROM m) RETURNING id) "
+        "SELECT seq FROM e"
     )
 
 
@@ -209,6 +247,43 @@ RENEW = (
 
 RENEW_ONE = f"UPDATE runs SET lease_expires_at = %s::double precision {_LEASED} RETURNING id"
 
+# Lease up to LIMIT runnable runs: one statement (autocommit is its transaction), so a
+# claim is one round trip on the loop, with no thread hand-off: on the wake-up path of a
+# parked run every hop counts. Concurrent claims skip each other's rows.
+# Its commit waits for the WAL flush like every other: a claim lost in a database crash
+# would let a second worker claim the run while the first, whose lease's local deadline
+# still runs (core/fencing.py), starts a live step: a model call paid twice.
+CLAIM = (
+    "UPDATE runs SET lease_owner = ?, lease_epoch = runs.lease_epoch + 1, "
+    "lease_expires_at = ?, "
+    "status = 'running', "
+    "lease_recoveries = runs.lease_recoveries + "
+    "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
+    f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "
+    "{only}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
+    "FOR UPDATE SKIP LOCKED) c "
+    "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status"
+)
+CLAIM_ANY = CLAIM.replace("{only}", "")
+CLAIM_ONE = CLAIM.replace("{only}", "AND id = ? ")
+
+# A message in one statement on the loop: lock the run row (a run being parked at this
+# moment either sees the message in its release, which waits for this lock, or is seen
+# 'waiting' here and woken), add the inbox row unless the run is finished, make a waiting
+# run claimable now, and NOTIFY the workers with the run's id (delivered at commit; only
+# when a run was woken). Returns the run's status (no row: no such run) and the message id.
+SEND_MESSAGE = (
+    "WITH r AS (SELECT id, status FROM runs WHERE id = %s FOR UPDATE), "
+    "i AS (INSERT INTO inbox (run_id, name, payload, created_at) "
+    "SELECT r.id, %s, %s, %s::double precision FROM r "
+    "WHERE r.status NOT IN ('completed', 'failed', 'cancelled') RETURNING id), "
+    "w AS (UPDATE runs SET not_before = %s::double precision FROM r "
+    "WHERE runs.id = r.id AND r.status = 'waiting' AND EXISTS (SELECT 1 FROM i) "
+    "RETURNING runs.id) "
+    f"SELECT r.status, (SELECT id FROM i), (SELECT pg_notify('{CHANNEL}', w.id) FROM w) "
+    "FROM r"
+)
+
 
 class _Append:
     """One run's step waiting to be committed with others (see ``PostgresStore.append``)."""
@@ -292,6 +367,14 @@ def _appended(lease: Lease, events: Sequence[Event], rows: list[Any]) -> list[Ev
     return [with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
 
 
+def _claim_statement(
+    worker_id: str, limit: int, now: float, ttl: float, only: str | None
+) -> tuple[str, tuple[Any, ...]]:
+    if only is None:
+        return CLAIM_ANY, (worker_id, now + ttl, now, now, now, limit)
+    return CLAIM_ONE, (worker_id, now + ttl, now, now, now, only, limit)
+
+
 class PostgresStore(SqlStore, Pruning):
     dialect = "postgres"
     lease_check_lock = " FOR SHARE"
@@ -316,6 +399,16 @@ class PostgresStore(SqlStore, Pruning):
     def inline_deferred(self) -> collections.Counter[str]:
         """Statements that gave up a wait on the inline lane and took the loop, by reason."""
         return self.lanes.inline_deferred
+
+    @property
+    def notifications(self) -> int:
+        """NOTIFYs received on the work channel (wait_for_work)."""
+        return self.lanes.notifications
+
+    @property
+    def listening(self) -> bool:
+        """The work channel's LISTEN is in place."""
+        return self.lanes.listening
 
     def _q(self, sql: str) -> str:
         out = self._sql_cache.get(sql)
@@ -353,6 +446,10 @@ class PostgresStore(SqlStore, Pruning):
         Group commit: the steps of many runs requested in the same turn of the event loop
         go to the database as one statement (one round trip, one WAL flush); a lone step,
         with nothing else ready to run, goes at once."""
+        if consume_inbox is not None and events:
+            stored = await self._consume_one(lease, events, blobs or {}, delta, consume_inbox, now)
+            if stored is not None:
+                return stored
         if consume_inbox is not None or not events:
             return await self._append_in_transaction(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
@@ -435,6 +532,37 @@ class PostgresStore(SqlStore, Pruning):
                 raise step_conflict(lease) from None
             raise
         return _appended(lease, events, rows)
+
+    async def _consume_one(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        blobs: Mapping[str, str],
+        delta: RunDelta | None,
+        message_id: int,
+        now: float,
+    ) -> list[Event] | None:
+        """A step that takes a message, in one statement on the loop (see _consume_sql):
+        the stored events, or None when it wrote nothing (the lease or the message is
+        gone: the general path then raises the precise error)."""
+        fence = FENCE_CHECK if delta is None else FENCE_TOTALS
+        sql = _consume_sql(len(blobs), len(events), fence)
+        params: list[Any] = [] if delta is None else _totals_params(delta, now)
+        params += (lease.run_id, lease.worker_id, lease.epoch, message_id, lease.run_id)
+        for key, body in sorted(blobs.items()):  # hash order, as every writer inserts them
+            params += (key, body, len(body), lease.run_id)
+        for event in events:
+            params += event_params(event)
+        try:
+            rows = await self._fetch_async(sql, params)
+        except Exception as exc:
+            if self._is_conflict(exc):
+                raise step_conflict(lease) from None
+            raise
+        if len(rows) != len(events):
+            return None
+        seqs = sorted(int(r[0]) for r in rows)
+        return [with_seq(e, seq) for e, seq in zip(events, seqs, strict=True)]
 
     def _append_inline(self, job: _Append) -> bool:
         """A lone step of a turn of the loop committed right here, on the inline lane, if
@@ -552,7 +680,8 @@ class PostgresStore(SqlStore, Pruning):
             raise
         if len(rows) != max(1, len(release.events)):
             raise lease_lost(lease)
-        await self.notify()
+        if release.status not in TERMINAL_STATUSES:  # a finished run is nobody's work
+            await self.notify()
         if not release.events:
             return []
         seqs = sorted(int(r[0]) for r in rows)
@@ -576,21 +705,50 @@ class PostgresStore(SqlStore, Pruning):
     def _claim(
         self, cur: Any, worker_id: str, limit: int, now: float, ttl: float, only: str | None
     ) -> list[Lease]:
-        only_sql, only_params = ("AND id = ? ", (only,)) if only else ("", ())
-        self._x(
-            cur,
-            "UPDATE runs SET lease_owner = ?, lease_epoch = runs.lease_epoch + 1, "
-            "lease_expires_at = ?, "
-            "status = 'running', "
-            "lease_recoveries = runs.lease_recoveries + "
-            "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
-            f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "
-            f"{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
-            "FOR UPDATE SKIP LOCKED) c "
-            "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status",
-            (worker_id, now + ttl, now, now, now, *only_params, limit),
-        )
+        sql, params = _claim_statement(worker_id, limit, now, ttl, only)
+        self._x(cur, sql, params)
         return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in cur.fetchall()]
+
+    async def claim(
+        self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
+    ) -> list[Lease]:
+        """Lease up to ``limit`` runnable runs in one statement on the loop (see CLAIM)."""
+        if limit <= 0:
+            return []
+        sql, params = _claim_statement(worker_id, limit, now, ttl, only)
+        rows = await self._fetch_async(sql, params)
+        return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in rows]
+
+    async def next_due(self, *, now: float) -> float | None:
+        """See ``SqlStore.next_due``; on the loop (an idle worker asks after each claim
+        that came up short)."""
+        rows = await self._fetch_async(NEXT_DUE, (now, now, now))
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int:
+        """One statement on the loop (see SEND_MESSAGE)."""
+        rows = await self._fetch_async(SEND_MESSAGE, (run_id, name, dumps(payload), now, now))
+        if not rows:
+            raise RunNotFound(f"no run with id {run_id!r}")
+        status, msg_id = rows[0][0], rows[0][1]
+        if msg_id is None:
+            raise RunNotFound(f"run {run_id!r} is {status} and takes no more messages")
+        return int(msg_id)
+
+    async def next_message(self, run_id: str, names: Sequence[str]) -> InboxMessage | None:
+        """The oldest unconsumed message of these names, read on the loop: a woken run
+        reads it first thing in its tick."""
+        marks = ", ".join("?" for _ in names)
+        rows = await self._fetch_async(
+            "SELECT id, run_id, name, payload, created_at FROM inbox WHERE run_id = ? "
+            f"AND consumed_seq IS NULL AND name IN ({marks}) ORDER BY id LIMIT 1",
+            (run_id, *names),
+        )
+        if not rows:
+            return None
+        row = rows[0]
+        message = read_json(row[3], "inbox", "payload", id=row[0], run_id=run_id)
+        return InboxMessage(row[0], row[1], row[2], message, row[4])
 
     async def migrate(self) -> None:
         """Apply the schema list. Entries that already hold are skipped after a catalog
@@ -621,8 +779,9 @@ class PostgresStore(SqlStore, Pruning):
     async def notify(self) -> None:
         await self._fetch_async(f"NOTIFY {CHANNEL}", (), rows=False)
 
-    async def wait_for_work(self, timeout: float) -> None:
-        await self.lanes.wait_for_work(timeout)
+    async def wait_for_work(self, timeout: float) -> bool:
+        """Wait for a NOTIFY on the work channel (True) or ``timeout`` seconds (False)."""
+        return await self.lanes.wait_for_work(timeout)
 
     async def close(self) -> None:
         await self.lanes.close()

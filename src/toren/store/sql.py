@@ -107,6 +107,19 @@ CLAIMABLE = (
     "AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at < ?)"
 )
 
+# The earliest wake-up time after ``now`` of a run with a timer (``not_before``): one probe
+# of the ``runs_claim`` index (status, not_before) per unfinished status, so its cost does
+# not depend on how many runs are parked. A worker sleeps until then (toren.core.worker).
+NEXT_DUE = (
+    "SELECT MIN(t) FROM ("
+    + " UNION ALL ".join(
+        f"SELECT (SELECT not_before FROM runs WHERE status = '{status}' AND not_before > ? "
+        "ORDER BY not_before LIMIT 1) AS t"
+        for status in ("waiting", "queued", "running")
+    )
+    + ") AS due"
+)
+
 
 def run_from_row(row: Sequence[Any]) -> RunRecord:
     run_id = row[0]
@@ -361,6 +374,16 @@ class SqlStore:
 
         def tx(cur: Cursor) -> list[RunRecord]:
             return [read(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
+
+        return await self._run(tx, write=False)
+
+    async def next_due(self, *, now: float) -> float | None:
+        """The earliest ``not_before`` later than ``now`` (a parked timer, a backoff), or
+        None: when an idle worker should look for work again at the latest."""
+
+        def tx(cur: Any) -> float | None:
+            row = self._x(cur, NEXT_DUE, (now, now, now)).fetchone()
+            return None if row is None or row[0] is None else float(row[0])
 
         return await self._run(tx, write=False)
 
@@ -657,7 +680,10 @@ class SqlStore:
             if self._is_conflict(exc):
                 raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
             raise
-        await self.notify()
+        if release.status not in TERMINAL_STATUSES:
+            # A finished run is nobody's work: waking every idle worker for it would only
+            # make each run a claim query that finds nothing.
+            await self.notify()
         return stored
 
     async def block(

@@ -334,16 +334,19 @@ class SQLiteStore(SqlStore, Pruning):
         if self._wakeup is not None:
             self._wakeup.set()
 
-    async def wait_for_work(self, timeout: float) -> None:
-        """Wake on an in-process signal (start_run, send_message in this process) or
-        after ``timeout`` (the polling interval, for writers in other processes)."""
+    async def wait_for_work(self, timeout: float) -> bool:
+        """Wake on an in-process signal (start_run, send_message in this process: True)
+        or after ``timeout`` (the polling interval, for writers in other processes:
+        False)."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
+        woken = True
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout)
         except TimeoutError:
-            pass
+            woken = False
         self._wakeup.clear()
+        return woken
 
     def _close_conn(self) -> None:
         if self._conn is not None:
