@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 import toren
-from toren.api import metrics, models
+from toren.api import metrics, models, render
 from toren.api.errors import STATUS_CODES, ApiError, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
@@ -235,7 +235,8 @@ def _drop_null_parameters(schema: dict[str, Any]) -> None:
 # -- plumbing -----------------------------------------------------------------------------
 
 
-def get_state(request: Request) -> ApiState:
+async def get_state(request: Request) -> ApiState:
+    # A coroutine: FastAPI would run a plain function in a worker thread, on every request.
     return cast(ApiState, request.app.state.toren)
 
 
@@ -374,8 +375,12 @@ def _deprecated_key(response: Response, key: str | None, old: str) -> str:
     description="Inputs, outputs and errors whose JSON text is larger than 4096 bytes are "
     "left out (null, with `input_summary` / `output_summary` / `error_summary` giving their "
     "size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is "
-    "therefore at most about `limit` × 14 KB.",
-    responses=_errors(422),
+    "therefore at most about `limit` × 14 KB. The response carries an `ETag`; sent back "
+    "in `If-None-Match`, an unchanged page is `304 Not Modified` without a body.",
+    responses={
+        304: {"description": "The page is unchanged since the `ETag` sent in `If-None-Match`."},
+        **_errors(422),
+    },
 )
 async def list_runs(
     state: State,
@@ -409,7 +414,15 @@ async def list_runs(
             "since a previous poll (pass the largest `updated_at` it returned).",
         ),
     ] = None,
-) -> dict[str, Any]:
+    if_none_match: Annotated[
+        str | None,
+        Header(
+            alias="If-None-Match",
+            max_length=2000,
+            description="The `ETag` of a page this client has: `304` if it is unchanged.",
+        ),
+    ] = None,
+) -> Any:
     runs = await state.store.list_runs(
         status=status,
         agent=agent,
@@ -421,7 +434,17 @@ async def list_runs(
         updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
-    return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
+    body = render.runs_page(runs, next_cursor, state.redact)
+    if body is None:  # a value to redact or too deep: validated and serialised by pydantic
+        page = models.RunList.model_validate(
+            {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
+        )
+        body = page.model_dump_json().encode()
+    tag = render.etag(body)
+    headers = {"ETag": tag, "Cache-Control": "private, no-cache"}
+    if render.not_modified(if_none_match, tag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @_route(
