@@ -59,6 +59,7 @@ class Result:
     not_modified: int = 0  # answers that were 304
     client_cpu_ms_per_request: float = 0.0  # the load generator's CPU per request
     load_average_start: float = 0.0
+    note: str = ""
 
 
 async def seed(url: str, runs: int, input_bytes: int) -> None:
@@ -320,8 +321,9 @@ async def database(url: str | None, fresh: bool = True) -> AsyncIterator[tuple[s
 
 
 async def _seeded(url: str, runs: int) -> bool:
-    """A SQLite file given with --database-url that already holds the runs is reused."""
-    if not url.startswith("sqlite") or not Path(url.removeprefix("sqlite:///")).exists():
+    """A database given with --database-url (and --reuse, on PostgreSQL) that already
+    holds the runs is reused."""
+    if url.startswith("sqlite") and not Path(url.removeprefix("sqlite:///")).exists():
         return False
     from toren.store import connect
 
@@ -417,6 +419,13 @@ def main() -> None:
         action="store_true",
         help="clients send If-None-Match with the ETag of their previous answer",
     )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="PostgreSQL: use the URL's database as it is (seeded if it holds fewer runs) "
+        "instead of a fresh one",
+    )
+    parser.add_argument("--note", default="", help="recorded with the result")
     parser.add_argument("--json", type=Path, default=None, help="append the result here")
     args = parser.parse_args()
     result = asyncio.run(
@@ -427,10 +436,12 @@ def main() -> None:
             args.clients,
             args.requests,
             args.limit,
+            not args.reuse,
             conditional=args.conditional,
             mode=args.mode,
         )
     )
+    result.note = args.note
     print(json.dumps(asdict(result), indent=2))
     if args.json is not None:
         found = json.loads(args.json.read_text()) if args.json.exists() else []

@@ -123,8 +123,16 @@ def test_what_the_fast_path_cannot_vouch_for_takes_the_general_path(change: Any)
         for _ in range(140):
             value = [value]
         change = {"input": value}
+    assert isinstance(change, dict)
     runs = [dataclasses.replace(records()[0], **change), *records()[1:]]
     assert render.runs_page(runs, None, redactor) is None
+    if change.get("output") != 2**70:  # (pydantic serialises big integers; orjson cannot)
+        # The general path (app.list_runs) renders what the response model did.
+        general = models.RunList.model_validate(
+            {"runs": [redactor(r.to_dict()) for r in runs], "next_cursor": None}
+        ).model_dump_json()
+        assert general.encode() == model_body(runs, None, redactor)
+        assert SECRET not in general
 
 
 def test_a_secret_with_a_character_json_escapes_is_never_trusted_to_the_text() -> None:
@@ -205,3 +213,43 @@ async def test_list_records_match_the_runs_own_read(store: Store) -> None:
             summaries={"input": ValueSummary(len(text.encode()), text[:256])} if left_out else None,
         )
         assert listed[run.id] == expected
+
+
+async def test_an_unchanged_row_is_the_same_record_a_changed_one_is_not(store: Store) -> None:
+    """Lists remember the records of the rows they returned lately (a console polls the
+    same page), so an unchanged row is mapped and rendered once; any change is seen."""
+    import time
+
+    async def echo(ctx: Any, input: Any) -> Any:
+        return input
+
+    registry = toren.Registry()
+    registry.add("echo", echo)
+    run = await toren.start_run(store, registry, "echo", {"i": 1})
+    (first,) = await store.list_runs(limit=1, summary=True)
+    (again,) = await store.list_runs(limit=1, summary=True)
+    assert again is first
+    redactor = Redactor([SECRET])
+    assert render.runs_page([again], None, redactor) == render.runs_page([first], None, redactor)
+    await store.request_cancel(run.id, now=time.time())
+    (changed,) = await store.list_runs(limit=1, summary=True)
+    assert changed is not first and changed.cancel_requested and not first.cancel_requested
+    body = render.runs_page([changed], None, redactor)
+    assert body is not None and b'"cancel_requested":true' in body
+
+
+def test_the_memos_are_bounded() -> None:
+    from toren.store.sql import ListedRows
+
+    listed = ListedRows(size=2)
+    row = [None] * 40
+    rows = [tuple([f"run_{i}", *row[1:]]) for i in range(3)]
+    records_ = [listed.records([r])[0] for r in rows]
+    assert len(listed._found) == 2
+    assert listed.records([rows[2]])[0] is records_[2]  # kept: the newest
+    assert listed.records([rows[0]])[0] is not records_[0]  # evicted: mapped again
+    fragments = render.Fragments(size=2)
+    runs = records()
+    for run in runs:
+        assert fragments.get(run) == render.run_fragment(run)
+    assert len(fragments._found) == 2

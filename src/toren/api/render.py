@@ -33,6 +33,30 @@ _SUMMARY_KEYS = ("input_summary", "output_summary", "error_summary")
 assert RUN_FIELDS[-3:] == _SUMMARY_KEYS
 
 
+class Fragments:
+    """The rendered JSON of recently listed records, by record: the store hands out the
+    same record for an unchanged row (``toren.store.sql.ListedRows``), so a page polled
+    again is mostly joined, not rendered. A record is immutable and its fragment depends
+    on nothing else; the entry keeps the record alive, so its ``id`` is not reused."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self.size = size
+        self._found: dict[int, tuple[RunRecord, bytes]] = {}
+
+    def get(self, run: RunRecord) -> bytes:
+        entry = self._found.get(id(run))
+        if entry is not None and entry[0] is run:
+            return entry[1]
+        fragment = run_fragment(run)
+        if len(self._found) >= self.size:
+            del self._found[next(iter(self._found))]  # the oldest first
+        self._found[id(run)] = (run, fragment)
+        return fragment
+
+
+_FRAGMENTS = Fragments()  # used from the event loop's thread only
+
+
 def run_fragment(run: RunRecord) -> bytes:
     """One run in the ``Run`` model's shape and key order, as compact JSON bytes."""
     values = run.to_dict()
@@ -50,7 +74,7 @@ def runs_page(
     value to redact, one nested too deep for the redactor to pass as it is, one orjson
     cannot encode: an integer beyond 64 bits, say)."""
     try:
-        fragments = [run_fragment(run) for run in runs]
+        fragments = [_FRAGMENTS.get(run) for run in runs]
     except (TypeError, orjson.JSONEncodeError):
         return None
     for fragment in fragments:

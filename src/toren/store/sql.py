@@ -175,6 +175,35 @@ def summary_from_row(row: Sequence[Any]) -> RunRecord:
     return record
 
 
+class ListedRows:
+    """The records of the rows lists returned lately, by the rows' values: consoles poll
+    the same page every few seconds, and an unchanged row maps to the same (immutable)
+    record, which :mod:`toren.api.render` then finds already rendered. Bounded: at most
+    ``size`` rows (a list row is at most ~14 KB of values); used from one thread."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._found: dict[tuple[Any, ...], RunRecord] = {}
+
+    def records(self, rows: Sequence[Sequence[Any]]) -> list[RunRecord]:
+        found = self._found
+        out: list[RunRecord] = []
+        for row in rows:
+            key = tuple(row)
+            try:
+                record = found.get(key)
+            except TypeError:  # a value that cannot be hashed: not remembered
+                out.append(summary_from_row(row))
+                continue
+            if record is None:
+                record = summary_from_row(row)
+                if len(found) >= self.size:
+                    del found[next(iter(found))]  # the oldest first
+                found[key] = record
+            out.append(record)
+        return out
+
+
 def event_from_row(row: Sequence[Any]) -> Event:
     seq, run_id, type_ = row[0], row[1], row[6]
     if not isinstance(row[12], str):
@@ -337,15 +366,25 @@ class SqlStore:
         if summary:
             columns = f"{LIST_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
             source = "runs INDEXED BY runs_list" if self.dialect == "sqlite" else "runs"
-            read: Callable[[Sequence[Any]], RunRecord] = summary_from_row
         else:
-            columns, source, read = RUN_COLUMNS, "runs", run_from_row
+            columns, source = RUN_COLUMNS, "runs"
         sql = f"SELECT {columns} FROM {source} {clause} ORDER BY id DESC LIMIT ?"
+        if summary:
+
+            def rows(cur: Any) -> list[Any]:
+                return list(self._x(cur, sql, (*params, limit)).fetchall())
+
+            # Mapped here, on the loop's thread, where the memo of listed rows lives.
+            return self._listed.records(await self._run(rows, write=False))
 
         def tx(cur: Any) -> list[RunRecord]:
-            return [read(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
+            return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
 
         return await self._run(tx, write=False)
+
+    @functools.cached_property
+    def _listed(self) -> ListedRows:
+        return ListedRows()
 
     async def queue_depth(self, *, now: float) -> int:
         """Runs runnable now that no live worker holds: what autoscaling scales on."""
