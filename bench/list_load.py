@@ -2,8 +2,14 @@
 1 MB inputs, against a real server process; the list latency (p50/p95/p99) and the server
 process's resident memory, sampled every 20 ms from /proc, throughout.
 
-    python -m bench.list_load [--database-url URL] [--runs 1000] [--input-bytes 1000000]
-                              [--clients 200] [--requests 10] [--limit 50] [--json PATH]
+    python -m bench.list_load [--database-url URL] [--reuse] [--runs 1000]
+                              [--input-bytes 1000000] [--clients 200] [--requests 10]
+                              [--limit 50] [--mode first|pages] [--conditional]
+                              [--note TEXT] [--json PATH]
+
+The clients are raw keep-alive HTTP/1.1 connections (``Connection``), cheap enough that
+the server, not the load generator, is what is measured on a small machine; the result
+includes the server's and the generator's CPU per request.
 
 Without --database-url a fresh SQLite file is used; pass ``postgresql://...`` for
 PostgreSQL (a fresh database is created on the server of that URL and dropped after).

@@ -466,8 +466,7 @@ async def get_run(run_id: str, state: State) -> dict[str, Any]:
     tags=["events"],
     summary="Read a run's event log",
     description="At most `limit` events, and no more than 8 MiB of them (a page always "
-    "holds at least one event): a page cut short by either has `next_after` set. The body "
-    "is streamed as it is read (chunked), so the server holds a few events of it at a time.",
+    "holds at least one event): a page cut short by either has `next_after` set.",
     responses=_errors(404, 422),
 )
 async def list_events(
