@@ -253,3 +253,22 @@ def test_the_memos_are_bounded() -> None:
     for run in runs:
         assert fragments.get(run) == render.run_fragment(run)
     assert len(fragments._found) == 2
+
+
+def test_pages_are_remembered_by_their_fragments_and_bounded() -> None:
+    redactor = Redactor([SECRET])
+    runs = records()
+    pages = render.Pages(max_bytes=4 * 8192)
+    first = pages.page(runs, None, redactor)
+    assert first is not None and first[0] == render.runs_page(runs, None, redactor)
+    assert first[1] == render.etag(first[0])
+    assert pages.page(runs, None, redactor) == first  # the same records: the same page
+    assert pages.page(runs, "run_0190c2a5e1f3a1b2c3d4e2", redactor) != first  # the cursor
+    changed = [dataclasses.replace(runs[0], status="failed"), *runs[1:]]
+    other = pages.page(changed, None, redactor)
+    assert other is not None and other[1] != first[1] and b'"status":"failed"' in other[0]
+    leaky = [dataclasses.replace(runs[0], output={"k": SECRET}), *runs[1:]]
+    assert pages.page(leaky, None, redactor) is None
+    for i in range(20):
+        pages.page([dataclasses.replace(runs[0], steps=i)], None, redactor)
+    assert pages._bytes <= pages.max_bytes

@@ -64,6 +64,7 @@ class ApiState:
     redact: Redactor
     stream: StreamSettings
     public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))
+    pages: render.Pages = field(default_factory=render.Pages)  # list pages rendered lately
     closing: bool = False  # set on shutdown: open streams end so the server can stop
 
     def is_public(self, path: str) -> bool:
@@ -434,13 +435,15 @@ async def list_runs(
         updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
-    body = render.runs_page(runs, next_cursor, state.redact)
-    if body is None:  # a value to redact or too deep: validated and serialised by pydantic
+    found = state.pages.page(runs, next_cursor, state.redact)
+    if found is not None:
+        body, tag = found
+    else:  # a value to redact or too deep: validated and serialised by pydantic
         page = models.RunList.model_validate(
             {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
         )
         body = page.model_dump_json().encode()
-    tag = render.etag(body)
+        tag = render.etag(body)
     headers = {"ETag": tag, "Cache-Control": "private, no-cache"}
     if render.not_modified(if_none_match, tag):
         return Response(status_code=304, headers=headers)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -77,6 +78,47 @@ def runs_page(
         fragments = [_FRAGMENTS.get(run) for run in runs]
     except (TypeError, orjson.JSONEncodeError):
         return None
+    return _join(fragments, next_cursor, redactor)
+
+
+class Pages:
+    """The pages rendered lately (body and ETag), by the fragments they joined: the same
+    fragments (the same records, so the same rows) make the same page, which is then
+    neither joined, searched for secrets nor hashed again. One per app, since what passes
+    depends on its redactor. Bounded by the bytes of the bodies it keeps."""
+
+    def __init__(self, max_bytes: int = 8 * 1024 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._bytes = 0
+        self._found: dict[tuple[Any, ...], tuple[list[bytes], bytes, str]] = {}
+
+    def page(
+        self, runs: Sequence[RunRecord], next_cursor: str | None, redactor: Redactor
+    ) -> tuple[bytes, str] | None:
+        """``runs_page`` and its ``etag``, or None (see ``runs_page``)."""
+        try:
+            fragments = [_FRAGMENTS.get(run) for run in runs]
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        # The entry keeps its fragments alive, so their ids stand for them.
+        key = (next_cursor, *map(id, fragments))
+        found = self._found.get(key)
+        if found is not None:
+            return found[1], found[2]
+        body = _join(fragments, next_cursor, redactor)
+        if body is None:
+            return None
+        tag = etag(body)
+        if len(body) <= self.max_bytes // 4:
+            while self._found and self._bytes + len(body) > self.max_bytes:
+                oldest = next(iter(self._found))
+                self._bytes -= len(self._found.pop(oldest)[1])
+            self._found[key] = (fragments, body, tag)
+            self._bytes += len(body)
+        return body, tag
+
+
+def _join(fragments: list[bytes], next_cursor: str | None, redactor: Redactor) -> bytes | None:
     for fragment in fragments:
         # The redactor passes a run unchanged when its JSON text has at most MAX_DEPTH
         # brackets (so no deeper nesting); more may still be fine, but that is its call.
@@ -103,4 +145,4 @@ def not_modified(if_none_match: str | None, tag: str) -> bool:
     return any(match.group(1) in (tag, "*") for match in _TAG.finditer(if_none_match))
 
 
-__all__ = ["RUN_FIELDS", "etag", "not_modified", "run_fragment", "runs_page"]
+__all__ = ["RUN_FIELDS", "Fragments", "Pages", "etag", "not_modified", "run_fragment", "runs_page"]
