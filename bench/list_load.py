@@ -2,8 +2,14 @@
 1 MB inputs, against a real server process; the list latency (p50/p95/p99) and the server
 process's resident memory, sampled every 20 ms from /proc, throughout.
 
-    python -m bench.list_load [--database-url URL] [--runs 1000] [--input-bytes 1000000]
-                              [--clients 200] [--requests 10] [--limit 50] [--json PATH]
+    python -m bench.list_load [--database-url URL] [--reuse] [--runs 1000]
+                              [--input-bytes 1000000] [--clients 200] [--requests 10]
+                              [--limit 50] [--mode first|pages] [--conditional]
+                              [--note TEXT] [--json PATH]
+
+The clients are raw keep-alive HTTP/1.1 connections (``Connection``), cheap enough that
+the server, not the load generator, is what is measured on a small machine; the result
+includes the server's and the generator's CPU per request.
 
 Without --database-url a fresh SQLite file is used; pass ``postgresql://...`` for
 PostgreSQL (a fresh database is created on the server of that URL and dropped after).
@@ -54,6 +60,12 @@ class Result:
     seconds: float
     server_cpu_ms_per_request: float  # CPU the server spent per list request
     load_average: float  # the machine's 1-minute load average when the run ended
+    mode: str = "first"  # "first": every client asks for the newest page; "pages": all
+    conditional: bool = False  # clients send If-None-Match with their last ETag
+    not_modified: int = 0  # answers that were 304
+    client_cpu_ms_per_request: float = 0.0  # the load generator's CPU per request
+    load_average_start: float = 0.0
+    note: str = ""
 
 
 async def seed(url: str, runs: int, input_bytes: int) -> None:
@@ -165,16 +177,66 @@ def server_process(url: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
         log.close()
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol for this
+    bench (GET, a Content-Length body). httpx spent ~5 ms of CPU per request with 200
+    connections in one process, more than the server: the load generator would have
+    measured itself on a 2-core machine. This one costs a few tens of microseconds."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def get(self, target: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        lines = [f"GET {target} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status_line, *fields = head.decode("latin-1").split("\r\n")
+        found: dict[str, str] = {}
+        for field in fields:
+            if field:
+                name, _, value = field.partition(":")
+                found[name.strip().lower()] = value.strip()
+        size = int(found.get("content-length", "0"))
+        body = await self.reader.readexactly(size) if size else b""
+        if found.get("connection", "").lower() == "close":
+            self.close()
+        return int(status_line.split()[1]), found, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
 async def hammer(
-    base: str, pid: int, clients: int, requests: int, limit: int
-) -> tuple[list[float], int, int, float, float]:
-    """Latencies (ms), errors, the largest response, RSS at the start and its maximum."""
+    base: str,
+    pid: int,
+    clients: int,
+    requests: int,
+    limit: int,
+    *,
+    conditional: bool = False,
+    mode: str = "first",
+    runs: int = 1000,
+) -> tuple[list[float], int, int, float, float, int]:
+    """Latencies (ms), errors, the largest response, RSS at the start and its maximum,
+    and how many answers were 304 (``conditional``: each client sends the ETag of its
+    previous answer to the same request, as a browser does for the console)."""
     latencies: list[float] = []
     errors = 0
     biggest = 0
+    not_modified = 0
     start_rss = rss_mb(pid)
     peak = start_rss
     done = asyncio.Event()
+    host, port = base.removeprefix("http://").rsplit(":", 1)
+    cursors = await page_cursors(host, int(port), limit, runs) if mode == "pages" else []
 
     async def sample() -> None:
         nonlocal peak
@@ -182,33 +244,64 @@ async def hammer(
             peak = max(peak, rss_mb(pid))
             await asyncio.sleep(0.02)
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with httpx.AsyncClient(
-        base_url=base, headers=headers, limits=limits, timeout=120
-    ) as http:
-
-        async def client(i: int) -> None:
-            nonlocal errors, biggest
-            for _ in range(requests):
+    async def client(i: int) -> None:
+        nonlocal errors, biggest, not_modified
+        conn = Connection(host, int(port))
+        tags: dict[str, str] = {}
+        try:
+            for n in range(requests):
+                if mode == "pages":
+                    cursor = cursors[(i + n) % len(cursors)]
+                    target = f"/v1/runs?limit={limit}" + (f"&cursor={cursor}" if cursor else "")
+                else:
+                    target = f"/v1/runs?limit={limit}"
+                headers = {"Authorization": f"Bearer {TOKEN}"}
+                if conditional and target in tags:
+                    headers["If-None-Match"] = tags[target]
                 began = time.perf_counter()
                 try:
-                    response = await http.get("/v1/runs", params={"limit": limit})
-                except httpx.TransportError:
+                    status, found, body = await conn.get(target, headers)
+                except (OSError, asyncio.IncompleteReadError):
                     errors += 1
+                    conn.close()
                     continue
                 latencies.append((time.perf_counter() - began) * 1000)
-                if response.status_code != 200 or len(response.json()["runs"]) != limit:
+                if status == 304:
+                    not_modified += 1
+                elif status != 200 or len(json.loads(body)["runs"]) != limit:
                     errors += 1
-                biggest = max(biggest, len(response.content))
-
-        sampler = asyncio.ensure_future(sample())
-        try:
-            await asyncio.gather(*(client(i) for i in range(clients)))
+                if "etag" in found:
+                    tags[target] = found["etag"]
+                biggest = max(biggest, len(body))
         finally:
-            done.set()
-            await sampler
-    return latencies, errors, biggest, start_rss, peak
+            conn.close()
+
+    sampler = asyncio.ensure_future(sample())
+    try:
+        await asyncio.gather(*(client(i) for i in range(clients)))
+    finally:
+        done.set()
+        await sampler
+    return latencies, errors, biggest, start_rss, peak, not_modified
+
+
+async def page_cursors(host: str, port: int, limit: int, runs: int) -> list[str | None]:
+    """The cursor of every full page of the table (None: the first page)."""
+    conn = Connection(host, port)
+    found: list[str | None] = [None]
+    try:
+        while len(found) < max(1, runs // limit):
+            target = f"/v1/runs?limit={limit}&cursor={found[-1]}" if found[-1] else None
+            status, _, body = await conn.get(
+                target or f"/v1/runs?limit={limit}", {"Authorization": f"Bearer {TOKEN}"}
+            )
+            cursor = json.loads(body)["next_cursor"] if status == 200 else None
+            if cursor is None:
+                break
+            found.append(cursor)
+    finally:
+        conn.close()
+    return found
 
 
 @contextlib.asynccontextmanager
@@ -234,8 +327,9 @@ async def database(url: str | None, fresh: bool = True) -> AsyncIterator[tuple[s
 
 
 async def _seeded(url: str, runs: int) -> bool:
-    """A SQLite file given with --database-url that already holds the runs is reused."""
-    if not url.startswith("sqlite") or not Path(url.removeprefix("sqlite:///")).exists():
+    """A database given with --database-url (and --reuse, on PostgreSQL) that already
+    holds the runs is reused."""
+    if url.startswith("sqlite") and not Path(url.removeprefix("sqlite:///")).exists():
         return False
     from toren.store import connect
 
@@ -254,6 +348,9 @@ async def measure(
     requests: int = 10,
     limit: int = 50,
     fresh: bool = True,
+    *,
+    conditional: bool = False,
+    mode: str = "first",
 ) -> Result:
     """``fresh``: on PostgreSQL, seed a new database on the URL's server (dropped after);
     False: use the URL's database as it is."""
@@ -261,12 +358,22 @@ async def measure(
         if not await _seeded(db, runs):
             await seed(db, runs, input_bytes)
         with server_process(db) as (base, proc):
+            load_start = os.getloadavg()[0]
             began, cpu = time.monotonic(), cpu_seconds(proc.pid)
-            latencies, errors, biggest, start, peak = await hammer(
-                base, proc.pid, clients, requests, limit
+            own = time.process_time()
+            latencies, errors, biggest, start, peak, not_modified = await hammer(
+                base,
+                proc.pid,
+                clients,
+                requests,
+                limit,
+                conditional=conditional,
+                mode=mode,
+                runs=runs,
             )
             seconds = time.monotonic() - began
             cpu = cpu_seconds(proc.pid) - cpu
+            own = time.process_time() - own
     ordered = sorted(latencies)
 
     def pct(p: float) -> float:
@@ -290,6 +397,11 @@ async def measure(
         seconds=round(seconds, 1),
         server_cpu_ms_per_request=round(cpu * 1000 / max(1, len(latencies)), 2),
         load_average=round(os.getloadavg()[0], 1),
+        mode=mode,
+        conditional=conditional,
+        not_modified=not_modified,
+        client_cpu_ms_per_request=round(own * 1000 / max(1, len(latencies)), 2),
+        load_average_start=round(load_start, 1),
     )
 
 
@@ -301,13 +413,41 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--requests", type=int, default=10, help="per client")
     parser.add_argument("--limit", type=int, default=50)
+    parser.add_argument(
+        "--mode",
+        choices=("first", "pages"),
+        default="first",
+        help="first: every client lists the newest page; pages: the clients walk every "
+        "page of the table by cursor",
+    )
+    parser.add_argument(
+        "--conditional",
+        action="store_true",
+        help="clients send If-None-Match with the ETag of their previous answer",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="PostgreSQL: use the URL's database as it is (seeded if it holds fewer runs) "
+        "instead of a fresh one",
+    )
+    parser.add_argument("--note", default="", help="recorded with the result")
     parser.add_argument("--json", type=Path, default=None, help="append the result here")
     args = parser.parse_args()
     result = asyncio.run(
         measure(
-            args.database_url, args.runs, args.input_bytes, args.clients, args.requests, args.limit
+            args.database_url,
+            args.runs,
+            args.input_bytes,
+            args.clients,
+            args.requests,
+            args.limit,
+            not args.reuse,
+            conditional=args.conditional,
+            mode=args.mode,
         )
     )
+    result.note = args.note
     print(json.dumps(asdict(result), indent=2))
     if args.json is not None:
         found = json.loads(args.json.read_text()) if args.json.exists() else []

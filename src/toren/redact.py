@@ -79,6 +79,17 @@ class Redactor:
                 work.extend((copy, k, depth + 1) for k in self._nested(copy))
         return root[0]
 
+    def passes_json_text(self, text: str) -> bool:
+        """Nothing to redact in the JSON text ``text`` (a response already serialised):
+        no secret or key shape in it, found as written. False also when a secret holds
+        a character JSON escapes (it could hide in the text), so the caller redacts the
+        values instead. Depth is the caller's to check."""
+        if not self._json_safe or any(secret in text for secret in self.secrets):
+            return False
+        # Substring tests are much faster than the regex; it runs only where a key shape
+        # may start.
+        return ("sk-" not in text and "AKIA" not in text) or self._anywhere.search(text) is None
+
     def _clean(self, value: Any) -> bool:
         """Nothing in ``value`` to redact or cut, judged on its JSON text in one C-speed
         pass: most values (a page of runs) need no copy at all."""

@@ -7,20 +7,20 @@ route but ``/v1/health`` needs a token when tokens are configured. Errors are al
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, TypeVar, cast
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import TypeAdapter
 
 import toren
-from toren.api import metrics, models
+from toren.api import metrics, models, render
 from toren.api.errors import STATUS_CODES, ApiError, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
@@ -218,7 +218,8 @@ def _drop_null_parameters(schema: dict[str, Any]) -> None:
 # -- plumbing -----------------------------------------------------------------------------
 
 
-def get_state(request: Request) -> ApiState:
+async def get_state(request: Request) -> ApiState:
+    # A coroutine: FastAPI would run a plain function in a worker thread, on every request.
     return cast(ApiState, request.app.state.toren)
 
 
@@ -341,8 +342,12 @@ def _deprecated_key(response: Response, key: str | None, old: str) -> str:
     description="Inputs, outputs and errors whose JSON text is larger than 4096 bytes are "
     "left out (null, with `input_summary` / `output_summary` / `error_summary` giving their "
     "size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is "
-    "therefore at most about `limit` × 14 KB.",
-    responses=_errors(422),
+    "therefore at most about `limit` × 14 KB. The response carries an `ETag`; sent back "
+    "in `If-None-Match`, an unchanged page is `304 Not Modified` without a body.",
+    responses={
+        304: {"description": "The page is unchanged since the `ETag` sent in `If-None-Match`."},
+        **_errors(422),
+    },
 )
 async def list_runs(
     state: State,
@@ -376,7 +381,15 @@ async def list_runs(
             "since a previous poll (pass the largest `updated_at` it returned).",
         ),
     ] = None,
-) -> dict[str, Any]:
+    if_none_match: Annotated[
+        str | None,
+        Header(
+            alias="If-None-Match",
+            max_length=2000,
+            description="The `ETag` of a page this client has: `304` if it is unchanged.",
+        ),
+    ] = None,
+) -> Any:
     runs = await state.store.list_runs(
         status=status,
         agent=agent,
@@ -388,7 +401,19 @@ async def list_runs(
         updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
-    return {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
+    found = state.pages.page(runs, next_cursor, state.redact)
+    if found is not None:
+        body, tag = found
+    else:  # a value to redact or too deep: validated and serialised by pydantic
+        page = models.RunList.model_validate(
+            {"runs": [_run(state, r) for r in runs], "next_cursor": next_cursor}
+        )
+        body = page.model_dump_json().encode()
+        tag = render.etag(body)
+    headers = {"ETag": tag, "Cache-Control": "private, no-cache"}
+    if render.not_modified(if_none_match, tag):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @_route(
@@ -422,38 +447,65 @@ async def list_events(
         models.ASCII_INT,
     ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000), models.ASCII_INT] = 100,
-) -> dict[str, Any]:
+) -> StreamingResponse:
     await _run_or_404(state, run_id)
-    events, more = await _event_page(state, run_id, after, limit)
-    return {"events": events, "next_after": events[-1]["seq"] if more else None}
+    # The first chunk is read before the response starts, so that a failing read (a
+    # corrupt row, the database gone) is still an error response with its status code.
+    want = min(_EVENT_CHUNK_FIRST, limit)
+    first = await state.store.load_events(run_id, after_seq=after, limit=want)
+    body = _event_page(state, run_id, after, limit, first, want)
+    return StreamingResponse(body, media_type="application/json")
 
 
 # A page of events stops growing past this many bytes of JSON (it always holds at least
-# one event): what one response may cost the server in memory, whatever ``limit`` says.
+# one event), whatever ``limit`` says; the next page starts where it stopped.
 MAX_EVENTS_PAGE_BYTES = 8 * 1024 * 1024
-_EVENT_CHUNK = 100  # events read from the store at a time
+# The page is streamed: events are read from the store in chunks that start small and
+# grow (up to _EVENT_CHUNK events) while a chunk stays under _EVENT_CHUNK_BYTES, so the
+# server holds about that much of a page at a time (at least one event), not the page.
+_EVENT_CHUNK_FIRST = 4
+_EVENT_CHUNK = 100
+_EVENT_CHUNK_BYTES = 1024 * 1024
+_EVENT_MODEL: TypeAdapter[models.Event] = TypeAdapter(models.Event)
 
 
 async def _event_page(
-    state: ApiState, run_id: str, after: int, limit: int
-) -> tuple[list[dict[str, Any]], bool]:
-    """Up to ``limit`` redacted events after ``after`` within the byte budget, and whether
-    more may follow (a full page, or one cut by the budget)."""
-    page: list[dict[str, Any]] = []
-    size = 0
-    while len(page) < limit:
-        want = min(_EVENT_CHUNK, limit - len(page))
-        chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+    state: ApiState, run_id: str, after: int, limit: int, chunk: list[Any], want: int
+) -> AsyncIterator[bytes]:
+    """The ``EventList`` body of up to ``limit`` redacted events after ``after`` within the
+    byte budget, piece by piece: the same bytes the model serialised whole before (each
+    event validated and serialised by it, joined as it joins a list). ``next_after`` is
+    set when more may follow (a full page, or one cut by the budget)."""
+    yield b'{"events":['
+    count, size, last, more = 0, 0, 0, False
+    while True:
+        took = 0
         for event in chunk:
-            item = state.redact(event.to_dict())
-            size += len(json.dumps(item, ensure_ascii=False, separators=(",", ":")))
-            if page and size > MAX_EVENTS_PAGE_BYTES:
-                return page, True
-            page.append(item)
-        if len(chunk) < want:
-            return page, False
-        after = chunk[-1].seq
-    return page, True
+            part = _EVENT_MODEL.dump_json(
+                _EVENT_MODEL.validate_python(state.redact(event.to_dict()))
+            )
+            size += len(part)
+            if count and size > MAX_EVENTS_PAGE_BYTES:
+                more = True
+                break
+            yield b"," + part if count else part
+            count, last, took = count + 1, event.seq, took + len(part)
+            del part
+        else:
+            if len(chunk) < want:
+                break  # the log ends here
+            if count >= limit:
+                more = True
+                break
+            after = chunk[-1].seq
+            per_event = max(1, took // max(1, len(chunk)))
+            fits = max(1, _EVENT_CHUNK_BYTES // per_event)
+            want = min(want * 2, fits, _EVENT_CHUNK, limit - count)
+            del chunk
+            chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+            continue
+        break
+    yield b'],"next_after":' + (str(last).encode() if more else b"null") + b"}"
 
 
 @_route(

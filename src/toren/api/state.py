@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from toren.api.render import Pages
 from toren.api.sse import StreamSettings
 from toren.core.live import LiveHub
 from toren.core.ports import Store
@@ -25,6 +26,7 @@ class ApiState:
     redact: Redactor
     stream: StreamSettings
     public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))
+    pages: Pages = field(default_factory=Pages)  # list pages rendered lately (api/render.py)
     closing: bool = False  # set on shutdown: open streams end so the server can stop
 
     def is_public(self, path: str) -> bool:

@@ -10,6 +10,7 @@ over a DB-API cursor, and each dialect runs them on its own threads (``SqlStore.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import json
@@ -157,52 +158,76 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
     )
 
 
-_LISTED = len(LIST_COLUMNS.split(","))  # the summary expressions follow these columns
+_LISTED_NAMES = tuple(c.strip() for c in LIST_COLUMNS.split(","))  # RunRecord fields
+_LISTED = len(_LISTED_NAMES)  # the summary expressions follow these columns
+_RUN_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(RunRecord) if f.default is not dataclasses.MISSING
+}
+assert set(_LISTED_NAMES) <= set(_RUN_DEFAULTS) | {"id", "agent", "process", "status"}
+_CANCEL, _WAITING, _BLOCKED = (
+    _LISTED_NAMES.index(c) for c in ("cancel_requested", "waiting_for", "blocked_error")
+)
 
 
 def summary_from_row(row: Sequence[Any]) -> RunRecord:
-    """A row of ``LIST_COLUMNS`` and ``summary_expressions`` (see ``list_runs``)."""
+    """A row of ``LIST_COLUMNS`` and ``summary_expressions`` (see ``list_runs``).
+
+    Built without the frozen dataclass ``__init__`` (a page of runs is 50 of these per
+    poll of every console): the fields straight from the row's columns, the defaults of
+    any field a list does not read, then the parsed JSON columns."""
     run_id = row[0]
-    values: dict[str, Any] = {}
-    summaries: dict[str, ValueSummary] = {}
-    for i, name in enumerate(("input", "output", "error")):
-        inline, size, preview = row[_LISTED + 3 * i : _LISTED + 3 + 3 * i]
+    record = object.__new__(RunRecord)
+    values = record.__dict__
+    values.update(_RUN_DEFAULTS)
+    values.update(zip(_LISTED_NAMES, row, strict=False))
+    values["cancel_requested"] = bool(row[_CANCEL])
+    if row[_WAITING] is not None:
+        values["waiting_for"] = read_json(row[_WAITING], "runs", "waiting_for", id=run_id)
+    if row[_BLOCKED] is not None:
+        values["blocked_error"] = read_json(row[_BLOCKED], "runs", "blocked_error", id=run_id)
+    summaries: dict[str, ValueSummary] | None = None
+    at = _LISTED
+    for name in ("input", "output", "error"):
+        inline, size, preview = row[at], row[at + 1], row[at + 2]
+        at += 3
         if preview is not None:
+            if summaries is None:
+                summaries = {}
             summaries[name] = ValueSummary(int(size), str(preview))
             values[name] = None
         else:
-            values[name] = read_json(inline, "runs", name, id=run_id)
-    return RunRecord(
-        id=run_id,
-        agent=row[1],
-        process=row[2],
-        status=row[3],
-        idempotency_key=row[4],
-        created_at=row[5],
-        updated_at=row[6],
-        lease_owner=row[7],
-        lease_epoch=row[8],
-        lease_expires_at=row[9],
-        not_before=row[10],
-        cancel_requested=bool(row[11]),
-        waiting_for=read_json(row[12], "runs", "waiting_for", id=run_id),
-        input_tokens=row[13],
-        output_tokens=row[14],
-        cost_nanousd=row[15],
-        saved_nanousd=row[16],
-        steps=row[17],
-        code_version=row[18],
-        lease_recoveries=row[19],
-        invalidations=row[20],
-        retries=row[21],
-        forked_from=row[22],
-        forked_at=row[23],
-        blocked_error=read_json(row[24], "runs", "blocked_error", id=run_id),
-        blocked_attempts=row[25],
-        blocked_since=row[26],
-        summaries=summaries or None,
-        **values,
-    )
+            values[name] = None if inline is None else read_json(inline, "runs", name, id=run_id)
+    values["summaries"] = summaries
+    return record
+
+
+class ListedRows:
+    """The records of the rows lists returned lately, by the rows' values: consoles poll
+    the same page every few seconds, and an unchanged row maps to the same (immutable)
+    record, which :mod:`toren.api.render` then finds already rendered. Bounded: at most
+    ``size`` rows (a list row is at most ~14 KB of values); used from one thread."""
+
+    def __init__(self, size: int = 512) -> None:
+        self.size = size
+        self._found: dict[tuple[Any, ...], RunRecord] = {}
+
+    def records(self, rows: Sequence[Sequence[Any]]) -> list[RunRecord]:
+        found = self._found
+        out: list[RunRecord] = []
+        for row in rows:
+            key = tuple(row)
+            try:
+                record = found.get(key)
+            except TypeError:  # a value that cannot be hashed: not remembered
+                out.append(summary_from_row(row))
+                continue
+            if record is None:
+                record = summary_from_row(row)
+                if len(found) >= self.size:
+                    del found[next(iter(found))]  # the oldest first
+                found[key] = record
+            out.append(record)
+        return out
 
 
 def event_from_row(row: Sequence[Any]) -> Event:
@@ -367,13 +392,19 @@ class SqlStore:
         if summary:
             columns = f"{LIST_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
             source = "runs INDEXED BY runs_list" if self.dialect == "sqlite" else "runs"
-            read: Callable[[Sequence[Any]], RunRecord] = summary_from_row
         else:
-            columns, source, read = RUN_COLUMNS, "runs", run_from_row
+            columns, source = RUN_COLUMNS, "runs"
         sql = f"SELECT {columns} FROM {source} {clause} ORDER BY id DESC LIMIT ?"
+        if summary:
+
+            def rows(cur: Cursor) -> list[Any]:
+                return list(self._x(cur, sql, (*params, limit)).fetchall())
+
+            # Mapped here, on the loop's thread, where the memo of listed rows lives.
+            return self._listed.records(await self._run(rows, write=False))
 
         def tx(cur: Cursor) -> list[RunRecord]:
-            return [read(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
+            return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
 
         return await self._run(tx, write=False)
 
@@ -381,11 +412,15 @@ class SqlStore:
         """The earliest ``not_before`` later than ``now`` (a parked timer, a backoff), or
         None: when an idle worker should look for work again at the latest."""
 
-        def tx(cur: Any) -> float | None:
+        def tx(cur: Cursor) -> float | None:
             row = self._x(cur, NEXT_DUE, (now, now, now)).fetchone()
             return None if row is None or row[0] is None else float(row[0])
 
         return await self._run(tx, write=False)
+
+    @functools.cached_property
+    def _listed(self) -> ListedRows:
+        return ListedRows()
 
     async def queue_depth(self, *, now: float) -> int:
         """Runs runnable now that no live worker holds: what autoscaling scales on."""

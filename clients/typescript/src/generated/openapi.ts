@@ -13,7 +13,7 @@ export interface paths {
         };
         /**
          * List runs, newest first
-         * @description Inputs, outputs and errors whose JSON text is larger than 4096 bytes are left out (null, with `input_summary` / `output_summary` / `error_summary` giving their size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is therefore at most about `limit` × 14 KB.
+         * @description Inputs, outputs and errors whose JSON text is larger than 4096 bytes are left out (null, with `input_summary` / `output_summary` / `error_summary` giving their size and first 256 characters); `GET /v1/runs/{run_id}` has them whole. A page is therefore at most about `limit` × 14 KB. The response carries an `ETag`; sent back in `If-None-Match`, an unchanged page is `304 Not Modified` without a body.
          */
         get: operations["list_runs"];
         put?: never;
@@ -951,7 +951,10 @@ export interface operations {
                 /** @description Only runs whose `updated_at` is later (Unix seconds): what changed since a previous poll (pass the largest `updated_at` it returned). */
                 updated_after?: number;
             };
-            header?: never;
+            header?: {
+                /** @description The `ETag` of a page this client has: `304` if it is unchanged. */
+                "If-None-Match"?: string;
+            };
             path?: never;
             cookie?: never;
         };
@@ -965,6 +968,13 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["RunList"];
                 };
+            };
+            /** @description The page is unchanged since the `ETag` sent in `If-None-Match`. */
+            304: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             /** @description unauthorized */
             401: {
