@@ -37,7 +37,7 @@ REASSERT_MAX_DELAY = 0.5
 
 @dataclass
 class WorkerMetrics:
-    ticks: Counter[str] = field(default_factory=Counter)  # by result status
+    ticks: Counter[TickStatus] = field(default_factory=Counter)  # by result status
     lease_recoveries: int = 0
     backoffs: int = 0
     invalidations: int = 0
