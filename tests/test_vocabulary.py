@@ -1,13 +1,16 @@
-"""Every status, step kind and invalidation cause the stores' SQL, the HTTP API, the CLI
-and the client use is one of ``toren.core.values``: one place to change. (The console's
-scripts are checked in tests/console/test_vocabulary.py.)"""
+"""Every status, step kind and invalidation cause the stores' SQL, the HTTP API, the CLI,
+the client and the engine (``toren.core``) use is one of ``toren.core.values``: one place
+to change. (The console's scripts are checked in tests/console/test_vocabulary.py.)"""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import io
 import re
 import tokenize
+import typing
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,12 @@ import toren.store
 from toren.api import models
 from toren.cli import _common, retention, runs
 from toren.client import _types as client_types
-from toren.core.events import StreamInvalidated
+from toren.core import plan, records, tickstate
+from toren.core.digest import request_digest
+from toren.core.events import Event, ModelCallRecorded, StreamInvalidated, make_event
+from toren.core.journal import Journal, Supersede
+from toren.core.jsontext import PLAIN, plain_kind
+from toren.core.model_types import ModelRequest
 from toren.core.values import (
     IN_FLIGHT_STATUSES,
     STATUSES,
@@ -27,6 +35,7 @@ from toren.core.values import (
     RunStatus,
     StepKind,
     TickStatus,
+    VerdictState,
     vocabulary,
 )
 from toren.store.schema import SCHEMA, CreateTable
@@ -126,3 +135,126 @@ def test_vocabulary_is_json_of_the_enums() -> None:
     assert sets["StepKind"] == {k.name: k.value for k in StepKind}
     assert sets["InvalidationCause"] == {c.name: c.value for c in InvalidationCause}
     assert sets["terminal"] == [s.value for s in STATUSES if s in TERMINAL_STATUSES]
+
+
+# -- the engine (toren.core) ------------------------------------------------------------
+
+CORE_WORDS = (
+    VALUES
+    | CAUSES
+    | {k.value for k in StepKind}
+    | {t.value for t in TickStatus}
+    | set(typing.get_args(VerdictState))
+)
+# Where core spells a word of the vocabulary that is not the vocabulary, per (file, word)
+# exactly how often: a new bare use, or one of these going, fails the test below.
+NOT_THE_VOCABULARY = Counter(
+    {
+        # A model request body's keys ("provider", "model", "params"), in tuples.
+        ("core/changes.py", "model"): 2,
+        # Change.part: a part of a request that changed (a message, a tool), not a kind.
+        ("core/changes.py", "message"): 1,
+        ("core/changes.py", "tool"): 4,
+        # The "message" key of a recorded error, and a label in a tampered-log note.
+        ("core/effects.py", "message"): 1,
+        ("core/recorded.py", "message"): 1,
+    }
+)
+
+
+def _keys(tree: ast.AST) -> set[int]:
+    """The string constants of ``tree`` that are keys, not values: dict keys, subscripts,
+    the key of ``.get``/``.pop``/``.setdefault``, an attribute's name, and the four ``Final[VerdictState]``
+    constants of core/branches.py (mypy holds those to the ``Literal``)."""
+    keys: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            keys.update(id(k) for k in node.keys if k is not None)
+        elif isinstance(node, ast.Subscript):
+            keys.add(id(node.slice))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop", "setdefault")
+            and node.args
+        ):
+            keys.add(id(node.args[0]))
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) in ("getattr", "hasattr")
+            and len(node.args) > 1
+        ):
+            keys.add(id(node.args[1]))  # an attribute's name
+        elif (
+            isinstance(node, ast.AnnAssign)
+            and node.value is not None
+            and "VerdictState" in ast.unparse(node.annotation)
+        ):
+            keys.add(id(node.value))
+    return keys
+
+
+def test_the_engine_spells_no_status_kind_or_cause() -> None:
+    """Statuses, tick statuses, step kinds, invalidation causes and verdict states in
+    toren.core are the enums of toren.core.values (values.py defines them)."""
+    found: Counter[tuple[str, str]] = Counter()
+    for path in sorted((SRC / "core").glob("*.py")):
+        if path.name == "values.py":
+            continue
+        tree = ast.parse(path.read_text("utf-8"))
+        keys = _keys(tree)
+        where = path.relative_to(SRC).as_posix()
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in CORE_WORDS
+                and id(node) not in keys
+            ):
+                found[(where, node.value)] += 1
+    assert found == NOT_THE_VOCABULARY
+
+
+def test_the_engine_types_what_it_decides_with_the_enums() -> None:
+    hints = typing.get_type_hints
+    assert hints(tickstate.TickResult)["status"] is TickStatus
+    assert hints(records.Release)["status"] is RunStatus
+    assert hints(plan.StreamFinding)["cause"] is InvalidationCause
+    assert plan.plan_runs.__kwdefaults__["statuses"] is IN_FLIGHT_STATUSES
+
+
+def test_what_the_engine_writes_holds_plain_strings() -> None:
+    """The enums type the code; the log keeps its plain strings, so payloads and digests
+    take the JSON fast paths (exact types only) and keep their bytes."""
+    first = make_event("r", ModelCallRecorded(cost_usd="0"), stream="main", position=0)
+    first = Event(**{**first.__dict__, "digest": "d0", "seq": 1})
+    answer = Journal.fold("r", [first]).request("main", 0, StepKind.TOOL, "d1", code_version="B")
+    assert isinstance(answer, Supersede)
+    payload = answer.payload.__dict__
+    assert plain_kind(payload) == PLAIN, {k: type(v) for k, v in payload.items()}
+    assert (payload["expected_kind"], payload["actual_kind"]) == ("model", "tool")
+    assert payload["cause"] == "kind_mismatch"
+    body = {"name": "t", "args": {}}
+    assert request_digest(StepKind.TOOL, body) == request_digest("tool", body)  # type: ignore[arg-type]
+
+
+def test_frozen_skips_no_check() -> None:
+    """``frozen(...)`` builds without ``__init__``: only for classes that check nothing
+    there (ctx.model builds its ModelRequest so; see core/context.py). The write path
+    builds its payloads with their constructors."""
+    assert not hasattr(ModelRequest, "__post_init__")
+    assert dataclasses.is_dataclass(ModelRequest)
+    uses = Counter()
+    for path in sorted((SRC / "core").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "frozen":
+                built = node.args[0]
+                uses[(path.name, ast.unparse(built))] += 1
+    # ctx.model's request, and the read path (a recorded response read back).
+    assert uses == Counter(
+        {
+            ("context.py", "ModelRequest"): 1,
+            ("model_types.py", "cls"): 1,
+            ("model_types.py", "Usage"): 1,
+        }
+    )

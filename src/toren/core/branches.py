@@ -36,17 +36,20 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
-IDLE = "idle"  # every branch waits on a durable wait: park now
-READY = "ready"  # some branch can run at once: let it
-BUSY = "busy"  # some branch awaits other work: wait for it (see Verdict.futures)
-UNKNOWN = "unknown"  # this interpreter's asyncio is not laid out as expected
+from toren.core.values import VerdictState
+
+# The states of a verdict (``toren.core.values.VerdictState``; mypy holds these to it).
+IDLE: Final[VerdictState] = "idle"  # every branch waits on a durable wait: park now
+READY: Final[VerdictState] = "ready"  # some branch can run at once: let it
+BUSY: Final[VerdictState] = "busy"  # some branch awaits other work: wait for Verdict.futures
+UNKNOWN: Final[VerdictState] = "unknown"  # this interpreter's asyncio is laid out otherwise
 
 
 @dataclass
 class Verdict:
-    state: str
+    state: VerdictState
     futures: list[asyncio.Future[Any]] = field(default_factory=list)  # what BUSY waits on
     inferred: bool = False  # the fallback read asyncio's internals for some task
 

@@ -19,6 +19,7 @@ from toren.core.digest import HashedRequest, canonical_json
 from toren.core.events import Event, StreamInvalidated
 from toren.core.model_types import ModelRequest
 from toren.core.recorded import Derived, RecordedStep, derive, group_steps, waited_names
+from toren.core.values import InvalidationCause, StepKind
 
 _SHOWN = 60  # characters of a value shown in a change's text
 
@@ -28,7 +29,7 @@ class RequestParts:
     """The digested parts of one step request. ``fields`` is the body but, for a model
     call, its messages and tools, which are listed with their role and name."""
 
-    kind: str
+    kind: StepKind
     fields: Mapping[str, Any]
     messages: tuple[tuple[str, str | None], ...] = ()
     tools: tuple[tuple[str, str | None], ...] = ()
@@ -58,7 +59,7 @@ def live_model_parts(request: ModelRequest, hashed: HashedRequest) -> RequestPar
     """The parts of a model request the current code makes."""
     roles = [m.get("role") for m in request.messages]
     return RequestParts(
-        "model",
+        StepKind.MODEL,
         {"provider": request.provider, "model": request.model, "params": hashed.params},
         tuple(
             (h, r if isinstance(r, str) else None)
@@ -68,7 +69,7 @@ def live_model_parts(request: ModelRequest, hashed: HashedRequest) -> RequestPar
     )
 
 
-def body_parts(kind: str, body: Mapping[str, Any]) -> RequestParts:
+def body_parts(kind: StepKind, body: Mapping[str, Any]) -> RequestParts:
     return RequestParts(kind, dict(body))
 
 
@@ -77,23 +78,24 @@ def recorded_parts(derived: Derived) -> RequestParts | None:
     if derived.kind is None or not derived.candidates:
         return None
     body = derived.candidates[0].body
-    if derived.kind != "model":
+    if derived.kind != StepKind.MODEL:
         return RequestParts(derived.kind, body)
     fields = {k: body[k] for k in ("provider", "model", "params")}
-    return RequestParts("model", fields, derived.messages, derived.tools)
+    return RequestParts(StepKind.MODEL, fields, derived.messages, derived.tools)
 
 
 def diff(old: RequestParts, new: RequestParts) -> list[Change]:
     """The parts that differ, in the order of the request (empty: the same request)."""
     if old.kind != new.kind:
-        return [Change("kind", f"step kind {old.kind} -> {new.kind}", old=old.kind, new=new.kind)]
-    if old.kind == "tool":
+        was, now = str(old.kind), str(new.kind)  # plain strings in the JSON shown
+        return [Change("kind", f"step kind {was} -> {now}", old=was, new=now)]
+    if old.kind == StepKind.TOOL:
         a, b = old.fields.get("args"), new.fields.get("args")
         named = _dict_changes({"name": old.fields.get("name")}, {"name": new.fields.get("name")})
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             return named + _dict_changes(a, b, "argument")
         return named + _dict_changes({"args": a}, {"args": b})
-    if old.kind != "model":
+    if old.kind != StepKind.MODEL:
         return _dict_changes(old.fields, new.fields)
     found: list[Change] = []
     for part in ("provider", "model"):
@@ -239,9 +241,9 @@ def _explain(
     blobs: Mapping[str, Any],
     names: Sequence[str],
 ) -> tuple[list[dict[str, Any]], str | None]:
-    if payload.cause == "parent_invalidated":
+    if payload.cause == InvalidationCause.PARENT_INVALIDATED:
         return [], "the step that spawned this stream was invalidated"
-    if payload.cause == "stream_ended":
+    if payload.cause == InvalidationCause.STREAM_ENDED:
         return [], f"the new code ends the stream before position {payload.from_pos}"
     if before is None:
         return [], "the superseded step is not in the log"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, overload
 from toren.core import combinators
 from toren.core.digest import request_digest
 from toren.core.model_types import DeltaCallback, ModelRequest, ModelResponse, ToolSpec, frozen
-from toren.core.values import Totals
+from toren.core.values import StepKind, Totals
 from toren.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -162,6 +162,13 @@ class Context:
         specs = (
             tuple(t if isinstance(t, ToolSpec) else _tool_spec(t) for t in tools) if tools else ()
         )
+        # Built without the dataclass __init__ (``frozen``), deliberately: ModelRequest has
+        # no __post_init__, so its __init__ would check nothing the agent passed (a
+        # dataclass checks no types), only add a setattr per field, ~2,200 instructions on
+        # every ctx.model, replayed ones included (~0.8% of a replayed step). What is
+        # checked is checked here (the model's form, the tools) and by the digest, which
+        # refuses messages and params that are not JSON. tests/test_vocabulary.py fails if
+        # ModelRequest gains a __post_init__ (this would then skip it).
         request = frozen(
             ModelRequest,
             provider=provider,
@@ -178,7 +185,7 @@ class Context:
         """Run a tool of this agent. Raises ``ToolFailed`` if the tool raised."""
         args = dict(args or {})
         pos = self._position()
-        digest = request_digest("tool", {"name": name, "args": args})
+        digest = request_digest(StepKind.TOOL, {"name": name, "args": args})
         return self._runner.tool_step(self, pos, digest, name, args)
 
     def now(self) -> Awaitable[float]:
@@ -193,7 +200,7 @@ class Context:
 
     def _value(self, what: str) -> Awaitable[Any]:
         pos = self._position()
-        digest = request_digest("value", {"what": what})
+        digest = request_digest(StepKind.VALUE, {"what": what})
         return self._runner.value_step(self, pos, digest, what)
 
     def sleep(self, seconds: float) -> Awaitable[None]:
@@ -201,7 +208,7 @@ class Context:
         if not isinstance(seconds, (int, float)) or seconds < 0:
             raise InvalidInput(f"sleep seconds must be a non-negative number, got {seconds!r}")
         pos = self._position()
-        digest = request_digest("sleep", {"seconds": seconds})
+        digest = request_digest(StepKind.SLEEP, {"seconds": seconds})
         return self._runner.sleep_step(self, pos, digest, seconds)  # as given: see TimerScheduled
 
     def wait_for_message(self, name: str, timeout: float | None = None) -> Awaitable[Any]:
@@ -209,7 +216,7 @@ class Context:
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
             raise InvalidInput(f"timeout must be a non-negative number, got {timeout!r}")
         pos = self._position()
-        digest = request_digest("message", {"name": name, "timeout": timeout})
+        digest = request_digest(StepKind.MESSAGE, {"name": name, "timeout": timeout})
         return self._runner.message_step(self, pos, digest, name, timeout)
 
     # -- branches --------------------------------------------------------------------------
@@ -245,7 +252,7 @@ class Context:
     def spawn(self, process: str, input: Any = None) -> Awaitable[Any]:
         """Run another process of this agent as a child stream and return its output."""
         pos = self._position()
-        digest = request_digest("child", {"process": process, "input": input})
+        digest = request_digest(StepKind.CHILD, {"process": process, "input": input})
         return self._runner.child_step(self, pos, digest, process, input)
 
 

@@ -36,6 +36,7 @@ import orjson
 from toren.core.jsontext import NOT_PLAIN, PLAIN, plain_kind
 from toren.core.model_types import TRANSPORT_PARAMS, Message, ModelRequest, ToolSpec
 from toren.core.text import repair
+from toren.core.values import StepKind
 from toren.errors import InvalidInput
 
 DIGEST_VERSION = 1
@@ -47,6 +48,8 @@ _LIST_PREFIX = b"toren.msglist.v1\n"
 # "body" < "kind", and "messages" is the first key of the body), which lets a growing
 # conversation's digest be computed incrementally from a saved hash state.
 _MODEL_HEAD = _REQUEST_PREFIX + b'{"body":{"messages":['
+# ... and ends with its kind, after the body (see HashCache.model).
+_MODEL_TAIL = b',"kind":"' + StepKind.MODEL.value.encode("ascii") + b'"}'
 
 
 def _as_dict(value: Any) -> Any:
@@ -143,9 +146,11 @@ def semantic_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k not in TRANSPORT_PARAMS}
 
 
-def request_digest(kind: str, body: Mapping[str, Any]) -> str:
+def request_digest(kind: StepKind, body: Mapping[str, Any]) -> str:
     """Digest of a step request: its kind plus a JSON body of the step's exact inputs."""
-    return _sha(_REQUEST_PREFIX, canonical_json({"kind": kind, "body": body}))
+    # str(): the kind's plain string, the same bytes, and a value canonical_json's fast
+    # path takes (it takes exact types only; an enum member would go the slow way).
+    return _sha(_REQUEST_PREFIX, canonical_json({"kind": str(kind), "body": body}))
 
 
 def model_request_body(
@@ -172,7 +177,7 @@ def model_digest(request: ModelRequest, cache: HashCache | None = None) -> str:
         return cache.model(request).digest
     msgs = [message_hash(m) for m in request.messages]
     tools = [tool_spec_hash(t) for t in request.tools]
-    return request_digest("model", model_request_body(request, msgs, tools))
+    return request_digest(StepKind.MODEL, model_request_body(request, msgs, tools))
 
 
 def message_list_node(prev: str | None, items: Sequence[str]) -> tuple[str, str]:
@@ -295,7 +300,7 @@ class HashCache:
         msgs = self.messages(request.messages)
         tools = [self.tool(t) for t in request.tools]
         rest = _body_without_messages(request, tools)
-        tail = b"]," + canonical_json(rest)[1:] + b',"kind":"model"}'
+        tail = b"]," + canonical_json(rest)[1:] + _MODEL_TAIL
         state = self._list_state(msgs)
         state.update(tail)
         return HashedRequest(state.hexdigest(), msgs, tools, rest["params"])

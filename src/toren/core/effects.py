@@ -32,14 +32,13 @@ from toren.core.model_types import (
     ModelResponse,
     ToolSpec,
     Usage,
-    frozen,
     usage_cut_off,
 )
 from toren.core.ports import ModelProvider
 from toren.core.program import AgentProgram, Pricing, ToolDef
 from toren.core.replay import Step
 from toren.core.text import repair, repair_text
-from toren.core.values import to_nano
+from toren.core.values import StepKind, to_nano
 from toren.errors import ModelCallFailed, StepFailed, ToolFailed, TorenError
 
 _ZERO = Decimal(0)
@@ -159,13 +158,14 @@ class RequestBodies:
 class ModelCall(NamedTuple):
     """What a live model call returns to its driver: the response (None: it failed), the
     payload and blobs to write, what it used (input tokens, output tokens, nano-USD: the
-    run's totals grow by it), and its cost and latency for telemetry."""
+    run's totals grow by it), and its latency for telemetry. Its price is money at an
+    edge: a ``Decimal`` from the pricing function, recorded as its string
+    (``payload.cost_usd``, part of the log), counted in nano-USD (``used``)."""
 
     response: ModelResponse | None
     payload: ModelCallRecorded
     blobs: dict[str, str]
     used: tuple[int, int, int]
-    cost: Decimal
     latency_s: float
 
 
@@ -204,8 +204,7 @@ async def call_model(
     if pricing is not None and (response is not None or usage != Usage()):
         cost = pricing(f"{request.provider}:{request.model}", usage)
     blobs, list_node = bodies.new(stream, request, hashed)
-    payload = frozen(
-        ModelCallRecorded,
+    payload = ModelCallRecorded(
         provider=request.provider,
         model=request.model,
         message_list=list_node,
@@ -220,7 +219,7 @@ async def call_model(
         latency_ms=round(latency, 3),
     )
     used = (usage.input_tokens, usage.output_tokens, to_nano(cost) if cost else 0)
-    return ModelCall(response, payload, blobs, used, cost, latency / 1000)
+    return ModelCall(response, payload, blobs, used, latency / 1000)
 
 
 async def call_tool(
@@ -295,7 +294,7 @@ def message_timer(name: str, timeout: float, now: float) -> TimerScheduled:
     return TimerScheduled(
         fire_at=now + timeout,
         seconds=timeout,
-        purpose="message",
+        purpose=StepKind.MESSAGE.value,  # the log's plain string
         requested_seconds=timeout,
         message=name,  # the digest covers it; a timed-out wait records no other
     )

@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
 from toren.core.jsontext import dumps
+from toren.core.values import InvalidationCause, StepKind
 from toren.errors import CorruptEventLog
 
 FORMAT_VERSION = 1
@@ -145,7 +146,9 @@ class TimerScheduled(Payload):
     TYPE: ClassVar[str] = "TimerScheduled"
     fire_at: float = 0.0
     seconds: float = 0.0
-    purpose: str = "sleep"  # "sleep" | "message" (the timeout of a wait_for_message)
+    # StepKind.SLEEP, or StepKind.MESSAGE for the timeout of a wait_for_message; as the
+    # log spells it (a plain string).
+    purpose: str = StepKind.SLEEP.value
     # Since 0.2, so that every digested input is in the log (a 0.1 reader ignores them):
     # the duration exactly as the code gave it (``sleep(1)`` is digested over the integer
     # 1, ``sleep(1.0)`` over the float 1.0; ``seconds`` is always a float), and for a
@@ -200,7 +203,7 @@ class StreamInvalidated(Payload):
     expected_kind: str | None = None
     actual_kind: str | None = None
     code_version: str = ""
-    cause: str = "digest_mismatch"  # an InvalidationCause (toren.core.values)
+    cause: str = InvalidationCause.DIGEST_MISMATCH.value  # an InvalidationCause, as spelled
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from toren.core.program import AgentResolver
 from toren.core.records import NewRun, RunRecord
 from toren.core.replay import RunLog, Step, step_slot
 from toren.core.runs import new_run_id
+from toren.core.values import RunStatus
 from toren.errors import ForkPointNotFound, InvalidInput, RunNotFound, RunNotRetryable
 
 _UNSET: Any = object()
@@ -68,7 +69,7 @@ async def retry_run(
     Raises :class:`RunNotFound`, :class:`RunNotRetryable` (not failed: cancelled,
     completed or still going) and :class:`InvalidInput` (a bad limit)."""
     run = await _get(store, run_id)
-    if run.status != "failed":
+    if run.status != RunStatus.FAILED:
         raise RunNotRetryable(_not_retryable(run), run_id=run_id, status=run.status)
     program = agents.resolve(run.agent, run.process)  # AgentNotFound names the known ones
     raises = _limits(max_steps=max_steps, max_cost_usd=max_cost_usd)
@@ -143,12 +144,12 @@ def _limits(**values: Any) -> dict[str, Any]:
 
 
 def _not_retryable(run: RunRecord) -> str:
-    if run.status == "cancelled":
+    if run.status == RunStatus.CANCELLED:
         return (
             f"run {run.id!r} was cancelled; a cancelled run is final and cannot be retried. "
             f"To continue from its log, fork it: toren runs fork {run.id} --at {run.process}:N"
         )
-    if run.status == "completed":
+    if run.status == RunStatus.COMPLETED:
         return (
             f"run {run.id!r} completed; there is nothing to retry. To run it again from one "
             f"of its steps under the current code, fork it: "

@@ -236,7 +236,7 @@ def log_totals(events: Iterable[Event]) -> Totals:
 # -- the journal -------------------------------------------------------------------------
 
 
-def _cause(expected: Step | None, kind: str | None) -> InvalidationCause:
+def _cause(expected: Step | None, kind: StepKind | None) -> InvalidationCause:
     if expected is None:
         return InvalidationCause.STREAM_ENDED
     if expected.kind != kind:
@@ -305,7 +305,7 @@ class Journal:
         self,
         stream: str,
         pos: int,
-        kind: StepKind | str,
+        kind: StepKind,
         digest: str,
         *,
         code_version: str,
@@ -355,7 +355,7 @@ class Journal:
             return None
         return self._supersede(view, positions_taken, None, None, None, code_version, live_versions)
 
-    def _run(self, view: StreamView, pos: int, kind: str, digest: str, reusable: bool) -> Run:
+    def _run(self, view: StreamView, pos: int, kind: StepKind, digest: str, reusable: bool) -> Run:
         if kind == StepKind.TOOL and reusable:
             reuse = reusable_tool(self.log, view.name, digest)
             if reuse is not None:
@@ -374,7 +374,7 @@ class Journal:
         view: StreamView,
         from_pos: int,
         expected: Step | None,
-        kind: str | None,
+        kind: StepKind | None,
         digest: str | None,
         code_version: str,
         live_versions: LiveVersions,
@@ -397,7 +397,8 @@ class Journal:
                     from_pos=from_pos,
                     expected_digest=expected.digest if expected else None,
                     actual_digest=digest,
-                    expected_kind=expected.kind if expected else None,
+                    # The log's spelling (plain strings): the enum members equal them.
+                    expected_kind=str(expected.kind) if expected else None,
                     actual_kind=str(kind) if kind is not None else None,
                     code_version=code_version,
                     cause=cause.value,

@@ -35,19 +35,17 @@ from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
 from toren.core.records import RunRecord
 from toren.core.replay import RunLog, Step
 from toren.core.tickstate import TickDeps
-from toren.core.values import StepKind
+from toren.core.values import IN_FLIGHT_STATUSES, InvalidationCause, RunStatus, StepKind
 from toren.errors import AgentNotFound, CorruptEventLog
 
-IN_FLIGHT = ("queued", "running", "waiting")
 PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log
-_NANO = Decimal(10**9)
 
 
 @dataclass(frozen=True)
 class StreamFinding:
     stream: str
     from_pos: int
-    cause: str
+    cause: InvalidationCause
     expected_digest: str | None
     actual_digest: str | None
     expected_kind: str | None
@@ -56,6 +54,9 @@ class StreamFinding:
     suffix_steps: int
     suffix_model_calls: int
     suffix_tokens: int
+    # USD as the log spells it, summed: a report (an edge), whose spelling is the sum of
+    # the recorded ``cost_usd`` strings (``0.0110``), pinned by the corpus. Nano-USD
+    # would normalise it (``0.011``) and round past the ninth decimal.
     suffix_cost_usd: Decimal
     # What differs between the recorded request at from_pos and the current code's
     # (message 0 changed, tool X's spec changed, parameter temperature 0.2 -> 0.7).
@@ -140,8 +141,7 @@ class PlanRunner:
         return self.journal.raised_limits
 
     def usage(self) -> RunUsage:
-        t = self.journal.usage_at()
-        return RunUsage(t.input_tokens, t.output_tokens, Decimal(t.cost_nanousd) / _NANO, t.steps)
+        return RunUsage.from_totals(self.journal.usage_at())
 
     async def plan(self) -> RunPlan:
         run = await self.store.get_run(self.run_id)
@@ -229,7 +229,7 @@ class PlanRunner:
             StreamFinding(
                 stream=answer.stream,
                 from_pos=answer.from_pos,
-                cause=said.cause,
+                cause=answer.cause,
                 expected_digest=said.expected_digest,
                 actual_digest=said.actual_digest,
                 expected_kind=said.expected_kind,
@@ -274,17 +274,17 @@ class PlanRunner:
     def tool_step(
         self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
     ) -> Awaitable[Any]:
-        asking = body_parts("tool", {"name": name, "args": args})
+        asking = body_parts(StepKind.TOOL, {"name": name, "args": args})
         replay = self._ask(ctx.stream, pos, StepKind.TOOL, digest, asking)
         return self._replay(replay_tool, replay.step) if replay else self._hold()
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
-        asking = body_parts("value", {"what": what})
+        asking = body_parts(StepKind.VALUE, {"what": what})
         replay = self._ask(ctx.stream, pos, StepKind.VALUE, digest, asking)
         return self._replay(replay_value, replay.step) if replay else self._hold()
 
     def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float) -> Awaitable[None]:
-        asking = body_parts("sleep", {"seconds": seconds})
+        asking = body_parts(StepKind.SLEEP, {"seconds": seconds})
         replay = self._ask(ctx.stream, pos, StepKind.SLEEP, digest, asking)
         if replay is None or not replay.step.complete:
             return self._hold()
@@ -294,7 +294,7 @@ class PlanRunner:
     def message_step(
         self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
     ) -> Awaitable[Any]:
-        asking = body_parts("message", {"name": name, "timeout": timeout})
+        asking = body_parts(StepKind.MESSAGE, {"name": name, "timeout": timeout})
         replay = self._ask(ctx.stream, pos, StepKind.MESSAGE, digest, asking)
         if replay is None or not replay.step.complete:
             return self._hold()
@@ -304,7 +304,7 @@ class PlanRunner:
     def child_step(
         self, ctx: Context, pos: int, digest: str, process: str, input: Any
     ) -> Awaitable[Any]:
-        asking = body_parts("child", {"process": process, "input": input})
+        asking = body_parts(StepKind.CHILD, {"process": process, "input": input})
         replay = self._ask(ctx.stream, pos, StepKind.CHILD, digest, asking)
         if replay is None:
             return self._hold()
@@ -337,7 +337,7 @@ async def plan_runs(
     agents: AgentResolver,
     *,
     deps: TickDeps | None = None,
-    statuses: Sequence[str] = IN_FLIGHT,
+    statuses: Sequence[RunStatus] = IN_FLIGHT_STATUSES,
     limit: int = 10_000,
 ) -> list[RunPlan]:
     """Plan every in-flight run (queued, running, waiting), newest first."""

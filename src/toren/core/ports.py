@@ -32,6 +32,7 @@ from toren.core.records import (
     RunRecord,
     WorkerInfo,
 )
+from toren.core.values import RunStatus
 
 __all__ = ["BlobStore", "JournalStore", "ModelProvider", "RunStore", "Store", "Telemetry"]
 
@@ -69,7 +70,13 @@ class JournalStore(BlobStore, Protocol):
     async def renew_lease(self, lease: Lease, *, expires_at: float) -> bool: ...
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]: ...
     async def block(
-        self, lease: Lease, error: dict[str, Any], *, status: str, retry_at: float, now: float
+        self,
+        lease: Lease,
+        error: dict[str, Any],
+        *,
+        status: RunStatus,
+        retry_at: float,
+        now: float,
     ) -> int: ...
     async def clear_blocked(self, lease: Lease, *, now: float) -> None: ...
     async def lease_holders(self, *, now: float) -> list[WorkerInfo]: ...

@@ -26,14 +26,15 @@ from toren.core.events import (
     ValueRecorded,
 )
 from toren.core.ports import BlobStore
+from toren.core.values import StepKind
 
 # The event that opens each kind of step (its first event); the others complete a step.
 _KIND_OF_FIRST = {
-    "ModelCallRecorded": "model",
-    "ToolCallRecorded": "tool",
-    "ValueRecorded": "value",
-    "ChildStarted": "child",
-    "MessageReceived": "message",
+    "ModelCallRecorded": StepKind.MODEL,
+    "ToolCallRecorded": StepKind.TOOL,
+    "ValueRecorded": StepKind.VALUE,
+    "ChildStarted": StepKind.CHILD,
+    "MessageReceived": StepKind.MESSAGE,
 }
 _OPENS = frozenset({*_KIND_OF_FIRST, "TimerScheduled"})
 _MAX_CHAIN = 1_000_000  # list nodes followed at most (a cycle in a corrupt log ends here)
@@ -58,10 +59,11 @@ class RecordedStep:
         return self.events[0]
 
     @property
-    def kind(self) -> str | None:
+    def kind(self) -> StepKind | None:
         first = self.first
         if isinstance(first.payload, TimerScheduled):
-            return "message" if first.payload.purpose == "message" else "sleep"
+            purpose = first.payload.purpose
+            return StepKind.MESSAGE if purpose == StepKind.MESSAGE else StepKind.SLEEP
         return _KIND_OF_FIRST.get(first.type)
 
 
@@ -139,7 +141,7 @@ class Derived:
     (``problem``) or why it cannot be trusted (``tampered``: a stored blob that does not
     hash to its address)."""
 
-    kind: str | None
+    kind: StepKind | None
     candidates: tuple[Candidate, ...] = ()
     problem: str | None = None
     tampered: str | None = None
@@ -168,7 +170,7 @@ def derive(step: RecordedStep, blobs: Mapping[str, Any], names: Sequence[str] = 
     if isinstance(payload, MessageReceived):  # a wait without a timeout
         return Derived(kind, (Candidate({"name": payload.name, "timeout": None}),))
     assert isinstance(payload, TimerScheduled)
-    if kind == "sleep":
+    if kind == StepKind.SLEEP:
         return Derived(kind, _seconds_candidates(payload, "seconds", lambda s: {"seconds": s}))
     return _derive_timed_wait(step, payload, names)
 
@@ -203,10 +205,10 @@ def _derive_timed_wait(
             name = received[-1].name
     if name is not None:
         found = _seconds_candidates(payload, "timeout", lambda s: {"name": name, "timeout": s})
-        return Derived("message", found)
+        return Derived(StepKind.MESSAGE, found)
     if not names:
         return Derived(
-            "message",
+            StepKind.MESSAGE,
             problem="a message wait with a timeout written before 0.2 that received no "
             "message: the log does not record the name waited for, and the run never "
             "recorded waiting for any name",
@@ -221,25 +223,25 @@ def _derive_timed_wait(
         for n in names
         for c in _seconds_candidates(payload, "timeout", lambda s, n=n: {"name": n, "timeout": s})
     )
-    return Derived("message", found, problem=f"none of the names {list(names)} matched")
+    return Derived(StepKind.MESSAGE, found, problem=f"none of the names {list(names)} matched")
 
 
 def _derive_model(payload: ModelCallRecorded, blobs: Mapping[str, Any]) -> Derived:
     chain = _message_hashes(payload.message_list, blobs)
     if isinstance(chain, _Bad):
-        return Derived("model", **chain.fields())
+        return Derived(StepKind.MODEL, **chain.fields())
     if len(chain) != payload.message_count:
         return Derived(
-            "model",
+            StepKind.MODEL,
             tampered=f"its message list holds {len(chain)} messages, the event says "
             f"message_count {payload.message_count}",
         )
     messages = _named_bodies(chain, blobs, "message", message_hash, "role")
     if isinstance(messages, _Bad):
-        return Derived("model", **messages.fields())
+        return Derived(StepKind.MODEL, **messages.fields())
     tools = _named_bodies(payload.tools, blobs, "tool spec", tool_spec_hash, "name")
     if isinstance(tools, _Bad):
-        return Derived("model", **tools.fields())
+        return Derived(StepKind.MODEL, **tools.fields())
     body = {
         "provider": payload.provider,
         "model": payload.model,
@@ -247,7 +249,7 @@ def _derive_model(payload: ModelCallRecorded, blobs: Mapping[str, Any]) -> Deriv
         "tools": list(payload.tools),
         "params": payload.params,
     }
-    return Derived("model", (Candidate(body),), messages=tuple(messages), tools=tuple(tools))
+    return Derived(StepKind.MODEL, (Candidate(body),), messages=tuple(messages), tools=tuple(tools))
 
 
 @dataclass(frozen=True)

@@ -190,7 +190,7 @@ class RunDelta:
 class Release:
     """How a worker gives a run back: parked (waiting), backed off, or finished."""
 
-    status: str
+    status: RunStatus
     not_before: float | None = None
     waiting_for: list[str] | None = None
     output: JSON = None

@@ -28,16 +28,17 @@ from toren.core.events import (
     TimerScheduled,
     ToolCallRecorded,
 )
+from toren.core.values import StepKind
 
 # The step kind each event type belongs to. Kinds are part of the digest too; the kind
 # check catches a step replaced by a different kind of step at the same position.
-STEP_KIND = {
-    "ModelCallRecorded": "model",
-    "ToolCallRecorded": "tool",
-    "ValueRecorded": "value",
-    "ChildStarted": "child",
-    "ChildCompleted": "child",
-    "MessageReceived": "message",
+STEP_KIND: dict[str, StepKind | None] = {
+    "ModelCallRecorded": StepKind.MODEL,
+    "ToolCallRecorded": StepKind.TOOL,
+    "ValueRecorded": StepKind.VALUE,
+    "ChildStarted": StepKind.CHILD,
+    "ChildCompleted": StepKind.CHILD,
+    "MessageReceived": StepKind.MESSAGE,
     "TimerFired": None,  # completion of a sleep or a message wait: kind from its start
 }
 
@@ -72,7 +73,7 @@ class Step:
     children), its completion event."""
 
     position: int
-    kind: str
+    kind: StepKind
     digest: str
     first: Event
     done: Event | None = None
@@ -138,12 +139,12 @@ class StreamView:
         return max(self.steps) + 1 if self.steps else 0
 
 
-def _kind_of(event: Event) -> str:
+def _kind_of(event: Event) -> StepKind:
     if event.type == "TimerScheduled":
         payload = event.payload
         assert isinstance(payload, TimerScheduled)
-        return "sleep" if payload.purpose == "sleep" else "message"
-    return STEP_KIND.get(event.type) or "unknown"
+        return StepKind.SLEEP if payload.purpose == StepKind.SLEEP else StepKind.MESSAGE
+    return STEP_KIND.get(event.type) or StepKind.UNKNOWN
 
 
 @dataclass
@@ -229,7 +230,7 @@ class Invalidate:
     stream: str
     from_pos: int
     expected: Step
-    actual_kind: str
+    actual_kind: StepKind
     actual_digest: str
 
 
@@ -239,7 +240,7 @@ Decision = Replay | Live | Invalidate
 _LIVE = Live()
 
 
-def decide(view: StreamView, position: int, kind: str, digest: str) -> Decision:
+def decide(view: StreamView, position: int, kind: StepKind, digest: str) -> Decision:
     """What a step request at ``position`` does, given the stream's current view."""
     step = view.steps.get(position)
     if step is None:
@@ -299,7 +300,7 @@ def reusable_tool(log: RunLog, stream: str, digest: str) -> Step | None:
     moved to another position. Failed calls are not reused (re-trying them is what the
     user would expect)."""
     for step in superseded_pool(log, stream):
-        if step.kind != "tool" or step.digest != digest:
+        if step.kind != StepKind.TOOL or step.digest != digest:
             continue
         payload = step.first.payload
         if not isinstance(payload, ToolCallRecorded) or payload.error is not None:
@@ -316,7 +317,11 @@ def continued_child(log: RunLog, stream: str, digest: str) -> str | None:
     taken = set(log.continues.values())
     for step in superseded_pool(log, stream):
         payload = step.first.payload
-        if step.kind != "child" or step.digest != digest or not isinstance(payload, ChildStarted):
+        if (
+            step.kind != StepKind.CHILD
+            or step.digest != digest
+            or not isinstance(payload, ChildStarted)
+        ):
             continue
         if payload.child_stream not in taken:
             return payload.child_stream
@@ -340,7 +345,7 @@ def redeliverable_message(log: RunLog, name: str) -> MessageReceived | None:
     candidates: dict[int, MessageReceived] = {}
     for view in log.streams.values():
         for step in view.superseded:
-            if step.kind != "message":
+            if step.kind != StepKind.MESSAGE:
                 continue
             message = received_message(step)
             if message is not None and message.name == name and message.inbox_id is not None:
@@ -349,6 +354,6 @@ def redeliverable_message(log: RunLog, name: str) -> MessageReceived | None:
         return None
     for view in log.streams.values():
         for step in view.steps.values():
-            if step.kind == "message" and (message := received_message(step)) is not None:
+            if step.kind == StepKind.MESSAGE and (message := received_message(step)) is not None:
                 candidates.pop(message.inbox_id or -1, None)
     return candidates[min(candidates)] if candidates else None

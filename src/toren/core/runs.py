@@ -14,6 +14,7 @@ from toren.core.inputs import check_message_name, json_data
 from toren.core.ports import RunStore
 from toren.core.program import AgentResolver
 from toren.core.records import NewRun, RunRecord
+from toren.core.values import RunStatus
 from toren.errors import InvalidInput, RunNotFound
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -114,7 +115,7 @@ async def send_message(
 
 
 async def wait_for_run(
-    store: RunStore, run_id: str, *, timeout: float = 60.0, until: tuple[str, ...] = ()
+    store: RunStore, run_id: str, *, timeout: float = 60.0, until: tuple[RunStatus, ...] = ()
 ) -> RunRecord:
     """Poll until the run is terminal (or in one of ``until``); TimeoutError otherwise."""
     deadline = time.monotonic() + timeout

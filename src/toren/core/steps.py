@@ -47,14 +47,13 @@ from toren.core.model_types import (
     ModelRequest,
     ModelResponse,
     Usage,
-    frozen,
 )
 from toren.core.ports import ModelProvider
 from toren.core.program import AgentProgram, ToolDef
 from toren.core.replay import Step
 from toren.core.text import repair_text
 from toren.core.tickstate import TickState
-from toren.core.values import StepKind, Totals, to_nano
+from toren.core.values import RunStatus, StepKind, Totals, to_nano
 from toren.errors import (
     LimitExceeded,
     ModelCallFailed,
@@ -109,9 +108,8 @@ class Steps(TickState):
         write that fails (the lease gone) loses only this count."""
         pricing = ctx.program.pricing or self.deps.pricing
         cost = pricing(f"{request.provider}:{request.model}", usage) if pricing else Decimal(0)
-        reason = str(self._abort) if self._abort is not None else "cancelled"
-        payload = frozen(
-            ModelCallCutOff,
+        reason = str(self._abort if self._abort is not None else RunStatus.CANCELLED)
+        payload = ModelCallCutOff(
             stream=ctx.stream,
             position=pos,
             request_digest=hashed.digest,
@@ -215,7 +213,7 @@ class Steps(TickState):
                     call.latency_s,
                     False,
                     error=None if error is None else error["message"],
-                    cost_usd=call.cost,
+                    cost_usd=Decimal(call.payload.cost_usd),  # the recorded price, exactly
                 )
             if error is not None:
                 raise tagged(recorded_error(ModelCallFailed, error), stored[-1].seq)

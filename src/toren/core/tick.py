@@ -49,7 +49,7 @@ from toren.core.tickstate import (
     recorded_error,
     tool_refs,
 )
-from toren.core.values import TickStatus, Totals
+from toren.core.values import RunStatus, TickStatus, Totals
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
@@ -115,10 +115,10 @@ class TickRunner(Steps):
         self.bodies.known = {h for e in events for h in tool_refs(e)}
         self._interrupted = (
             self.lease.recovered
-            or self.lease.previous_status == "running"
+            or self.lease.previous_status == RunStatus.RUNNING
             or (run.code_version is not None and run.code_version != self.code_version)
             # A fork's first tick replays the history it was copied: that is saved too.
-            or (self.journal.forked is not None and self.lease.previous_status == "queued")
+            or (self.journal.forked is not None and self.lease.previous_status == RunStatus.QUEUED)
         )
         if self.journal.terminal is not None:  # finished, but the row was not updated
             return await self._finish_from_log()
@@ -150,7 +150,7 @@ class TickRunner(Steps):
         )
 
     def _stop_for(self, why: str) -> None:
-        self._stop(_Drain("worker draining") if why == "drain" else _Park("waiting"))
+        self._stop(_Drain("worker draining") if why == "drain" else _Park(RunStatus.WAITING.value))
 
     def _correct_totals(self, run: RunRecord) -> None:
         """The run row is a cache of the log: put right what a crashed tick left unsaid."""
@@ -191,7 +191,11 @@ class TickRunner(Steps):
         if exc is None:
             output = self._task.result()
             await self._release(
-                Release("completed", output=output, events=[self._run_event(RunCompleted(output))])
+                Release(
+                    RunStatus.COMPLETED,
+                    output=output,
+                    events=[self._run_event(RunCompleted(output))],
+                )
             )
             return self._result(TickStatus.COMPLETED, output=output)
         if isinstance(exc, InfrastructureError):
@@ -200,7 +204,7 @@ class TickRunner(Steps):
         if not isinstance(exc, TorenError):
             log.warning("run %s failed in agent code", self.run_id, exc_info=exc)
         failed = RunFailed(err, failed_seqs=failed_seqs(exc))
-        await self._release(Release("failed", error=err, events=[self._run_event(failed)]))
+        await self._release(Release(RunStatus.FAILED, error=err, events=[self._run_event(failed)]))
         return self._result(TickStatus.FAILED, error=err)
 
     async def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
@@ -208,7 +212,7 @@ class TickRunner(Steps):
         return self._result(TickStatus.ERROR, error=error_dict(exc), not_before=blocked)
 
     async def _block(
-        self, exc: InfrastructureError | UserError, status: str = "running"
+        self, exc: InfrastructureError | UserError, status: RunStatus = RunStatus.RUNNING
     ) -> float | None:
         """The tick failed for a reason outside the agent's code (no API key, a provider
         SDK missing, the database, an agent this worker cannot load): the run is not
@@ -266,12 +270,12 @@ class TickRunner(Steps):
         names = sorted({n for _, ns in self.parker.parked for n in ns})
         event = self._run_event(RunWaiting(not_before=not_before, messages=names))
         await self._release(
-            Release("waiting", not_before=not_before, waiting_for=names, events=[event])
+            Release(RunStatus.WAITING, not_before=not_before, waiting_for=names, events=[event])
         )
         return self._result(TickStatus.WAITING, not_before=not_before)
 
     async def _release_running(self, status: TickStatus, not_before: float | None) -> TickResult:
-        await self._release(Release("running", not_before=not_before))
+        await self._release(Release(RunStatus.RUNNING, not_before=not_before))
         return self._result(status, not_before=not_before)
 
     async def _back_off(self, abort: _BackOff) -> TickResult:
@@ -292,26 +296,30 @@ class TickRunner(Steps):
         broken; a deploy may fix either): give the run back blocked, retried with
         backoff, instead of failing it. Nothing is lost; a cancel ends it at once."""
         # A run no worker could start stays queued (it never ran).
-        status = "queued" if self.lease.previous_status == "queued" else "running"
+        status = (
+            RunStatus.QUEUED
+            if self.lease.previous_status == RunStatus.QUEUED
+            else RunStatus.RUNNING
+        )
         not_before = await self._block(exc, status)
         return self._result(TickStatus.DEFERRED, error=error_dict(exc), not_before=not_before)
 
     async def _finish_cancelled(self) -> TickResult:
         event = self._run_event(RunCancelled(reason="cancel requested"))
-        await self._release(Release("cancelled", events=[event]))
+        await self._release(Release(RunStatus.CANCELLED, events=[event]))
         return self._result(TickStatus.CANCELLED)
 
     async def _finish_from_log(self) -> TickResult:
         terminal = self.journal.terminal
         assert terminal is not None
-        status = {"RunCompleted": TickStatus.COMPLETED, "RunFailed": TickStatus.FAILED}.get(
-            terminal.type, TickStatus.CANCELLED
+        status = {"RunCompleted": RunStatus.COMPLETED, "RunFailed": RunStatus.FAILED}.get(
+            terminal.type, RunStatus.CANCELLED
         )
         payload = terminal.payload
         output = payload.output if isinstance(payload, RunCompleted) else None
         error = payload.error if isinstance(payload, RunFailed) else None
-        await self._release(Release(status.value, output=output, error=error))
-        return self._result(status, output=output, error=error)
+        await self._release(Release(status, output=output, error=error))
+        return self._result(TickStatus(status), output=output, error=error)
 
 
 async def tick(run_id: str, deps: TickDeps, *, lease: Lease | None = None) -> TickResult:
@@ -330,6 +338,6 @@ async def tick(run_id: str, deps: TickDeps, *, lease: Lease | None = None) -> Ti
         if not leases:
             if await deps.store.get_run(run_id) is None:
                 raise RunNotFound(f"no run with id {run_id!r}")
-            return TickResult(run_id, "not_claimed")
+            return TickResult(run_id, TickStatus.NOT_CLAIMED)
         lease = leases[0]
     return await TickRunner(deps, lease, granted_at=granted_at).run()

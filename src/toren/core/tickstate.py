@@ -27,7 +27,6 @@ import time
 import uuid as _uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from toren.config import Settings
@@ -52,7 +51,7 @@ from toren.core.ports import JournalStore, ModelProvider
 from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
 from toren.core.records import Lease, Release, RunDelta, RunRecord, WorkerInfo
 from toren.core.replay import RunLog, end_slot, step_slot
-from toren.core.values import StepKind, TickStatus, Totals
+from toren.core.values import RunStatus, StepKind, TickStatus, Totals
 from toren.errors import LeaseLost, RunCancelledSignal, StorageError
 
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ class TickDeps:
 @dataclass(frozen=True)
 class TickResult:
     run_id: str
-    status: str  # a TickStatus
+    status: TickStatus
     output: Any = None
     error: dict[str, Any] | None = None
     not_before: float | None = None
@@ -115,7 +114,6 @@ class TickResult:
     invalidations: int = 0
 
 
-_NANO = Decimal(10**9)
 FLUSH_INTERVAL = 1.0  # seconds between run-row total updates within a tick
 
 
@@ -540,7 +538,7 @@ class TickState:
             ReplayGcPause.end()
 
     def cancel(self) -> None:
-        self._stop(_Cancel("cancelled"))
+        self._stop(_Cancel(RunStatus.CANCELLED.value))  # agent code sees its args: a plain str
 
     def lose_lease(self, why: str) -> None:
         """Another worker holds the run now (this one's lease ran out): stop at once, so a
@@ -584,9 +582,7 @@ class TickState:
         Once the tick writes, that is everything spent so far. A branch still replaying
         while another already runs live (``asyncio.gather``) sees its own replay position,
         not the totals the live branch has made current."""
-        t = self.journal.usage_at()
-        cost = Decimal(t.cost_nanousd) / _NANO  # not normalised: str() as it always was
-        return RunUsage(t.input_tokens, t.output_tokens, cost, t.steps)
+        return RunUsage.from_totals(self.journal.usage_at())
 
     def limits(self, program: AgentProgram) -> Limits:
         """The program's limits, raised where a retry of this run raised them (never
@@ -754,7 +750,7 @@ class TickState:
     def _result(self, status: TickStatus, **kw: Any) -> TickResult:
         return TickResult(
             self.run_id,
-            status.value,
+            status,
             replayed=self.replayed,
             executed=self.executed,
             invalidations=self.invalidations,

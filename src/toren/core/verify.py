@@ -25,6 +25,7 @@ from toren.core.digest import request_digest
 from toren.core.events import Event
 from toren.core.ports import RunStore
 from toren.core.recorded import RecordedStep, derive, group_steps, load_blobs, waited_names
+from toren.core.values import StepKind
 from toren.errors import InvalidInput, RunNotFound
 
 Verdict = Literal["verified", "unverifiable", "mismatch"]
@@ -38,7 +39,7 @@ class StepCheck:
     stream: str
     position: int
     generation: int
-    kind: str | None
+    kind: StepKind | None
     event_type: str
     verdict: Verdict
     recorded_digest: str | None
@@ -153,8 +154,9 @@ def _check_step(
         return [check("mismatch", note=found.tampered), *checks]
     tried: list[str] = []
     for candidate in found.candidates:
+        assert found.kind is not None  # a step of a kind this release reads back
         try:
-            digest = request_digest(found.kind or "", candidate.body)
+            digest = request_digest(found.kind, candidate.body)
         except (InvalidInput, ValueError) as exc:  # a value with no canonical form
             return [check("unverifiable", note=f"its request has no canonical form: {exc}")]
         if digest == first.digest:

@@ -46,7 +46,7 @@ CLAIM_GATHER = 0.05
 
 @dataclass
 class WorkerMetrics:
-    ticks: Counter[str] = field(default_factory=Counter)  # by result status
+    ticks: Counter[TickStatus] = field(default_factory=Counter)  # by result status
     lease_recoveries: int = 0
     backoffs: int = 0
     invalidations: int = 0
