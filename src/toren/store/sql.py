@@ -113,12 +113,13 @@ CLAIMABLE = (
 # not depend on how many runs are parked. A worker sleeps until then (toren.core.worker).
 NEXT_DUE = (
     "SELECT MIN(t) FROM ("
-    + " UNION ALL ".join(
-        f"SELECT (SELECT not_before FROM runs WHERE status = '{status}' AND not_before > ? "
-        "ORDER BY not_before LIMIT 1) AS t"
-        for status in ("waiting", "queued", "running")
-    )
-    + ") AS due"
+    "SELECT (SELECT not_before FROM runs WHERE status = 'waiting' AND not_before > ? "
+    "ORDER BY not_before LIMIT 1) AS t UNION ALL "
+    "SELECT (SELECT not_before FROM runs WHERE status = 'queued' AND not_before > ? "
+    "ORDER BY not_before LIMIT 1) AS t UNION ALL "
+    "SELECT (SELECT not_before FROM runs WHERE status = 'running' AND not_before > ? "
+    "ORDER BY not_before LIMIT 1) AS t"
+    ") AS due"
 )
 
 
