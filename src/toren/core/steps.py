@@ -121,15 +121,13 @@ class Steps(TickState):
             latency_ms=round((self.monotonic() - started) * 1000, 3),
             reason=reason,
         )
-        self.writer.add(
-            Totals(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cost_nanousd=to_nano(cost) if cost else 0,
-            )
+        used = Totals(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost_nanousd=to_nano(cost) if cost else 0,
         )
         try:
-            await self._write([self._run_event(payload)])
+            await self._write([self._run_event(payload)], used=used)
         except BaseException:  # the cancellation in flight is re-raised by the caller
             log.warning(
                 "run %s: could not record the usage of a model call cut off at %s:%d "

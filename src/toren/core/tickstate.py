@@ -255,16 +255,21 @@ class Writer:
         *,
         blobs: Mapping[str, str] | None = None,
         step: tuple[int, int, int] | None = None,
+        used: Totals | None = None,
         consume: int | None = None,
     ) -> list[Event]:
         """Write after the barrier; ``step``: the events are a step's, which used (input
-        tokens, output tokens, nano-USD). Raises the store's ``LeaseLost`` /
-        ``StorageError``."""
+        tokens, output tokens, nano-USD); ``used``: what events that are not a step add to
+        the run's totals (a call cut off in flight). Both are counted after the barrier,
+        so the run row never carries usage ahead of an earlier write. Raises the store's
+        ``LeaseLost`` / ``StorageError``."""
         barrier = self.barrier
         if barrier is not None and not barrier.done():
             await asyncio.shield(barrier)
         if step is not None:
             self.count_step(*step)
+        if used is not None:
+            self.add(used)
         async with self.lock:
             stored = await self.store.append(
                 self.lease,
@@ -597,10 +602,13 @@ class TickState:
         *,
         blobs: Mapping[str, str] | None = None,
         step: tuple[int, int, int] | None = None,
+        used: Totals | None = None,
         consume: int | None = None,
     ) -> list[Event]:
         try:
-            stored = await self.writer.append(events, blobs=blobs, step=step, consume=consume)
+            stored = await self.writer.append(
+                events, blobs=blobs, step=step, used=used, consume=consume
+            )
         except (LeaseLost, StorageError) as exc:
             raise self._halt(exc) from None
         self.journal.recorded(stored)
