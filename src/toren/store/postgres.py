@@ -74,35 +74,46 @@ SHARED = (
 )
 
 
-@functools.lru_cache(maxsize=64)
-def _append_sql(n_blobs: int, n_events: int, fence: str) -> str:
-    """One statement: check the lease (``fence``), insert the blobs and the events only if
-    it holds, return the new sequence numbers (in the order of the VALUES list, which is
-    the order nextval assigns them), or with no events the fenced run's id."""
+def _blobs_cte(n_blobs: int, gate: str) -> str:
+    """``, b AS (INSERT INTO blobs ...)`` for ``n_blobs`` bodies, inserted only if the CTE
+    named ``gate`` has a row (the fence, or the fenced message); empty without bodies."""
+    if not n_blobs:
+        return ""
     blob_rows = ", ".join("(%s, %s, %s::bigint, %s)" for _ in range(n_blobs))
+    return (
+        ", b AS (INSERT INTO blobs (hash, body, size, run_id) SELECT v.hash, v.body, v.size, "
+        f"v.run_id FROM (VALUES {blob_rows}) AS v (hash, body, size, run_id) "
+        f"WHERE EXISTS (SELECT 1 FROM {gate}) {SHARED})"
+    )
+
+
+def _insert_events(n_events: int, gate: str) -> str:
+    """``INSERT INTO events ... RETURNING seq`` for ``n_events`` events, inserted only if
+    the CTE named ``gate`` has a row."""
     event_rows = ", ".join(
         "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
         for _ in range(n_events)
     )
-    blobs = (
-        ", b AS (INSERT INTO blobs (hash, body, size, run_id) SELECT v.hash, v.body, v.size, "
-        f"v.run_id FROM (VALUES {blob_rows}) AS v (hash, body, size, run_id) "
-        f"WHERE EXISTS (SELECT 1 FROM fence) {SHARED})"
-        if n_blobs
-        else ""
-    )
-    if not n_events:
-        return f"WITH fence AS ({fence}){blobs} SELECT id FROM fence"
     return (
-        f"WITH fence AS ({fence}){blobs} "
         "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
         "code_version, worker_id, created_at, format_version, payload) "
         "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
         "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
         f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
         "type, digest, code_version, worker_id, created_at, format_version, payload) "
-        "WHERE EXISTS (SELECT 1 FROM fence) RETURNING seq"
+        f"WHERE EXISTS (SELECT 1 FROM {gate}) RETURNING seq"
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _append_sql(n_blobs: int, n_events: int, fence: str) -> str:
+    """One statement: check the lease (``fence``), insert the blobs and the events only if
+    it holds, return the new sequence numbers (in the order of the VALUES list, which is
+    the order nextval assigns them), or with no events the fenced run's id."""
+    blobs = _blobs_cte(n_blobs, "fence")
+    if not n_events:
+        return f"WITH fence AS ({fence}){blobs} SELECT id FROM fence"
+    return f"WITH fence AS ({fence}){blobs} {_insert_events(n_events, 'fence')}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -111,30 +122,12 @@ def _consume_sql(n_blobs: int, n_events: int, fence: str) -> str:
     message row locked if it is still unconsumed, then (only if both hold) the blobs, the
     events and the message marked consumed by the last event. All or nothing: no rows
     back means nothing was written (the general path then says why)."""
-    blob_rows = ", ".join("(%s, %s, %s::bigint, %s)" for _ in range(n_blobs))
-    event_rows = ", ".join(
-        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
-        for _ in range(n_events)
-    )
-    blobs = (
-        ", b AS (INSERT INTO blobs (hash, body, size, run_id) SELECT v.hash, v.body, v.size, "
-        f"v.run_id FROM (VALUES {blob_rows}) AS v (hash, body, size, run_id) "
-        f"WHERE EXISTS (SELECT 1 FROM m) {SHARED})"
-        if n_blobs
-        else ""
-    )
     return (
         f"WITH fence AS ({fence}), "
         "m AS (SELECT id FROM inbox WHERE id = %s::bigint AND run_id = %s "
         "AND consumed_seq IS NULL AND EXISTS (SELECT 1 FROM fence) FOR UPDATE)"
-        f"{blobs}, "
-        "e AS (INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-        "code_version, worker_id, created_at, format_version, payload) "
-        "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
-        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
-        f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
-        "type, digest, code_version, worker_id, created_at, format_version, payload) "
-        "WHERE EXISTS (SELECT 1 FROM m) RETURNING seq), "
+        f"{_blobs_cte(n_blobs, 'm')}, "
+        f"e AS ({_insert_events(n_events, 'm')}), "
         "u AS (UPDATE inbox SET consumed_seq = (SELECT max(seq) FROM e) "
         "WHERE id IN (SELECT id FROM m) RETURNING id) "
         "SELECT seq FROM e"
