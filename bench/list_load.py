@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -61,8 +62,10 @@ class Result:
     server_cpu_ms_per_request: float  # CPU the server spent per list request
     load_average: float  # the machine's 1-minute load average when the run ended
     mode: str = "first"  # "first": every client asks for the newest page; "pages": all
+    # the pages by cursor; "health": GET /v1/health (the HTTP stack's floor)
     conditional: bool = False  # clients send If-None-Match with their last ETag
     not_modified: int = 0  # answers that were 304
+    pace: float = 0.0  # seconds each client waits between requests (0: back to back)
     client_cpu_ms_per_request: float = 0.0  # the load generator's CPU per request
     load_average_start: float = 0.0
     note: str = ""
@@ -224,10 +227,14 @@ async def hammer(
     conditional: bool = False,
     mode: str = "first",
     runs: int = 1000,
+    pace: float = 0.0,
 ) -> tuple[list[float], int, int, float, float, int]:
     """Latencies (ms), errors, the largest response, RSS at the start and its maximum,
-    and how many answers were 304 (``conditional``: each client sends the ETag of its
-    previous answer to the same request, as a browser does for the console)."""
+        and how many answers were 304 (``conditional``: each client sends the ETag of its
+        previous answer to the same request, as a browser does for the console). ``pace``: each
+    client waits that long after each answer (the console polls every 2 s), starting at a
+    random offset within the first interval so the clients do not ask in step; 0: back to
+    back (a closed loop, the harshest reading of "concurrent clients")."""
     latencies: list[float] = []
     errors = 0
     biggest = 0
@@ -249,8 +256,14 @@ async def hammer(
         conn = Connection(host, int(port))
         tags: dict[str, str] = {}
         try:
+            if pace:
+                await asyncio.sleep(random.uniform(0, pace))
             for n in range(requests):
-                if mode == "pages":
+                if n and pace:
+                    await asyncio.sleep(pace)
+                if mode == "health":
+                    target = "/v1/health"
+                elif mode == "pages":
                     cursor = cursors[(i + n) % len(cursors)]
                     target = f"/v1/runs?limit={limit}" + (f"&cursor={cursor}" if cursor else "")
                 else:
@@ -268,7 +281,7 @@ async def hammer(
                 latencies.append((time.perf_counter() - began) * 1000)
                 if status == 304:
                     not_modified += 1
-                elif status != 200 or len(json.loads(body)["runs"]) != limit:
+                elif status != 200 or (mode != "health" and len(json.loads(body)["runs"]) != limit):
                     errors += 1
                 if "etag" in found:
                     tags[target] = found["etag"]
@@ -351,6 +364,7 @@ async def measure(
     *,
     conditional: bool = False,
     mode: str = "first",
+    pace: float = 0.0,
 ) -> Result:
     """``fresh``: on PostgreSQL, seed a new database on the URL's server (dropped after);
     False: use the URL's database as it is."""
@@ -370,6 +384,7 @@ async def measure(
                 conditional=conditional,
                 mode=mode,
                 runs=runs,
+                pace=pace,
             )
             seconds = time.monotonic() - began
             cpu = cpu_seconds(proc.pid) - cpu
@@ -400,6 +415,7 @@ async def measure(
         mode=mode,
         conditional=conditional,
         not_modified=not_modified,
+        pace=pace,
         client_cpu_ms_per_request=round(own * 1000 / max(1, len(latencies)), 2),
         load_average_start=round(load_start, 1),
     )
@@ -415,10 +431,17 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=50)
     parser.add_argument(
         "--mode",
-        choices=("first", "pages"),
+        choices=("first", "pages", "health"),
         default="first",
         help="first: every client lists the newest page; pages: the clients walk every "
-        "page of the table by cursor",
+        "page of the table by cursor; health: GET /v1/health, the HTTP stack's floor",
+    )
+    parser.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="seconds each client waits between its requests (the console polls every "
+        "2 s); 0: back to back",
     )
     parser.add_argument(
         "--conditional",
@@ -445,6 +468,7 @@ def main() -> None:
             not args.reuse,
             conditional=args.conditional,
             mode=args.mode,
+            pace=args.pace,
         )
     )
     result.note = args.note

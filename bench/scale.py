@@ -863,8 +863,10 @@ async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
     reg = toren.Registry()
     reg.add("approval", approval_agent, code_version="bench-v1")
     model = TimedProvider()
+    # Default settings: the worker as `toren worker` runs it (poll 0.25 s as the safety
+    # net beside LISTEN/NOTIFY and the next timer), not the bench's faster poll.
     deps = toren.TickDeps(
-        store=store, agents=reg, providers={"scripted": model}, settings=settings()
+        store=store, agents=reg, providers={"scripted": model}, settings=toren.Settings()
     )
     try:
         async with toren.LocalWorkerRuntime(deps, concurrency=100) as worker:
@@ -1223,26 +1225,38 @@ def _count_completed(url: str) -> int:
 
 
 def one_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
-    backend = Backend.fresh(kind, "scale")
-    url = backend.pg_dsn if kind == "postgres" else f"sqlite:///{backend.sqlite_path}"
+    """The phases asked for (``--phases``) on a fresh database of ``kind``, dropped after;
+    or, with ``--database-url``, on that database, kept (fill it once, measure it later on
+    a quiet machine: filling the issue's sizes takes many minutes)."""
+    kept = args.database_url
+    backend = None if kept else Backend.fresh(kind, "scale")
+    if kept:
+        url = kept
+    else:
+        assert backend is not None
+        url = backend.pg_dsn if kind == "postgres" else f"sqlite:///{backend.sqlite_path}"
+    phases = set(args.phases.split(","))
     try:
         result: dict[str, Any] = {
             "backend": kind,
             "runs": args.runs,
             "events_per_run": args.events_per_run,
         }
-        result["fill"] = fill(url, args.runs, args.events_per_run, args.in_flight)
-        print(json.dumps(result["fill"]), flush=True)
-        result["queries"] = asyncio.run(queries(url))
-        if kind == "postgres":
-            result["queries"]["explain"] = explain_lists(url)
-        print(json.dumps(result["queries"]), flush=True)
-        if args.prune and kind == "postgres":
+        if "fill" in phases:
+            result["fill"] = fill(url, args.runs, args.events_per_run, args.in_flight)
+            print(json.dumps(result["fill"]), flush=True)
+        if "queries" in phases:
+            result["queries"] = asyncio.run(queries(url))
+            if kind == "postgres":
+                result["queries"]["explain"] = explain_lists(url)
+            print(json.dumps(result["queries"]), flush=True)
+        if ("prune" in phases or args.prune) and kind == "postgres":
             result["prune"] = asyncio.run(prune_under_load(url, args.live_runs))
             print(json.dumps(result["prune"]), flush=True)
         return result
     finally:
-        backend.drop()
+        if backend is not None:
+            backend.drop()
 
 
 def main() -> None:
@@ -1258,6 +1272,17 @@ def main() -> None:
     parser.add_argument("--events-per-run", type=int, default=50)
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--prune", action="store_true")
+    parser.add_argument(
+        "--database-url",
+        default=None,
+        help="Use (and keep) this database instead of a fresh one; with --phases, fill it "
+        "once and measure it later.",
+    )
+    parser.add_argument(
+        "--phases",
+        default="fill,queries",
+        help="Comma-separated: fill, queries, prune (prune: PostgreSQL; also --prune).",
+    )
     parser.add_argument("--live-runs", type=int, default=1000)
     parser.add_argument(
         "--parked",
@@ -1312,6 +1337,8 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         return
     kinds = ("postgres", "sqlite") if args.backend == "both" else (args.backend,)
+    if args.database_url:
+        kinds = ("postgres",) if args.database_url.startswith("postgres") else ("sqlite",)
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "results": [one_backend(k, args) for k in kinds],
