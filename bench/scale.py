@@ -507,7 +507,7 @@ async def queries(url: str, repeat: int = 30) -> dict[str, Any]:
     out: dict[str, Any] = {"list": {}}
     transport = httpx.ASGITransport(app=app)
     try:
-        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
 
             async def get(path: str, params: dict[str, Any]) -> tuple[float, dict[str, Any]]:
                 t = time.perf_counter()

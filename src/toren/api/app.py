@@ -475,20 +475,21 @@ async def _event_page(
     """The ``EventList`` body of up to ``limit`` redacted events after ``after`` within the
     byte budget, piece by piece: the same bytes the model serialised whole before (each
     event validated and serialised by it, joined as it joins a list). ``next_after`` is
-    set when more may follow (a full page, or one cut by the budget)."""
-    yield b'{"events":['
+    set when more may follow (a full page, or one cut by the budget). Each event is
+    rendered by ``render.event_fragment`` when it can vouch for it (the same bytes)."""
     count, size, last, more = 0, 0, 0, False
+    parts: list[bytes] = [b'{"events":[']
     while True:
         took = 0
         for event in chunk:
-            part = _EVENT_MODEL.dump_json(
+            part = render.event_fragment(event, state.redact) or _EVENT_MODEL.dump_json(
                 _EVENT_MODEL.validate_python(state.redact(event.to_dict()))
             )
             size += len(part)
             if count and size > MAX_EVENTS_PAGE_BYTES:
                 more = True
                 break
-            yield b"," + part if count else part
+            parts.append(b"," + part if count else part)
             count, last, took = count + 1, event.seq, took + len(part)
             del part
         else:
@@ -497,6 +498,10 @@ async def _event_page(
             if count >= limit:
                 more = True
                 break
+            # One body message per chunk read (a chunk is at most about
+            # _EVENT_CHUNK_BYTES), not one per event.
+            yield b"".join(parts)
+            parts.clear()
             after = chunk[-1].seq
             per_event = max(1, took // max(1, len(chunk)))
             fits = max(1, _EVENT_CHUNK_BYTES // per_event)
@@ -505,7 +510,8 @@ async def _event_page(
             chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
             continue
         break
-    yield b'],"next_after":' + (str(last).encode() if more else b"null") + b"}"
+    parts.append(b'],"next_after":' + (str(last).encode() if more else b"null") + b"}")
+    yield b"".join(parts)
 
 
 @_route(

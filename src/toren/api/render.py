@@ -1,4 +1,4 @@
-"""List pages rendered straight to JSON bytes, and their HTTP validators.
+"""List pages and event pages rendered straight to JSON bytes, and their HTTP validators.
 
 ``GET /v1/runs`` is what consoles poll, so its cost per page decides how many clients
 one server process can serve. Its body is the same as the ``RunList`` model would
@@ -8,6 +8,11 @@ and serialising fifty pydantic models, and checked for secrets and depth on the
 serialised text in one pass instead of value by value. A page the fast path cannot
 vouch for (a possible secret, a value nested too deep, a value orjson cannot encode)
 returns ``None`` and the caller takes the general path.
+
+A run's page of events (``GET /v1/runs/{id}/events``) is rendered the same way, event by
+event (``event_fragment``): the bytes the ``Event`` model serialises, built with one
+``orjson`` round trip of the stored payload instead of a validation and a serialisation
+per event; an event the fast path cannot vouch for goes the general way alone.
 
 The body's ETag is a hash of the body itself, so it is right whatever changed (a row,
 the redaction rules, the code) and needs no bookkeeping; a client that sends it back in
@@ -24,6 +29,7 @@ from typing import Any
 import orjson
 
 from toren.api import models
+from toren.core.events import Event
 from toren.redact import MAX_DEPTH, Redactor
 from toren.store.base import RunRecord
 
@@ -129,6 +135,59 @@ def _join(fragments: list[bytes], next_cursor: str | None, redactor: Redactor) -
     return body if redactor.passes_json_text(body.decode()) else None
 
 
+# The ``Event`` model's fields in its order, and the Python types each may hold for the
+# model to serialise it unchanged (pydantic would coerce anything else: an int
+# ``created_at`` serialises as a float, say; such an event takes the general path).
+_EVENT_TYPES: dict[str, tuple[type, ...]] = {
+    "seq": (int,),
+    "run_id": (str,),
+    "type": (str,),
+    "stream": (str,),
+    "position": (int, type(None)),
+    "generation": (int,),
+    "slot": (str, type(None)),
+    "digest": (str, type(None)),
+    "code_version": (str,),
+    "worker_id": (str,),
+    "created_at": (float,),
+    "format_version": (int,),
+}
+assert (*_EVENT_TYPES, "payload") == tuple(models.Event.model_fields)
+
+
+# 19 digits in a row, anywhere (strings too: a cheap, conservative test): an integer that
+# may not fit 64 bits, which orjson.loads would turn into a float.
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
+def event_fragment(event: Event, redactor: Redactor) -> bytes | None:
+    """One event as the ``Event`` model serialises it (same keys, order and bytes: compact
+    JSON), or None when the general path must render it: a value to redact, nesting too
+    deep for the redactor to pass as it is, a payload orjson cannot read or write (an
+    integer beyond 64 bits, ``NaN``, a lone surrogate), a field of another type."""
+    values: dict[str, Any] = {}
+    for name, types in _EVENT_TYPES.items():
+        value = getattr(event, name)
+        if type(value) not in types:  # exact types: a bool is not an int here
+            return None
+        values[name] = value
+    text = event.payload_json()
+    if _LONG_NUMBER.search(text):  # orjson reads an integer beyond 64 bits as a float
+        return None
+    try:
+        payload = orjson.loads(text)
+        if type(payload) is not dict:
+            return None
+        values["payload"] = payload
+        fragment = orjson.dumps(values)
+    except (TypeError, ValueError):  # orjson's decode and encode errors are ValueErrors
+        return None
+    # As for a run: at most MAX_DEPTH brackets in the text, so no deeper nesting.
+    if fragment.count(b"[") + fragment.count(b"{") > MAX_DEPTH:
+        return None
+    return fragment if redactor.passes_json_text(fragment.decode()) else None
+
+
 def etag(body: bytes) -> str:
     """A strong validator of ``body``: equal bodies, equal tags."""
     return '"' + hashlib.blake2b(body, digest_size=16).hexdigest() + '"'
@@ -145,4 +204,13 @@ def not_modified(if_none_match: str | None, tag: str) -> bool:
     return any(match.group(1) in (tag, "*") for match in _TAG.finditer(if_none_match))
 
 
-__all__ = ["RUN_FIELDS", "Fragments", "Pages", "etag", "not_modified", "run_fragment", "runs_page"]
+__all__ = [
+    "RUN_FIELDS",
+    "Fragments",
+    "Pages",
+    "etag",
+    "event_fragment",
+    "not_modified",
+    "run_fragment",
+    "runs_page",
+]
