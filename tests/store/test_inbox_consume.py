@@ -1,20 +1,33 @@
-"""A step consumes only a message of its own run.
+"""A step consumes only a message of its own run, once, and a refused step writes nothing.
 
 The engine takes a message id from ``next_message(run_id, ...)``, so it always names a
 message of the leased run; the store checks it anyway (defence in depth, as the lease
 fence is): consuming another run's message fails the step instead of stealing it.
+
+A step that takes a message may carry the run's pending totals (a flush was due). When
+the step is refused (its message was consumed already, or is another run's), the totals
+must not reach the run row either: the row's totals are the sum of what the log records,
+and the refused step recorded nothing. PostgreSQL writes such a step in one statement
+(``PostgresStore._consume_one``) whose data-modifying parts all run to completion, so
+there the totals must be gated on the message as the events are; SQLite rolls the whole
+transaction back.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import psycopg
 import pytest
 
+import toren
+from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
 from tests.store.steps import value_event
 from tests.store.test_park_and_open import _new_run
 from toren.errors import LeaseLost
 from toren.store import Store
+from toren.store.base import RunDelta, RunRecord
 
 
 async def test_a_step_cannot_consume_another_runs_message(store: Store) -> None:
@@ -41,3 +54,112 @@ async def test_a_step_consumes_its_own_runs_message_once(store: Store) -> None:
         await store.append(
             lease, [value_event(run_id, 1, 2)], consume_inbox=message_id, now=now + 2
         )
+
+
+def _totals(run: RunRecord | None) -> tuple[object, ...]:
+    assert run is not None
+    return (
+        run.input_tokens,
+        run.output_tokens,
+        run.cost_nanousd,
+        run.saved_nanousd,
+        run.steps,
+        run.invalidations,
+        run.code_version,
+        run.updated_at,
+    )
+
+
+@pytest.mark.parametrize("message", ["consumed already", "another run's"])
+async def test_a_refused_step_that_takes_a_message_writes_no_totals(
+    store: Store, message: str
+) -> None:
+    run_id, other = await _new_run(store), await _new_run(store)
+    now = time.time()
+    (lease,) = await store.claim("w1", 1, now=now, ttl=60, only=run_id)
+    if message == "consumed already":
+        message_id = await store.send_message(run_id, "approval", 1, now=now)
+        flushed = RunDelta(input_tokens=3, output_tokens=4, cost_nanousd=5, steps=1)
+        await store.append(
+            lease,
+            [value_event(run_id, 0, 1)],
+            consume_inbox=message_id,
+            delta=flushed,
+            now=now + 1,
+        )
+        before = await store.get_run(run_id)
+        assert before is not None and (before.input_tokens, before.steps) == (3, 1)
+    else:
+        message_id = await store.send_message(other, "approval", 1, now=now)
+        before = await store.get_run(run_id)
+    written = [e.seq for e in await store.load_events(run_id)]
+
+    due = RunDelta(
+        input_tokens=100,
+        output_tokens=200,
+        cost_nanousd=300,
+        saved_nanousd=400,
+        steps=5,
+        invalidations=6,
+        code_version="v-refused",
+    )
+    with pytest.raises(LeaseLost, match=str(message_id)):
+        await store.append(
+            lease, [value_event(run_id, 1, 2)], consume_inbox=message_id, delta=due, now=now + 2
+        )
+
+    assert _totals(await store.get_run(run_id)) == _totals(before)
+    assert [e.seq for e in await store.load_events(run_id)] == written
+    # The lease still holds and the next step (with the same totals) is written whole.
+    await store.append(lease, [value_event(run_id, 1, 3)], delta=due, now=now + 3)
+    after = await store.get_run(run_id)
+    assert after is not None and after.steps == before.steps + 5
+    assert after.code_version == "v-refused"
+
+
+async def test_postgres_a_step_that_loses_its_message_meanwhile_writes_no_totals() -> None:
+    """The race itself: another transaction holds the message row when the step's
+    statement arrives and consumes the message before it lets go. The statement has
+    passed its lease check by then, and waits on the message row inside it."""
+    require_pg()
+    name = create_pg_database()
+    store = await toren.connect(pg_url(name))
+    try:
+        run_id = await _new_run(store)
+        now = time.time()
+        message_id = await store.send_message(run_id, "approval", 1, now=now)
+        (lease,) = await store.claim("w1", 1, now=now, ttl=60)
+        before = await store.get_run(run_id)
+        due = RunDelta(input_tokens=100, output_tokens=200, cost_nanousd=300, steps=5)
+        with (
+            psycopg.connect(pg_url(name)) as other,
+            psycopg.connect(pg_url(name), autocommit=True) as admin,
+        ):
+            other.execute("SELECT id FROM inbox WHERE id = %s FOR UPDATE", (message_id,))
+            step = asyncio.create_task(
+                store.append(
+                    lease,
+                    [value_event(run_id, 0, 1)],
+                    consume_inbox=message_id,
+                    delta=due,
+                    now=now + 1,
+                )
+            )
+            while not step.done():  # until the step's statement waits for the message row
+                waiting = admin.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                ).fetchone()
+                if waiting is not None and waiting[0]:
+                    break
+                await asyncio.sleep(0.01)
+            assert not step.done()  # it cannot finish while the message row is held
+            other.execute("UPDATE inbox SET consumed_seq = 0 WHERE id = %s", (message_id,))
+            other.commit()
+        with pytest.raises(LeaseLost, match=str(message_id)):
+            await step
+        assert _totals(await store.get_run(run_id)) == _totals(before)
+        assert [e.type for e in await store.load_events(run_id)] == ["RunStarted"]
+    finally:
+        await store.close()
+        drop_pg_database(name)

@@ -55,10 +55,13 @@ _TOTALS = (
     "code_version = COALESCE(%s::text, code_version) "
 )
 _LEASED = "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
-# The three ways a statement checks the lease: a share lock (a concurrent claim waits), the
-# run row's totals update, or the run row's release.
+# The ways a statement checks the lease: a share lock (a concurrent claim waits), the run
+# row's totals update, the run row's release, or (a step that takes a message, with totals
+# due) the run row locked as the totals update would lock it, the update itself waiting
+# for the message (see _consume_sql).
 FENCE_CHECK = f"SELECT id FROM runs {_LEASED} FOR SHARE"
 FENCE_TOTALS = f"UPDATE runs SET {_TOTALS}{_LEASED} RETURNING id"
+FENCE_LOCK = f"SELECT id FROM runs {_LEASED} FOR NO KEY UPDATE"
 FENCE_RELEASE = (
     "UPDATE runs SET status = %s, "
     f"{RELEASE_NOT_BEFORE.format(p='%s::double precision')}, waiting_for = %s, "
@@ -117,15 +120,30 @@ def _append_sql(n_blobs: int, n_events: int, fence: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _consume_sql(n_blobs: int, n_events: int, fence: str) -> str:
+def _consume_sql(n_blobs: int, n_events: int, totals: bool) -> str:
     """A step that takes a message from the inbox, in one statement: the lease check, the
-    message row locked if it is still unconsumed, then (only if both hold) the blobs, the
-    events and the message marked consumed by the last event. All or nothing: no rows
-    back means nothing was written (the general path then says why)."""
+    message row locked if it is still unconsumed, then (only if both hold) the run's
+    totals when due, the blobs, the events and the message marked consumed by the last
+    event. All or nothing: no rows back means nothing was written (the general path then
+    says why).
+
+    The totals are not the fence here, as in a plain append (FENCE_TOTALS): every part of
+    a statement that writes runs to completion whether or not the others find rows, so an
+    update in the fence would add a refused step's totals to the run row with no event in
+    its log. Locks are taken in the order every writer takes them: the run row (FOR NO KEY
+    UPDATE when the totals will update it, the lock that update takes, so it never has to
+    upgrade a share lock), then the message row."""
+    fence = FENCE_LOCK if totals else FENCE_CHECK
+    update = (
+        f", t AS (UPDATE runs SET {_TOTALS}WHERE id IN (SELECT id FROM fence) "
+        "AND EXISTS (SELECT 1 FROM m) RETURNING id)"
+        if totals
+        else ""
+    )
     return (
         f"WITH fence AS ({fence}), "
         "m AS (SELECT id FROM inbox WHERE id = %s::bigint AND run_id = %s "
-        "AND consumed_seq IS NULL AND EXISTS (SELECT 1 FROM fence) FOR UPDATE)"
+        f"AND consumed_seq IS NULL AND EXISTS (SELECT 1 FROM fence) FOR UPDATE){update}"
         f"{_blobs_cte(n_blobs, 'm')}, "
         f"e AS ({_insert_events(n_events, 'm')}), "
         "u AS (UPDATE inbox SET consumed_seq = (SELECT max(seq) FROM e) "
@@ -538,10 +556,10 @@ class PostgresStore(SqlStore, Pruning):
         """A step that takes a message, in one statement on the loop (see _consume_sql):
         the stored events, or None when it wrote nothing (the lease or the message is
         gone: the general path then raises the precise error)."""
-        fence = FENCE_CHECK if delta is None else FENCE_TOTALS
-        sql = _consume_sql(len(blobs), len(events), fence)
-        params: list[Any] = [] if delta is None else _totals_params(delta, now)
-        params += (lease.run_id, lease.worker_id, lease.epoch, message_id, lease.run_id)
+        sql = _consume_sql(len(blobs), len(events), delta is not None)
+        params: list[Any] = [lease.run_id, lease.worker_id, lease.epoch, message_id, lease.run_id]
+        if delta is not None:
+            params += _totals_params(delta, now)
         for key, body in sorted(blobs.items()):  # hash order, as every writer inserts them
             params += (key, body, len(body), lease.run_id)
         for event in events:

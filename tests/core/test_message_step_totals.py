@@ -1,0 +1,109 @@
+"""A tick whose message step is refused leaves the run's totals to the log.
+
+A step that takes a message carries the tick's pending totals when a flush is due (the
+usage of steps already in the log). If another writer consumed the message first, the
+store refuses the step and writes nothing, totals included (tests/store/
+test_inbox_consume.py); the tick ends (lease lost) without releasing the run, so the
+totals it had taken are not written by it. The next tick puts the row right from the log
+(``_correct_totals``): the steps are counted once, never twice, and the row is never
+ahead of its log.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+import psycopg
+import pytest
+
+import toren
+from toren.core.journal import log_totals
+from toren.core.values import Totals
+from toren.providers.scripted import ScriptedProvider
+from toren.store import Store
+from toren.store.base import InboxMessage, RunRecord
+from toren.store.sqlite import parse_sqlite_url
+
+
+def _consume_elsewhere(db_url: str, message_id: int) -> None:
+    """Another writer takes the message (its own transaction, committed)."""
+    sql = "UPDATE inbox SET consumed_seq = 0 WHERE id = {p} AND consumed_seq IS NULL"
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(parse_sqlite_url(db_url)[0], timeout=30, isolation_level=None)
+        try:
+            assert conn.execute(sql.format(p="?"), (message_id,)).rowcount == 1
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert conn.execute(sql.format(p="%s"), (message_id,)).rowcount == 1
+
+
+def _row_totals(row: RunRecord | None) -> tuple[int, ...]:
+    assert row is not None
+    return (row.input_tokens, row.output_tokens, row.cost_nanousd, row.steps, row.invalidations)
+
+
+def _log(totals: Totals) -> tuple[int, ...]:
+    t = totals
+    return (t.input_tokens, t.output_tokens, t.cost_nanousd, t.steps, t.invalidations)
+
+
+async def _agent(ctx: toren.Context, input: Any) -> Any:
+    messages: list[dict[str, Any]] = []
+    for i in range(3):
+        messages.append({"role": "user", "content": f"step {i} " + "words " * 10})
+        reply = await ctx.model("scripted:echo", messages)
+        messages.append(reply.message())
+    return await ctx.wait_for_message("go")
+
+
+async def test_a_refused_message_step_leaves_the_totals_counted_once(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = toren.ManualClock()
+    reg = toren.Registry()
+    reg.add("waits", _agent)
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": ScriptedProvider()}, clock=clock
+    )
+    run = await toren.start_run(store, reg, "waits", clock=clock)
+    await store.send_message(run.id, "go", "first", now=clock.now())
+    plain_next = store.next_message
+    raced: list[int] = []
+
+    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
+        """The first message read is consumed by another writer before the step writes,
+        and a flush of the pending totals falls due with that step."""
+        message = await plain_next(run_id, names)
+        if message is not None and not raced:
+            raced.append(message.id)
+            _consume_elsewhere(db_url, message.id)
+            await clock.advance(2)
+        return message
+
+    monkeypatch.setattr(store, "next_message", racing_next)
+    first = await toren.tick(run.id, deps)
+    assert first.status == "lease_lost" and raced
+    events = await store.load_events(run.id)
+    assert [e.type for e in events].count("ModelCallRecorded") == 3
+    assert "MessageReceived" not in [e.type for e in events]
+    in_log = _log(log_totals(events))
+    assert in_log[0] > 0 and in_log[3] == 3
+    row = _row_totals(await store.get_run(run.id))
+    assert all(r <= t for r, t in zip(row, in_log, strict=True)), (row, in_log)
+
+    # The lease runs out; the next tick replays the three steps and parks (the message
+    # is gone); its release writes what the log says, once.
+    await clock.advance(60)
+    second = await toren.tick(run.id, deps)
+    assert second.status == "waiting"
+    assert _row_totals(await store.get_run(run.id)) == in_log
+
+    await store.send_message(run.id, "go", "second", now=clock.now())
+    third = await toren.tick(run.id, deps)
+    assert third.status == "completed" and third.output == "second"
+    events = await store.load_events(run.id)
+    final = await store.get_run(run.id)
+    assert _row_totals(final) == _log(log_totals(events)) == in_log
