@@ -260,17 +260,20 @@ class Writer:
     ) -> list[Event]:
         """Write after the barrier; ``step``: the events are a step's, which used (input
         tokens, output tokens, nano-USD); ``used``: what events that are not a step add to
-        the run's totals (a call cut off in flight). Both are counted after the barrier,
-        so the run row never carries usage ahead of an earlier write. Raises the store's
+        the run's totals (a call cut off in flight). Both are counted after the barrier and
+        under the writer's lock, so the run row never carries usage ahead of an earlier
+        write, nor (carried by another branch's write) ahead of these events. Raises the store's
         ``LeaseLost`` / ``StorageError``."""
         barrier = self.barrier
         if barrier is not None and not barrier.done():
             await asyncio.shield(barrier)
-        if step is not None:
-            self.count_step(*step)
-        if used is not None:
-            self.add(used)
         async with self.lock:
+            # Counted under the lock: a write of another branch waiting for it cannot
+            # carry this usage to the run row ahead of these events.
+            if step is not None:
+                self.count_step(*step)
+            if used is not None:
+                self.add(used)
             stored = await self.store.append(
                 self.lease,
                 events,
