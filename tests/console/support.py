@@ -9,7 +9,7 @@ import contextlib
 import os
 import shutil
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -17,7 +17,7 @@ import pytest
 
 import toren
 from toren.api import create_app, running_server
-from toren.providers.base import ModelRequest, ModelResponse, ToolSpec, Usage
+from toren.providers.base import CancelledWithUsage, ModelRequest, ModelResponse, ToolSpec, Usage
 from toren.store import Store
 
 TOKEN = "console-test-token-0123456789"
@@ -36,13 +36,18 @@ CHROMIUM_ARGS = [
 
 class DemoProvider:
     """An offline model that answers from the last user message and streams its answer in
-    small chunks with a delay (so a browser can watch the tokens arrive)."""
+    small chunks with a delay (so a browser can watch the tokens arrive). Like a streaming
+    API (Anthropic's ``message_start``), it reports the input tokens and a first output
+    token before the text: a call cut off mid-stream raises ``CancelledWithUsage``."""
 
     name = "demo"
 
     def __init__(self, chunk_delay: float = 0.0) -> None:
         self.chunk_delay = chunk_delay
         self.served = 0
+        # An unset event holds every streamed answer after its first chunk until it is set:
+        # a long answer in flight, for as long as a test needs one.
+        self.hold: asyncio.Event | None = None
 
     async def complete(self, request: ModelRequest, *, on_delta: Any = None) -> ModelResponse:
         last = next(
@@ -51,17 +56,19 @@ class DemoProvider:
         )
         text = _reply(request.model, last)
         delay = self.chunk_delay if request.model == "slow" else 0.0
-        if on_delta is not None:
-            for i in range(0, len(text), 6):
-                on_delta(text[i : i + 6])
-                await asyncio.sleep(delay)
-        self.served += 1
         words = sum(len(str(m.get("content") or "").split()) for m in request.messages)
-        return ModelResponse(
-            text=text,
-            usage=Usage(input_tokens=40 + words * 3, output_tokens=len(text.split()) * 2),
-            model=request.model,
-        )
+        usage = Usage(input_tokens=40 + words * 3, output_tokens=len(text.split()) * 2)
+        if on_delta is not None:
+            try:
+                for i in range(0, len(text), 6):
+                    on_delta(text[i : i + 6])
+                    if self.hold is not None:
+                        await self.hold.wait()
+                    await asyncio.sleep(delay)
+            except asyncio.CancelledError:
+                raise CancelledWithUsage(Usage(usage.input_tokens, 1)) from None
+        self.served += 1
+        return ModelResponse(text=text, usage=usage, model=request.model)
 
 
 def _reply(model: str, last: str) -> str:
@@ -184,6 +191,19 @@ class Server:
                 raise AssertionError(f"run {run_id} is {run and run.status}, not {statuses}")
             await asyncio.sleep(0.05)
 
+    async def stop_worker(self, drain_window: float = 0.0) -> None:
+        """Stop the in-process worker, as a reload or a shutdown does. Past the drain window
+        a model call in flight is cut off: the engine records what it billed
+        (``ModelCallCutOff``) and the step runs again on the next worker."""
+        await self.runtime.stop(drain_window=drain_window)
+
+    async def start_worker(self) -> None:
+        """A fresh worker in place of the stopped one (the same registry, provider, pricing
+        and live hub): the second half of a reload. The app still tells cancellations to
+        the first worker; the fresh one learns of them by polling."""
+        self.runtime = toren.LocalWorkerRuntime(replace(self.runtime.deps), concurrency=20)
+        await self.runtime.start()
+
 
 @contextlib.asynccontextmanager
 async def serve(
@@ -202,12 +222,14 @@ async def serve(
     )
     runtime = toren.LocalWorkerRuntime(deps, concurrency=20)
     await runtime.start()
+    served: Server | None = None
     try:
         app = create_app(store, reg, tokens=tokens, live=hub, runtime=runtime, heartbeat=1.0)
         async with running_server(app) as server:
-            yield Server(server.url, store, reg, provider, runtime)
+            served = Server(server.url, store, reg, provider, runtime)
+            yield served
     finally:
-        await runtime.stop(drain_window=0.5)
+        await (served.runtime if served is not None else runtime).stop(drain_window=0.5)
 
 
 @contextlib.asynccontextmanager

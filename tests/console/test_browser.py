@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -352,3 +353,132 @@ async def test_a_run_of_ten_thousand_steps_renders_only_a_window(
         await expect(main.locator(".step[data-kind]")).to_have_count(400)
         await expect(main.locator(".step[data-kind] .pos").first).to_have_text("#9600")
         await expect(earlier).to_contain_text("9600 earlier steps not shown")
+
+
+async def test_a_model_call_cut_off_in_flight_is_shown_and_its_cost_explained(
+    store: Store, chromium: Any
+) -> None:
+    """On SQLite and PostgreSQL: a reload past its drain window (the worker stopped with no
+    window, a fresh one started) cuts the writer's model call off mid-stream. The engine
+    records it as ``ModelCallCutOff``, a run-level event billed and counted in the run's
+    cost, and the step runs again. The page, watching live, drops the call's streaming row
+    and shows the cut-off call greyed at main #0, with its model, tokens, cost, latency,
+    reason and details, before the recorded call of #0; the header's cost is the sum of
+    the costs the timeline shows."""
+    from decimal import Decimal
+
+    async with serve(store) as server:
+        server.provider.hold = asyncio.Event()  # the answer stalls after its first chunk
+        run_id = await server.start("writer", {"topic": "reloads"})
+        page = await page_with_token(chromium, server)
+        await page.goto(f"{server.url}/runs/{run_id}")
+        main = page.locator('.stream[data-stream="main"]')
+        await expect(main.locator(".step.pending .live-delta")).to_have_text(re.compile(r"\S"))
+
+        await server.stop_worker()  # the drain window is over: the call is cut off
+        [cut_event] = [e for e in await store.load_events(run_id) if e.type == "ModelCallCutOff"]
+        cut = cut_event.payload
+        assert (cut.stream, cut.position, cut.input_tokens, cut.output_tokens) == ("main", 0, 46, 1)
+        assert Decimal(cut.cost_usd) > 0
+        row = main.locator("> .steps > .step.cut-off")
+        await expect(row).to_have_count(1)
+        await expect(page.locator("#announcer")).to_contain_text("cut off")
+        await expect(main.locator(".step.pending")).to_have_count(0)  # its text ended there
+        await expect(main.locator("h3")).to_contain_text("0 steps · 1 model call cut off")
+
+        server.provider.hold.set()
+        await server.start_worker()  # the step runs again on the next worker
+        await expect(page.locator("#run-status")).to_have_text("completed")
+        steps = main.locator("> .steps > .step")
+        await expect(steps.locator("> .step-row > .pos")).to_have_text(["#0", "#0"])
+        await expect(steps.nth(0)).to_have_attribute("data-cut-off", "")
+        await expect(steps.nth(1)).to_have_attribute("data-kind", "model")
+        await expect(steps.nth(1)).not_to_have_class(re.compile("cut-off"))
+        await expect(main.locator("h3")).to_contain_text("1 step · 1 model call cut off")
+        await expect(page.locator("#timeline-legend")).to_contain_text("1 model call cut off")
+
+        await expect(row.locator(".badge.cut")).to_have_text("✂ cut off")
+        await expect(row.locator(".name")).to_have_text("demo:slow")
+        await expect(row).to_contain_text(cut.reason)
+        await expect(row).to_have_css("opacity", re.compile(r"^0(\.\d+)?$"))  # greyed
+        facts = row.locator(".facts > span")
+        await expect(facts.nth(0)).to_have_text(re.compile(r"^(<1 ms|\d+ ms|\d+\.\d+ s)$"))
+        await expect(facts.nth(1)).to_have_text("46 → 1 tok")
+        await expect(row.locator(".cost")).to_have_attribute("title", f"${cut.cost_usd} exactly")
+        [recorded] = [e for e in await store.load_events(run_id) if e.type == "ModelCallRecorded"]
+        assert cut.request_digest == recorded.digest  # the same request, sent again
+        await expect(row.locator(".digest")).to_have_attribute("title", cut.request_digest)
+        await row.get_by_text("Details").click()
+        await expect(row.locator("details")).to_contain_text("after the provider had reported")
+        await expect(row.locator("details")).to_contain_text(f'"cost_usd": "{cut.cost_usd}"')
+
+        # Every cost in the header has its row: the timeline's costs add up to the total.
+        final = await store.get_run(run_id)
+        shown = await page.locator("#timeline .cost").evaluate_all("els => els.map((e) => e.title)")
+        costs = [Decimal(t.removeprefix("$").removesuffix(" exactly")) for t in shown]
+        assert costs == [Decimal(cut.cost_usd), Decimal(recorded.payload.cost_usd)]
+        assert sum(costs) == final.cost_usd
+        total = await page.locator("#s-cost").get_attribute("title")
+        assert Decimal(total.removeprefix("$").removesuffix(" exactly")) == final.cost_usd
+        assert (final.input_tokens, final.output_tokens) == (
+            cut.input_tokens + recorded.payload.input_tokens,
+            cut.output_tokens + recorded.payload.output_tokens,
+        )
+        assert server.provider.served == 1  # completed once; the cut call was billed anyway
+        assert_token_never_in_a_url(page)
+
+
+async def edited_approval(ctx: Any, input: Any) -> Any:
+    await ctx.model("demo:fast", [{"role": "user", "content": "Prepare a refund of $25"}])
+    decision = await ctx.wait_for_message("approve")
+    return {"decision": decision}
+
+
+async def test_a_call_cut_off_in_a_superseded_suffix_is_shown_with_it(
+    sqlite_store: Store, chromium: Any
+) -> None:
+    """The call at main #0 is cut off by a reload and runs again; then an edited prompt
+    invalidates the stream from #0. The cut-off call was an attempt at the superseded step:
+    it sits greyed in the superseded group, before that step, and is no longer beside the
+    new #0. Its cost still counts, so the timeline's costs still add up to the total."""
+    from decimal import Decimal
+
+    async with serve(sqlite_store) as server:
+        server.provider.hold = asyncio.Event()
+        run_id = await server.start("approval", {"customer": "ada"})
+        page = await page_with_token(chromium, server)
+        await page.goto(f"{server.url}/runs/{run_id}")
+        main = page.locator('.stream[data-stream="main"]')
+        await expect(main.locator(".step.pending .live-delta")).to_have_text(re.compile(r"\S"))
+        await server.stop_worker()
+        server.provider.hold.set()
+        await server.start_worker()
+        await expect(page.locator("#run-status")).to_have_text("waiting")
+        await expect(main.locator("> .steps > .step.cut-off")).to_have_count(1)
+
+        server.registry.add("approval", edited_approval, code_version="a2")
+        await page.get_by_label("Payload (JSON)").fill('{"by": "ada"}')
+        await page.get_by_role("button", name="Send message").click()
+        await expect(page.locator("#run-status")).to_have_text("completed")
+
+        inv = main.locator("> .steps > .invalidation")
+        await expect(inv).to_contain_text("Invalidated from #0")
+        superseded = inv.locator(".superseded")
+        await expect(superseded.locator("> p")).to_contain_text("1 model call cut off")
+        old = superseded.locator("> .steps > .step")
+        await expect(old.nth(0)).to_have_attribute("data-cut-off", "")
+        await expect(old.nth(1)).to_have_attribute("data-kind", "model")
+        await expect(old.locator("> .step-row > .pos").nth(0)).to_have_text("#0")
+        await expect(old.nth(0)).to_have_css("opacity", re.compile(r"^0(\.\d+)?$"))
+        await expect(main.locator("> .steps > .step.cut-off")).to_have_count(0)
+        await expect(main.locator("h3").first).not_to_contain_text("cut off")
+        await expect(page.locator("#timeline-legend")).to_contain_text("1 model call cut off")
+        new = main.locator("> .steps > .step[data-kind=model]")
+        await expect(new).to_contain_text("Understood: Prepare a refund of $25")
+
+        final = await sqlite_store.get_run(run_id)
+        assert final is not None and final.invalidations == 1
+        shown = await page.locator("#timeline .cost").evaluate_all("els => els.map((e) => e.title)")
+        costs = [Decimal(t.removeprefix("$").removesuffix(" exactly")) for t in shown]
+        assert len(costs) == 3 and all(costs)  # the cut-off, the superseded and the new call
+        assert sum(costs) == final.cost_usd

@@ -26,11 +26,12 @@ function fold() {
   const streams = new Map();
   const root = { waiting: null };
   const get = (name) => {
-    if (!streams.has(name)) streams.set(name, { name, steps: new Map(), invalidations: [] });
+    if (!streams.has(name)) streams.set(name, emptyStream(name));
     return streams.get(name);
   };
   for (const e of events) {
     if (e.stream === "") {
+      if (e.type === "ModelCallCutOff") get(e.payload.stream || mainStream()).cutoffs.push(e);
       if (e.type === "RunRetried") retryFold(streams, e.payload.retried_seqs || []);
       if (e.type === "RunWaiting") root.waiting = e;
       else if (e.type !== "RunStarted") root.waiting = null;
@@ -41,7 +42,10 @@ function fold() {
       const from = e.payload.from_pos;
       const removed = [...s.steps.values()].filter((st) => st.pos >= from).sort((a, b) => a.pos - b.pos);
       removed.forEach((st) => s.steps.delete(st.pos));
-      s.invalidations.push({ event: e, from, removed });
+      // A call cut off in the suffix was an attempt at a superseded step: it goes with them.
+      const cutoffs = s.cutoffs.filter((c) => c.payload.position >= from);
+      s.cutoffs = s.cutoffs.filter((c) => c.payload.position < from);
+      s.invalidations.push({ event: e, from, removed, cutoffs });
       continue;
     }
     if (e.position === null || e.position === undefined || !e.digest) continue;
@@ -53,6 +57,14 @@ function fold() {
     }
   }
   return { streams, root };
+}
+
+function emptyStream(name) {
+  return { name, steps: new Map(), invalidations: [], cutoffs: [] };
+}
+
+function mainStream() {
+  return run ? run.process : "main";
 }
 
 // A retry takes the failures it retries out of the view (toren.core.replay.StreamView.retry).
@@ -95,7 +107,7 @@ function describe(step) {
         preview: p.error ? null : (response.text ? compact(response.text, 160) : calls.length ? `→ calls ${calls.join(", ")}` : ""),
         badges: p.error ? [h("span", { class: "badge err" }, `error: ${compact(p.error.message || p.error.code, 80)}`)] : [],
         facts: [ms(p.latency_ms), `${num(p.input_tokens)} → ${num(p.output_tokens)} tok`,
-          h("span", { class: "cost" }, usd(p.cost_usd))],
+          cost(p.cost_usd)],
         details: () => modelDetails(step),
       };
     }
@@ -142,6 +154,11 @@ function describe(step) {
     default:
       return { kind: "other", name: step.first.type, preview: compact(step.first.payload), facts: [] };
   }
+}
+
+// A cost, rounded for reading, exact on hover (the log's decimal string).
+function cost(value) {
+  return h("span", { class: "cost", title: `$${value || 0} exactly` }, usd(value));
 }
 
 function modelDetails(step) {
@@ -192,23 +209,51 @@ function stepItem(step, ctx, superseded) {
       replayed.has(step.first.seq) ? h("span", { class: "badge replayed", title: "Replayed from the log: not executed (nor paid) again" }, "↺ replayed") : null,
       d.preview ? h("span", { class: "preview", title: d.preview }, d.preview) : null),
     h("div", { class: "facts" }, ...d.facts.map((f) => h("span", {}, f)), digestButton(step.digest))));
-  if (d.details) {
-    const details = h("details", { dataset: { key } }, h("summary", {}, "Details"));
-    if (ctx.open.has(key)) {
-      details.open = true;
-      details.append(d.details());
-    } else {
-      details.addEventListener("toggle", () => {
-        if (details.open && details.children.length === 1) details.append(d.details());
-      });
-    }
-    li.append(details);
-  }
+  if (d.details) li.append(detailsBox(key, d.details, ctx));
   const child = step.first.type === "ChildStarted" && step.first.payload.child_stream;
   if (child && ctx.streams.has(child) && !ctx.rendered.has(child) && (!superseded || !ctx.claimed.has(child))) {
     li.append(h("div", { class: "children" }, streamBox(ctx.streams.get(child), ctx)));
   }
   return li;
+}
+
+// Details rendered on first open, and kept open across re-renders (ctx.open holds the keys).
+function detailsBox(key, render, ctx) {
+  const details = h("details", { dataset: { key } }, h("summary", {}, "Details"));
+  if (ctx.open.has(key)) {
+    details.open = true;
+    details.append(render());
+  } else {
+    details.addEventListener("toggle", () => {
+      if (details.open && details.children.length === 1) details.append(render());
+    });
+  }
+  return details;
+}
+
+// A model call cut off in flight (ModelCallCutOff: a drain window ran out during a reload
+// or a shutdown after the provider had reported usage). The provider billed it and the run's
+// totals count it, but it is not a step: a run-level event naming the step it was, which has
+// no recorded call of its own and runs again. Shown at that step's place, before its
+// eventual recorded call, greyed, so that every cost in the header has its row.
+function cutOffItem(e, ctx) {
+  const p = e.payload;
+  const tokens = `${num(p.input_tokens)} → ${num(p.output_tokens)} tok`;
+  return h("li", { class: "step cut-off", dataset: { cutOff: "", pos: p.position, seq: e.seq } },
+    h("div", { class: "step-row" },
+      h("span", { class: "pos", title: `position ${p.position} in stream ${p.stream}` }, `#${p.position}`),
+      h("span", { class: `kind ${KIND.MODEL}` }, KIND.MODEL),
+      h("div", { class: "title" },
+        h("span", { class: "name" }, `${p.provider}:${p.model}`), " ",
+        h("span", { class: "badge cut", title: "Cut off in flight: billed by the provider and counted in the run's cost, not recorded as a step" }, "✂ cut off"),
+        h("span", { class: "preview" }, `${p.reason || "stopped"}: billed and counted, not recorded; the step runs again`)),
+      h("div", { class: "facts" }, ...[ms(p.latency_ms), tokens, cost(p.cost_usd)].map((f) => h("span", {}, f)),
+        digestButton(p.request_digest))),
+    detailsBox(`${p.stream}|cut|${e.seq}`, () => h("div", { class: "detail-grid" },
+      block("Why", `Cut off in flight (${p.reason || "stopped"}) after the provider had reported usage. `
+        + "The call is billed and counted in the run's cost; the step has no recorded call and runs again at this position."),
+      block("Billed", { provider: p.provider, model: p.model, input_tokens: p.input_tokens, output_tokens: p.output_tokens,
+        cost_usd: p.cost_usd, latency_ms: p.latency_ms, request_digest: p.request_digest })), ctx));
 }
 
 // What changed at each invalidation (GET /v1/runs/{id}/invalidations), by its seq.
@@ -261,10 +306,21 @@ function invalidationItem(inv, ctx) {
         h("span", {}, "expected ", h("del", {}, digestButton(p.expected_digest) || "–"), p.expected_kind ? ` ${p.expected_kind}` : ""),
         h("span", {}, "actual ", h("ins", {}, digestButton(p.actual_digest) || "none"), p.actual_kind ? ` ${p.actual_kind}` : ""))),
     whatChanged(inv.event.seq),
-    inv.removed.length ? h("div", { class: "superseded", role: "group", "aria-label": `Superseded steps from #${inv.from}` },
+    inv.removed.length || inv.cutoffs.length ? h("div", { class: "superseded", role: "group", "aria-label": `Superseded steps from #${inv.from}` },
       h("p", {}, `Superseded: ${inv.removed.length} step${inv.removed.length === 1 ? "" : "s"} kept in the log, no longer replayed`,
-        versions ? ` (written by ${versions})` : ""),
-      h("ol", { class: "steps" }, ...inv.removed.map((s) => stepItem(s, ctx, true)))) : null);
+        versions ? ` (written by ${versions})` : "", inv.cutoffs.length ? ` · ${cutOffCount(inv.cutoffs.length)}` : ""),
+      h("ol", { class: "steps" }, ...supersededItems(inv, ctx))) : null);
+}
+
+// The superseded steps and the calls cut off among them, by position (a cut-off first: it
+// came before the step's recorded call).
+function supersededItems(inv, ctx) {
+  return [...inv.cutoffs.map((e) => cutOffItem(e, ctx)), ...inv.removed.map((s) => stepItem(s, ctx, true))]
+    .sort((a, b) => Number(a.dataset.pos) - Number(b.dataset.pos));
+}
+
+function cutOffCount(n) {
+  return `${n} model call${n === 1 ? "" : "s"} cut off`;
 }
 
 function pendingItem(stream, pos, text) {
@@ -304,7 +360,7 @@ function waitingItem(waiting) {
 function streamBox(s, ctx) {
   ctx.rendered.add(s.name);
   const items = [];
-  const positions = new Set([...s.steps.keys(), ...s.invalidations.map((i) => i.from)]);
+  const positions = new Set([...s.steps.keys(), ...s.invalidations.map((i) => i.from), ...s.cutoffs.map((c) => c.payload.position)]);
   for (const key of deltas.keys()) {
     const [stream, pos] = splitKey(key);
     if (stream === s.name && !s.steps.has(pos)) positions.add(pos);
@@ -315,14 +371,16 @@ function streamBox(s, ctx) {
   if (hidden) items.push(earlierItem(s.name, hidden, limit));
   for (const pos of sorted.slice(hidden)) {
     for (const inv of s.invalidations.filter((i) => i.from === pos)) items.push(invalidationItem(inv, ctx));
+    for (const cut of s.cutoffs.filter((c) => c.payload.position === pos)) items.push(cutOffItem(cut, ctx));
     if (s.steps.has(pos)) items.push(stepItem(s.steps.get(pos), ctx, false));
     else if (deltas.has(`${s.name}:${pos}`)) items.push(pendingItem(s.name, pos, deltas.get(`${s.name}:${pos}`)));
   }
   if (s.name === ctx.main && ctx.root.waiting && run && run.status === STATUS.WAITING) items.push(waitingItem(ctx.root.waiting));
   const inv = s.invalidations.length;
+  const cut = s.cutoffs.length;
   return h("section", { class: "stream", "aria-label": `Stream ${s.name}`, dataset: { stream: s.name } },
     h("h3", {}, "Stream ", h("span", { class: "mono" }, s.name),
-      h("span", { class: "sub" }, `${s.steps.size} step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}`)),
+      h("span", { class: "sub" }, `${s.steps.size} step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}${cut ? ` · ${cutOffCount(cut)}` : ""}`)),
     items.length ? h("ol", { class: "steps" }, ...items) : h("p", { class: "empty" }, "No steps yet."));
 }
 
@@ -348,14 +406,14 @@ function renderTimeline() {
   const { streams, root } = fold();
   for (const key of deltas.keys()) {
     const [stream] = splitKey(key);
-    if (!streams.has(stream)) streams.set(stream, { name: stream, steps: new Map(), invalidations: [] });
+    if (!streams.has(stream)) streams.set(stream, emptyStream(stream));
   }
   const open = new Set([...el.querySelectorAll("details[open]")].map((d) => d.dataset.key));
   const claimed = new Set();
   for (const s of streams.values()) {
     for (const st of s.steps.values()) if (st.first.type === "ChildStarted") claimed.add(st.first.payload.child_stream);
   }
-  const main = run ? run.process : "main";
+  const main = mainStream();
   const ctx = { streams, root, open, claimed, rendered: new Set(), main };
   const order = [...streams.keys()].sort((a, b) => (a === main ? -1 : b === main ? 1 : a.localeCompare(b)));
   const boxes = [];
@@ -365,9 +423,11 @@ function renderTimeline() {
   el.replaceChildren(...boxes);
   el.setAttribute("aria-busy", String(streamState === "connecting"));
   const invalidations = [...streams.values()].reduce((n, s) => n + s.invalidations.length, 0);
+  const cutoffs = events.filter((e) => e.type === "ModelCallCutOff").length;
   $("timeline-legend").replaceChildren(...[
     h("span", {}, `${events.length} events`), h("span", {}, `${streams.size} stream${streams.size === 1 ? "" : "s"}`),
     invalidations ? h("span", {}, `${invalidations} invalidation${invalidations === 1 ? "" : "s"}`) : null,
+    cutoffs ? h("span", {}, cutOffCount(cutoffs)) : null,
     h("span", { id: "stream-state" }, STATES[streamState] || streamState)].filter(Boolean));
 }
 
@@ -416,6 +476,7 @@ function renderRun() {
   $("s-steps").textContent = num(u.steps);
   $("s-tokens").textContent = `${num(u.input_tokens)} · ${num(u.output_tokens)}`;
   $("s-cost").textContent = usd(u.cost_usd);
+  $("s-cost").title = `$${u.cost_usd || 0} exactly`;
   $("s-saved").textContent = usd(u.saved_by_replay_usd);
   $("s-inval").textContent = num(run.invalidations);
   $("s-version").textContent = run.code_version || "–";
@@ -479,6 +540,10 @@ function onMessage(message) {
     events.push(e);
     if (e.position !== null && e.position !== undefined) deltas.delete(`${e.stream}:${e.position}`);
     if (e.type === "StreamInvalidated") announce(`Stream ${e.stream} invalidated from step ${e.payload.from_pos}`);
+    if (e.type === "ModelCallCutOff") {
+      deltas.delete(`${e.payload.stream}:${e.payload.position}`); // the text it streamed ends here
+      announce(`Model call at step ${e.payload.position} of stream ${e.payload.stream} cut off: ${usd(e.payload.cost_usd)} counted`);
+    }
     explainSoon();
     refreshSoon();
     schedule();
