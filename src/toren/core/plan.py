@@ -366,10 +366,19 @@ async def plan_runs(
         async with gate:
             return await PlanRunner(deps, run, programs).plan()
 
-    async with asyncio.TaskGroup() as group:
+    tasks: list[asyncio.Task[RunPlan]] = []
+    try:
         # The next page is listed while the runs of the last one are planned.
-        tasks = [group.create_task(plan(run)) async for run in _listed(store, statuses, limit)]
-    return [task.result() for task in tasks]
+        async for run in _listed(store, statuses, limit):
+            tasks.append(asyncio.ensure_future(plan(run)))
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # The first error is raised as itself (a StorageError stays one for the API, not
+        # an ExceptionGroup), once the other plans are stopped.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def _listed(
