@@ -29,12 +29,14 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping, Sequence
+from itertools import chain
+from operator import attrgetter, is_
 from typing import Any
 
 import orjson
 
 from toren.core.jsontext import NOT_PLAIN, PLAIN, plain_kind
-from toren.core.model_types import TRANSPORT_PARAMS, Message, ModelRequest, ToolSpec
+from toren.core.model_types import TRANSPORT_PARAMS, FrozenList, Message, ModelRequest, ToolSpec
 from toren.core.text import repair
 from toren.core.values import StepKind
 from toren.errors import InvalidInput
@@ -223,12 +225,16 @@ class HashCache:
     * A plain dict is re-checked on every call against a *shape*: its nested values
       themselves, with their types. A dict mutated in place is always re-hashed; the check
       costs time per message, which is why ``Message`` exists.
+    * A growing conversation is recognised as a whole: when a request starts with the very
+      objects the previous one started with, and the plain dicts among them are
+      :class:`Pinned` (unchanged, checked in C), their hashes are reused without a look at
+      each message, so a step costs Python time for its new messages only.
     * The request digest is fed incrementally: when a request's message hashes extend the
       previous request's, only the new hashes are hashed (from a copy of the saved sha256
       state); the bytes hashed are exactly those of :func:`request_digest`.
     """
 
-    __slots__ = ("_bodies", "_entries", "_frozen", "_lists", "_prefixes")
+    __slots__ = ("_bodies", "_entries", "_frozen", "_lists", "_prefixes", "_tools")
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[Any, Any, str]] = {}
@@ -237,8 +243,10 @@ class HashCache:
         self._bodies: dict[str, bytes] = {}  # canonical bodies hashed since last taken
         # The last request's messages seen from the same first message: (the messages, kept
         # alive so their ids stay theirs; their ids; their hashes; how many of the leading
-        # ones are immutable Messages).
-        self._prefixes: dict[int, tuple[Sequence[Any], list[int], list[str], int]] = {}
+        # ones are immutable Messages or pinned plain dicts; the pin of those dicts).
+        self._prefixes: dict[int, tuple[Sequence[Any], list[int], list[str], int, Pinned]] = {}
+        # The last request's tool specs (kept alive), their fields, hashes and pin.
+        self._tools: tuple[tuple[Any, ...], list[Any], list[str], Pinned] | None = None
 
     def message(self, message: Mapping[str, Any]) -> str:
         if type(message) is Message:
@@ -268,37 +276,65 @@ class HashCache:
 
     def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
         """The hashes of a request's messages. When the request starts with the same
-        immutable :class:`Message` objects as an earlier one (a growing conversation),
-        their hashes are reused after one comparison of object ids, made in C: a step
-        costs Python time for its new messages only, not for the whole history."""
+        objects as an earlier one (a growing conversation), immutable :class:`Message`
+        objects or plain dicts pinned unchanged since (see :class:`Pinned`), their hashes
+        are reused after one comparison of object ids and one check of the pin, both made
+        in C: a step costs Python time for its new messages only, not for the whole
+        history. A dict changed in place is hashed again, and so is all after it."""
         if not messages:
             return []
         ids = list(map(id, messages))
         saved = self._prefixes.get(ids[0])
         hashes: list[str] = []
         done = 0
+        pin = None
         if saved is not None:
-            _, prev_ids, prev_hashes, frozen = saved
-            # Same ids while the saved messages are alive: the same objects, immutable.
-            if frozen <= len(ids) and ids[:frozen] == prev_ids[:frozen]:
-                hashes, done = prev_hashes[:frozen], frozen
+            _, prev_ids, prev_hashes, known, prev_pin = saved
+            # Same ids while the saved messages are alive: the same objects; the pin says
+            # that the plain dicts among them still hold what was hashed.
+            if known <= len(ids) and ids[:known] == prev_ids[:known] and prev_pin.holds():
+                hashes, done, pin = prev_hashes[:known], known, prev_pin
+        if pin is None:
+            pin = Pinned()
         leading = done
         for m in messages[done:]:
             hashes.append(self.message(m))
-            if leading == len(hashes) - 1 and type(m) is Message:
+            if leading == len(hashes) - 1 and pin.add(m):
                 leading += 1
-        if leading:  # a prefix of immutable Messages a later request may start with
+        if leading:  # a known prefix a later request may start with
             if len(self._prefixes) > 64:
                 self._prefixes.clear()
             # Keep the very objects alive, whatever the caller does with its list: an id
-            # is only a proof of identity while its object lives.
+            # is only a proof of identity while its object lives. The pin is this entry's
+            # alone (the one it extends is replaced here), so it grows in place.
             kept = messages if type(messages) is tuple else tuple(messages)
-            self._prefixes[ids[0]] = (kept, ids, hashes, leading)
+            self._prefixes[ids[0]] = (kept, ids, hashes, leading, pin)
+        return hashes
+
+    def tools(self, specs: Sequence[ToolSpec | Mapping[str, Any]]) -> list[str]:
+        """The hashes of a request's tool specs: the previous request's, when it passed
+        the very same :class:`ToolSpec` objects and they are pinned unchanged (an agent
+        passes the same specs on every call)."""
+        saved = self._tools
+        if (
+            saved is not None
+            and len(specs) == len(saved[0])
+            and all(map(is_, specs, saved[0]))
+            and all(map(is_, chain.from_iterable(map(_SPEC_FIELDS, saved[0])), saved[1]))
+            and saved[3].holds()
+        ):
+            return list(saved[2])
+        hashes = [self.tool(t) for t in specs]
+        pin = Pinned()
+        if all(type(t) is ToolSpec and pin.add(_SPEC_FIELDS(t)) for t in specs):
+            kept = tuple(specs)
+            fields = list(chain.from_iterable(map(_SPEC_FIELDS, kept)))
+            self._tools = (kept, fields, list(hashes), pin)
         return hashes
 
     def model(self, request: ModelRequest) -> HashedRequest:
         msgs = self.messages(request.messages)
-        tools = [self.tool(t) for t in request.tools]
+        tools = self.tools(request.tools)
         rest = _body_without_messages(request, tools)
         tail = b"]," + canonical_json(rest)[1:] + _MODEL_TAIL
         state = self._list_state(msgs)
@@ -332,6 +368,78 @@ class HashCache:
             self._entries.clear()
         self._entries[id(obj)] = (obj, shape, digest)
         return digest
+
+
+_SPEC_FIELDS = attrgetter("name", "description", "parameters")
+# Values that cannot change: pinned by their identity alone. Toren's Message and
+# FrozenList refuse changes at every depth (nested values are frozen when one is built).
+_FIXED = frozenset({str, int, float, bool, type(None), Message, FrozenList})
+
+
+class Pinned:
+    """Proof that JSON values hashed earlier still hold the same JSON, checked in C.
+
+    It keeps the values' containers (alive, so no id is recycled), each one's length, and
+    the very key and item objects each held when it was pinned. A value can be pinned when
+    its containers are plain dicts with string keys, lists and tuples, and every other
+    value in it is a str, int, float, bool or None (or an immutable Message or FrozenList),
+    all of which never change. So the same containers, of the same lengths, holding the
+    same objects hold the same JSON; identity is compared, never equality, which would
+    take ``1``, ``1.0`` and ``True`` for one another (three different JSON values).
+    """
+
+    __slots__ = ("_dicts", "_items", "_keys", "_lens", "_lists", "_sized", "_values")
+
+    def __init__(self) -> None:
+        self._dicts: list[dict[str, Any]] = []
+        self._lists: list[list[Any] | tuple[Any, ...]] = []
+        self._sized: list[Any] = []  # the dicts and lists in pinning order, for _lens
+        self._lens: list[int] = []
+        self._keys: list[str] = []
+        self._values: list[Any] = []
+        self._items: list[Any] = []
+
+    def add(self, value: Any) -> bool:
+        """Pin ``value`` too; False (and nothing pinned) if it cannot be pinned."""
+        dicts: list[dict[str, Any]] = []
+        lists: list[list[Any] | tuple[Any, ...]] = []
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            t = type(v)
+            if t in _FIXED:
+                continue
+            if t is dict:
+                if not all(type(k) is str for k in v):
+                    return False
+                dicts.append(v)
+                stack.extend(v.values())
+            elif t is list or t is tuple:
+                lists.append(v)
+                stack.extend(v)
+            else:
+                return False
+        for d in dicts:
+            self._sized.append(d)
+            self._lens.append(len(d))
+            self._keys.extend(d)
+            self._values.extend(d.values())
+        for seq in lists:
+            self._sized.append(seq)
+            self._lens.append(len(seq))
+            self._items.extend(seq)
+        self._dicts += dicts
+        self._lists += lists
+        return True
+
+    def holds(self) -> bool:
+        """Whether every pinned container still holds the very objects it held."""
+        return (
+            list(map(len, self._sized)) == self._lens
+            and all(map(is_, chain.from_iterable(self._dicts), self._keys))
+            and all(map(is_, chain.from_iterable(map(dict.values, self._dicts)), self._values))
+            and all(map(is_, chain.from_iterable(self._lists), self._items))
+        )
 
 
 def _shape(obj: Any) -> Any:

@@ -16,9 +16,10 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from toren.core.branches import Branches
@@ -30,7 +31,7 @@ from toren.core.events import Event, ModelCallRecorded
 from toren.core.journal import Journal, Replay, Supersede
 from toren.core.model_types import ModelRequest, ModelResponse
 from toren.core.ports import Store
-from toren.core.program import AgentResolver
+from toren.core.program import AgentProgram, AgentResolver
 from toren.core.recorded import RecordedStep, derive, load_blobs, waited_names
 from toren.core.records import RunRecord
 from toren.core.replay import RunLog, Step
@@ -39,6 +40,7 @@ from toren.core.values import IN_FLIGHT_STATUSES, InvalidationCause, RunStatus, 
 from toren.errors import AgentNotFound, CorruptEventLog
 
 PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log
+PLAN_CONCURRENCY = 8  # runs planned at once (see plan_runs)
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,12 @@ class PlanRunner:
     :class:`StreamFinding`; the first step that would run live ends the plan (see
     :meth:`_hold`). Nothing is written."""
 
-    def __init__(self, deps: TickDeps, run: RunRecord) -> None:
+    def __init__(self, deps: TickDeps, run: RunRecord, programs: Programs | None = None) -> None:
         self.deps = deps
         self.store = deps.store
+        self.run = run
         self.run_id = run.id
+        self.programs = programs or Programs(deps.agents)
         self.hashes = HashCache()
         self.journal = Journal(run.id)
         self.branches = Branches()  # ctx.gather/task_group bookkeeping (a plan never parks)
@@ -144,10 +148,9 @@ class PlanRunner:
         return RunUsage.from_totals(self.journal.usage_at())
 
     async def plan(self) -> RunPlan:
-        run = await self.store.get_run(self.run_id)
-        assert run is not None
+        run = self.run  # as listed: the plan reads no run row again
         try:
-            program = self.deps.agents.resolve(run.agent, run.process)
+            program = self.programs.resolve(run.agent, run.process)
         except AgentNotFound as exc:
             return self._plan(run, "?", problem=exc.message)
         self.code_version = self.deps.code_version or program.code_version
@@ -206,13 +209,22 @@ class PlanRunner:
     # -- the journal's answers, as findings --------------------------------------------------
 
     def _ask(
-        self, stream: str, pos: int, kind: StepKind, digest: str, asking: RequestParts
+        self,
+        stream: str,
+        pos: int,
+        kind: StepKind,
+        digest: str,
+        asking: Callable[[], RequestParts],
     ) -> Replay | None:
-        """The replayed step, or None: the step would run live (its branch holds)."""
+        """The replayed step, or None: the step would run live (its branch holds).
+        ``asking`` builds the request's parts, needed only to say what changed in a
+        finding: a replayed step (nearly every one) never builds them."""
         answer = self.journal.request(stream, pos, kind, digest, code_version=self.code_version)
+        if isinstance(answer, Replay):
+            return answer
         if isinstance(answer, Supersede):
-            self._found(answer, asking)
-        return answer if isinstance(answer, Replay) else None
+            self._found(answer, asking())
+        return None
 
     def _end_stream(self, ctx: Context) -> None:
         answer = self.journal.end_stream(
@@ -267,24 +279,24 @@ class PlanRunner:
         request: ModelRequest,
         on_delta: Callable[[str], None] | None,
     ) -> Awaitable[ModelResponse]:
-        asking = live_model_parts(request, hashed)
+        asking = partial(live_model_parts, request, hashed)
         replay = self._ask(ctx.stream, pos, StepKind.MODEL, hashed.digest, asking)
         return self._replay(replay_model, replay.step) if replay else self._hold()
 
     def tool_step(
         self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
     ) -> Awaitable[Any]:
-        asking = body_parts(StepKind.TOOL, {"name": name, "args": args})
+        asking = partial(body_parts, StepKind.TOOL, {"name": name, "args": args})
         replay = self._ask(ctx.stream, pos, StepKind.TOOL, digest, asking)
         return self._replay(replay_tool, replay.step) if replay else self._hold()
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
-        asking = body_parts(StepKind.VALUE, {"what": what})
+        asking = partial(body_parts, StepKind.VALUE, {"what": what})
         replay = self._ask(ctx.stream, pos, StepKind.VALUE, digest, asking)
         return self._replay(replay_value, replay.step) if replay else self._hold()
 
     def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float) -> Awaitable[None]:
-        asking = body_parts(StepKind.SLEEP, {"seconds": seconds})
+        asking = partial(body_parts, StepKind.SLEEP, {"seconds": seconds})
         replay = self._ask(ctx.stream, pos, StepKind.SLEEP, digest, asking)
         if replay is None or not replay.step.complete:
             return self._hold()
@@ -294,7 +306,7 @@ class PlanRunner:
     def message_step(
         self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
     ) -> Awaitable[Any]:
-        asking = body_parts(StepKind.MESSAGE, {"name": name, "timeout": timeout})
+        asking = partial(body_parts, StepKind.MESSAGE, {"name": name, "timeout": timeout})
         replay = self._ask(ctx.stream, pos, StepKind.MESSAGE, digest, asking)
         if replay is None or not replay.step.complete:
             return self._hold()
@@ -304,7 +316,7 @@ class PlanRunner:
     def child_step(
         self, ctx: Context, pos: int, digest: str, process: str, input: Any
     ) -> Awaitable[Any]:
-        asking = body_parts(StepKind.CHILD, {"process": process, "input": input})
+        asking = partial(body_parts, StepKind.CHILD, {"process": process, "input": input})
         replay = self._ask(ctx.stream, pos, StepKind.CHILD, digest, asking)
         if replay is None:
             return self._hold()
@@ -314,7 +326,7 @@ class PlanRunner:
 
     async def _run_child(self, ctx: Context, pos: int, process: str, input: Any) -> Any:
         child_stream = f"{ctx.stream}/{pos}"
-        program = self.deps.agents.resolve(ctx.agent, process)
+        program = self.programs.resolve(ctx.agent, process)
         child = Context(self, child_stream, program, input)
         try:
             await program.fn(child, input)
@@ -340,19 +352,77 @@ async def plan_runs(
     statuses: Sequence[RunStatus] = IN_FLIGHT_STATUSES,
     limit: int = 10_000,
 ) -> list[RunPlan]:
-    """Plan every in-flight run (queued, running, waiting), newest first."""
+    """Plan every in-flight run (queued, running, waiting), newest first, at most ``limit``.
+
+    Up to :data:`PLAN_CONCURRENCY` runs are planned at once, so the database reads one
+    run's log while another run replays; the plans come back in the listing's order, each
+    as it would be planned alone (a run's plan shares nothing mutable with another's but
+    the resolved programs, see :class:`Programs`)."""
     deps = deps or TickDeps(store=store, agents=agents)
-    plans: list[RunPlan] = []
+    programs = Programs(deps.agents)
+    gate = asyncio.Semaphore(PLAN_CONCURRENCY)
+
+    async def plan(run: RunRecord) -> RunPlan:
+        async with gate:
+            return await PlanRunner(deps, run, programs).plan()
+
+    tasks: list[asyncio.Task[RunPlan]] = []
+    try:
+        # The next page is listed while the runs of the last one are planned.
+        async for run in _listed(store, statuses, limit):
+            tasks.append(asyncio.ensure_future(plan(run)))
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        # The first error is raised as itself (a StorageError stays one for the API, not
+        # an ExceptionGroup), once the other plans are stopped.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _listed(
+    store: Store, statuses: Sequence[RunStatus], limit: int
+) -> AsyncIterator[RunRecord]:
+    """The runs of ``statuses``, newest first within each status, at most ``limit``."""
+    count = 0
     for status in statuses:
         cursor = None
-        while len(plans) < limit:
-            page = await store.list_runs(status=status, limit=200, before=cursor)
+        while count < limit:
+            page = await store.list_runs(
+                status=status, limit=min(200, limit - count), before=cursor
+            )
             if not page:
                 break
             for run in page:
-                plans.append(await plan_run(deps, run))
+                yield run
+            count += len(page)
             cursor = page[-1].id
-    return plans
+
+
+class Programs:
+    """The programs of one plan, resolved once per (agent, process) and shared by its runs:
+    an agent's runs replay against the same code (a directory resolver would otherwise
+    check the agent's directory again for every run), and what the program holds (a system
+    prompt, tool specs) is the same objects in every run. An unknown agent is remembered
+    as such; any other error of the resolver is raised each time, as before."""
+
+    def __init__(self, agents: AgentResolver) -> None:
+        self.agents = agents
+        self._found: dict[tuple[str, str], AgentProgram | str] = {}
+
+    def resolve(self, agent: str, process: str) -> AgentProgram:
+        key = (agent, process)
+        found = self._found.get(key)
+        if found is None:
+            try:
+                found = self.agents.resolve(agent, process)
+            except AgentNotFound as exc:
+                found = exc.message
+            self._found[key] = found
+        if isinstance(found, str):
+            raise AgentNotFound(found)
+        return found
 
 
 async def plan_report(
