@@ -67,3 +67,26 @@ def test_plan_reports_then_gates(runner: CliRunner, chain: Path) -> None:
     assert [
         (e["stream"], e["payload"]["from_pos"], e["payload"]["expected_digest"]) for e in inv
     ] == [("main", 1, finding["expected_digest"])]
+
+
+def test_plan_says_when_runs_were_left_out(runner: CliRunner, chain: Path) -> None:
+    """Without --limit every in-flight run is planned (a pre-deploy check that skipped some
+    would vouch for runs it never replayed); with one, the report says runs were left out."""
+    for _ in range(3):
+        assert invoke(runner, "run", "chain", "--input", '{"ask": true}').exit_code == 4
+
+    every = json.loads(invoke(runner, "plan", "--agents", "chain", "--json").stdout)
+    assert (every["runs"], every["more"]) == (3, False)
+
+    capped = invoke(runner, "plan", "--agents", "chain", "--limit", "2")
+    assert capped.exit_code == 0, capped.output
+    assert "2 runs in flight" in capped.output
+    assert "more runs are in flight than the 2 planned" in " ".join(capped.output.split())
+    data = json.loads(invoke(runner, "plan", "--agents", "chain", "--limit", "2", "--json").stdout)
+    assert (data["runs"], data["more"]) == (2, True)
+
+    exact = json.loads(invoke(runner, "plan", "--agents", "chain", "--limit", "3", "--json").stdout)
+    assert (exact["runs"], exact["more"]) == (3, False)
+
+    refused = invoke(runner, "plan", "--agents", "chain", "--limit", "0")
+    assert refused.exit_code == 2 and "--limit" in refused.output

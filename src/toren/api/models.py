@@ -402,6 +402,10 @@ class PlanReport(BaseModel):
     problems: int
     rerun_cost_usd: str = Field(description="Recorded cost of every suffix to re-run.")
     elapsed_ms: float
+    more: bool = Field(
+        default=False,
+        description="More runs are in flight than `limit`: they were not planned.",
+    )
 
 
 class StepCheck(BaseModel):

@@ -23,9 +23,13 @@ from toren.cli._common import (
 )
 from toren.cli.runs import backend_options
 from toren.cli.view import money
-from toren.core.plan import plan_report
+from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.values import InvalidationCause
 from toren.runtime import close_runtime
+
+# Without --limit the CLI plans every in-flight run: a pre-deploy check that skipped some
+# would vouch for runs it never replayed.
+UNLIMITED = 2**62
 
 EXIT_WOULD_INVALIDATE = 6  # --fail-on-invalidation and something would be re-run
 EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
@@ -51,6 +55,14 @@ EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
     "cannot be planned).",
 )
 @click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Plan at most this many in-flight runs (default: every one; with --url, the "
+    f"server plans at most {PLAN_LIMIT} per request). The report says when runs were "
+    "left out.",
+)
+@click.option(
     "--code-version",
     envvar="TOREN_CODE_VERSION",
     default=None,
@@ -61,6 +73,7 @@ EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
 def plan(
     as_json: bool,
     fail_on_invalidation: bool,
+    limit: int | None,
     code_version: str | None,
     url: str | None,
     token: str | None,
@@ -68,10 +81,12 @@ def plan(
     database_url: str | None,
 ) -> None:
     try:
-        report = run_async(lambda: _report(url, token, agents_root, database_url, code_version))
+        report = run_async(
+            lambda: _report(url, token, agents_root, database_url, code_version, limit)
+        )
     except NoDatabase as exc:
         # Nothing has run: an empty plan, reported in its usual shape, and no new database.
-        report = run_async(lambda: _report(None, None, agents_root, EMPTY, code_version))
+        report = run_async(lambda: _report(None, None, agents_root, EMPTY, code_version, limit))
         err().print(f"no runs yet: there is no database at {escape(str(exc.path))}")
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
@@ -88,16 +103,20 @@ async def _report(
     agents_root: Path,
     database_url: str | None,
     code_version: str | None,
+    limit: int | None,
 ) -> dict[str, Any]:
     if url:
         from toren.client import AsyncTorenClient
 
         async with AsyncTorenClient(url, token) as client:
-            return await client.plan()
+            return await client.plan(limit=min(limit or PLAN_LIMIT, PLAN_LIMIT))
     runtime = await open_existing_runtime(agents_root, database_url, code_version)
     try:
         return await plan_report(
-            runtime.store, runtime.resolver, code_version=runtime.deps.code_version
+            runtime.store,
+            runtime.resolver,
+            code_version=runtime.deps.code_version,
+            limit=limit or UNLIMITED,
         )
     finally:
         await close_runtime(runtime)
@@ -151,6 +170,11 @@ def _print(report: dict[str, Any]) -> None:
         + (f", {report['problems']} cannot be planned" if report["problems"] else "")
         + f"; re-running costs {money(report['rerun_cost_usd'])} (recorded cost, an estimate)"
     )
+    if report.get("more"):
+        err().print(
+            f"[yellow]more runs are in flight than the {len(plans)} planned[/]: they were "
+            "not checked. Pass a larger --limit (without --url, the default plans every one)."
+        )
 
 
 def _changed(finding: dict[str, Any]) -> str:

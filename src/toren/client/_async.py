@@ -121,9 +121,11 @@ class AsyncTorenClient:
     async def health(self) -> dict[str, Any]:
         return await self._send(p.health())
 
-    async def plan(self) -> dict[str, Any]:
-        """The replay plan of the server's in-flight runs (``GET /v1/plan``)."""
-        return await self._send(p.plan())
+    async def plan(self, limit: int | None = None) -> dict[str, Any]:
+        """The replay plan of the server's in-flight runs (``GET /v1/plan``), at most
+        ``limit`` of them (the server's maximum by default); ``more`` says if runs were
+        left out."""
+        return await self._send(p.plan(limit))
 
     async def verify(self, run_id: str) -> dict[str, Any]:
         """Every digest of the run re-derived by the server (``GET /v1/runs/{id}/verify``)."""

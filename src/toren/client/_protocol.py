@@ -115,8 +115,8 @@ def health() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/health", dict)
 
 
-def plan() -> Call[dict[str, Any]]:
-    return Call("GET", "/v1/plan", dict)
+def plan(limit: int | None = None) -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/plan", dict, params=_drop_none({"limit": limit}))
 
 
 def verify(run_id: str) -> Call[dict[str, Any]]:

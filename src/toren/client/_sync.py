@@ -114,9 +114,11 @@ class TorenClient:
     def health(self) -> dict[str, Any]:
         return self._send(p.health())
 
-    def plan(self) -> dict[str, Any]:
-        """The replay plan of the server's in-flight runs (``GET /v1/plan``)."""
-        return self._send(p.plan())
+    def plan(self, limit: int | None = None) -> dict[str, Any]:
+        """The replay plan of the server's in-flight runs (``GET /v1/plan``), at most
+        ``limit`` of them (the server's maximum by default); ``more`` says if runs were
+        left out."""
+        return self._send(p.plan(limit))
 
     def verify(self, run_id: str) -> dict[str, Any]:
         """Every digest of the run re-derived by the server (``GET /v1/runs/{id}/verify``)."""

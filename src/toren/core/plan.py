@@ -381,6 +381,14 @@ async def plan_runs(
         raise
 
 
+async def _count_listed(store: Store, statuses: Sequence[RunStatus], limit: int) -> int:
+    """How many runs of ``statuses`` there are, counting at most ``limit``."""
+    count = 0
+    async for _ in _listed(store, statuses, limit):
+        count += 1
+    return count
+
+
 async def _listed(
     store: Store, statuses: Sequence[RunStatus], limit: int
 ) -> AsyncIterator[RunRecord]:
@@ -437,9 +445,12 @@ async def plan_report(
     deps = TickDeps(store=store, agents=agents, code_version=code_version)
     plans = [p.to_dict() for p in await plan_runs(store, agents, deps=deps, limit=limit)]
     rerun = sum((Decimal(p["rerun_cost_usd"]) for p in plans), Decimal(0))
+    # Never silently partial: say when in-flight runs beyond the limit were left out.
+    more = len(plans) >= limit and await _count_listed(store, IN_FLIGHT_STATUSES, limit + 1) > limit
     return {
         "plans": plans,
         "runs": len(plans),
+        "more": more,
         "invalidated": sum(1 for p in plans if p["findings"]),
         "problems": sum(1 for p in plans if p["problem"]),
         "rerun_cost_usd": str(rerun),

@@ -511,6 +511,12 @@ export interface components {
             rerun_cost_usd: string;
             /** Elapsed Ms */
             elapsed_ms: number;
+            /**
+             * More
+             * @description More runs are in flight than `limit`: they were not planned.
+             * @default false
+             */
+            more: boolean;
         };
         /** Ready */
         Ready: {
