@@ -20,8 +20,9 @@
    runs (``plan_report``).
 3. **Prune** (``--prune``, PostgreSQL): 2 worker processes step ``--live-runs`` live runs
    (200-step conversations with the scripted model) while ``prune`` deletes every run that
-   finished before 5 days ago in batches of 200; live steps/s is sampled each second
-   before and during the prune; then the database size before and after ``VACUUM``.
+   finished before 5 days ago in batches of 200, in 10 s windows alternating with 10 s
+   without it; live steps/s is sampled each second before, in both kinds of window and
+   after; then the database size before and after ``VACUUM``.
 
 4. **Parked runs** (``--parked N``, PostgreSQL, instead of the rest): N runs parked on a
    message beside one worker: its RSS and idle CPU, and message-to-next-step latency.
@@ -72,7 +73,7 @@ from toren.core.runs import new_run_id
 from toren.core.values import TERMINAL_STATUSES
 from toren.providers.base import ModelResponse, ToolSpec, Usage
 from toren.providers.scripted import ScriptedProvider
-from toren.store.retention import prune, sweep_blobs
+from toren.store.retention import PruneResult, prune_batch, sweep_blobs
 
 REPO = Path(__file__).parents[1]
 AGENTS = ("support", "triage", "research", "billing", "summarize")
@@ -699,6 +700,9 @@ async def _live_rate(
     return rates
 
 
+PRUNE_WINDOW = 10.0  # seconds
+
+
 async def _finished(store: Any, run_ids: list[str]) -> int:
     """How many of ``run_ids`` have ended."""
     runs = [await store.get_run(i) for i in run_ids]
@@ -736,15 +740,33 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
         ]
         await asyncio.sleep(10.0)  # the workers claim and reach a steady state
         baseline = await _live_rate(url, 20.0, live_ids)
+        # The prune in 10 s windows alternating with 10 s without it, sampled alike: the
+        # live workload's own rate drifts (its conversations grow), so the prune's effect
+        # is the windows with it against the windows around them, not against a baseline
+        # taken minutes before.
         during: list[float] = []
-        sampler = asyncio.ensure_future(_live_rate(url, 10_000, live_ids, during))
-        t = time.perf_counter()
-        result = await prune(store, before=cutoff, batch=200)
-        prune_s = time.perf_counter() - t
+        between: list[float] = []
+        result = PruneResult()
+        prune_s = 0.0
+        while True:
+            await _live_rate(url, PRUNE_WINDOW, live_ids, between)
+            sampler = asyncio.ensure_future(_live_rate(url, PRUNE_WINDOW, live_ids, during))
+            t = time.perf_counter()
+            empty = False
+            while not sampler.done():
+                done = await prune_batch(store, before=cutoff, limit=200)
+                result.add(done)
+                if not done.runs:
+                    empty = True
+                    break
+            prune_s += time.perf_counter() - t
+            if empty:
+                sampler.cancel()
+            with contextlib.suppress(BaseException):
+                await sampler
+            if empty:
+                break
         live_done = await _finished(store, live_ids)
-        sampler.cancel()
-        with contextlib.suppress(BaseException):
-            await sampler
         t = time.perf_counter()
         swept = await sweep_blobs(store)
         sweep_s = time.perf_counter() - t
@@ -767,6 +789,10 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
             "swept_blobs": swept,
             "live_steps_per_s_before": _spread(baseline),
             "live_steps_per_s_during": _spread(during),
+            "live_steps_per_s_between": _spread(between),
+            "live_drop_during_vs_between": round(
+                1 - statistics.median(during) / statistics.median(between), 3
+            ),
             "live_steps_per_s_after": _spread(after),
             "live_runs_finished_during_prune": live_done,
             "live_runs_lost": len(touched),

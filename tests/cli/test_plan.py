@@ -82,6 +82,9 @@ def test_plan_says_when_runs_were_left_out(runner: CliRunner, chain: Path) -> No
     assert capped.exit_code == 0, capped.output
     assert "2 runs in flight" in capped.output
     assert "more runs are in flight than the 2 planned" in " ".join(capped.output.split())
+    gate = invoke(runner, "plan", "--agents", "chain", "--limit", "2", "--fail-on-invalidation")
+    assert gate.exit_code == 6, gate.output  # a partial plan cannot pass a deploy gate
+    assert "a gate cannot vouch for them" in " ".join(gate.output.split())
     data = json.loads(invoke(runner, "plan", "--agents", "chain", "--limit", "2", "--json").stdout)
     assert (data["runs"], data["more"]) == (2, True)
 

@@ -10,7 +10,7 @@ import random
 from typing import Any
 
 from toren.core.digest import HashCache, Pinned, message_hash, model_digest, tool_spec_hash
-from toren.core.model_types import Message, ModelRequest, ToolSpec
+from toren.core.model_types import FrozenList, Message, ModelRequest, ToolSpec
 
 
 def _request(messages: list[Any], tools: tuple[ToolSpec, ...] = ()) -> ModelRequest:
@@ -123,3 +123,23 @@ def test_a_pin_holds_until_anything_in_it_changes() -> None:
     assert not Pinned().add({"a": object()})  # what is not JSON is never pinned
     assert not Pinned().add({1: "x"})
     assert not Pinned().add({"a": {"x"}})
+
+
+def test_a_frozen_list_built_directly_is_looked_into() -> None:
+    """A FrozenList refuses changes to its own items, but one built directly (not by a
+    Message, which freezes what it holds) may hold a plain dict that changes."""
+    cache = HashCache()
+    inner = {"type": "text", "text": "hello"}
+    first = {"role": "user", "content": FrozenList([inner])}
+    history: list[Any] = [first]
+    _check(cache, history)
+    history.append({"role": "assistant", "content": "hi"})
+    _check(cache, history)
+    inner["text"] = "goodbye"
+    history.append({"role": "user", "content": "again"})
+    _check(cache, history)
+
+    spec = ToolSpec("f", "d", {"type": "object", "anyOf": FrozenList([{"required": ["a"]}])})
+    assert cache.tools((spec,)) == [tool_spec_hash(spec)]
+    spec.parameters["anyOf"][0]["required"] = ["b"]  # type: ignore[index]
+    assert cache.tools((spec,)) == [tool_spec_hash(spec)]

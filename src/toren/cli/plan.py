@@ -52,7 +52,7 @@ EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
     "--fail-on-invalidation",
     is_flag=True,
     help=f"Exit {EXIT_WOULD_INVALIDATE} when any stream would be invalidated (or a run "
-    "cannot be planned).",
+    "cannot be planned, or runs in flight were left out of the plan).",
 )
 @click.option(
     "--limit",
@@ -92,7 +92,20 @@ def plan(
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
     else:
         _print(report)
-    if fail_on_invalidation and (report["invalidated"] or report["problems"]):
+    if report.get("more"):
+        # On stderr with --json too: a partial plan must never pass for a whole one.
+        how = (
+            f"the server plans at most {PLAN_LIMIT} per request: plan against the database "
+            "(--database-url or TOREN_DATABASE_URL, without --url) to check every one"
+            if url
+            else "pass a larger --limit, or none to plan every one"
+        )
+        err().print(
+            f"[yellow]more runs are in flight than the {report['runs']} planned[/]: the "
+            f"others were not checked; {how}"
+            + (" (exit 6: a gate cannot vouch for them)" if fail_on_invalidation else "")
+        )
+    if fail_on_invalidation and (report["invalidated"] or report["problems"] or report.get("more")):
         raise SystemExit(EXIT_WOULD_INVALIDATE)
     raise SystemExit(EXIT_OK)
 
@@ -170,11 +183,6 @@ def _print(report: dict[str, Any]) -> None:
         + (f", {report['problems']} cannot be planned" if report["problems"] else "")
         + f"; re-running costs {money(report['rerun_cost_usd'])} (recorded cost, an estimate)"
     )
-    if report.get("more"):
-        err().print(
-            f"[yellow]more runs are in flight than the {len(plans)} planned[/]: they were "
-            "not checked. Pass a larger --limit (without --url, the default plans every one)."
-        )
 
 
 def _changed(finding: dict[str, Any]) -> str:

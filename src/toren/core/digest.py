@@ -371,9 +371,10 @@ class HashCache:
 
 
 _SPEC_FIELDS = attrgetter("name", "description", "parameters")
-# Values that cannot change: pinned by their identity alone. Toren's Message and
-# FrozenList refuse changes at every depth (nested values are frozen when one is built).
-_FIXED = frozenset({str, int, float, bool, type(None), Message, FrozenList})
+# Values that cannot change: pinned by their identity alone. A Message refuses changes at
+# every depth (its nested values are frozen when it is built). A FrozenList is not here:
+# it refuses changes to its own items, but one built directly may hold a plain dict.
+_FIXED = frozenset({str, int, float, bool, type(None), Message})
 
 
 class Pinned:
@@ -381,8 +382,8 @@ class Pinned:
 
     It keeps the values' containers (alive, so no id is recycled), each one's length, and
     the very key and item objects each held when it was pinned. A value can be pinned when
-    its containers are plain dicts with string keys, lists and tuples, and every other
-    value in it is a str, int, float, bool or None (or an immutable Message or FrozenList),
+    its containers are plain dicts with string keys, lists, tuples and FrozenLists, and
+    every other value in it is a str, int, float, bool or None (or an immutable Message),
     all of which never change. So the same containers, of the same lengths, holding the
     same objects hold the same JSON; identity is compared, never equality, which would
     take ``1``, ``1.0`` and ``True`` for one another (three different JSON values).
@@ -414,7 +415,7 @@ class Pinned:
                     return False
                 dicts.append(v)
                 stack.extend(v.values())
-            elif t is list or t is tuple:
+            elif t is list or t is tuple or t is FrozenList:
                 lists.append(v)
                 stack.extend(v)
             else:

@@ -13,7 +13,6 @@ cannot know).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -162,8 +161,14 @@ class PlanRunner:
         root = Context(self, run.process, program, run.input)
         task = self._task = asyncio.ensure_future(self._main(root))
         try:
-            with contextlib.suppress(BaseException):  # ended by a hold, or by the code
+            try:
                 await task
+            except asyncio.CancelledError:  # ended by a hold, unless this plan is stopped
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
+            except Exception:  # ended by the code (its failure would be recorded live)
+                pass
         finally:
             if not task.done():
                 task.cancel()

@@ -302,8 +302,8 @@ class Writer:
         self.barrier = asyncio.ensure_future(ordered())
 
     async def invalidations(self, events: Sequence[Event]) -> list[Event]:
-        self._tally[5] += len(events)
-        async with self.lock:
+        async with self.lock:  # counted under the lock, as a step's usage is (see append)
+            self._tally[5] += len(events)
             return await self.store.append(
                 self.lease, events, delta=self.due_delta(), now=self.clock.now()
             )
