@@ -709,7 +709,8 @@ async def _finished(store: Any, run_ids: list[str]) -> int:
     return sum(1 for r in runs if r is not None and r.status in TERMINAL_STATUSES)
 
 
-async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
+async def prune_under_load(url: str, live_runs: int, pause: float = 0.0) -> dict[str, Any]:
+    """``pause``: seconds between batches (``toren runs prune --pause``; 0: full speed)."""
     store = await toren.connect(url)
     reg = registry()
     # Runs finished more than 5 days ago: about 90,000 of the 99,000 finished runs the fill
@@ -759,6 +760,8 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
                 if not done.runs:
                     empty = True
                     break
+                if pause:
+                    await asyncio.sleep(pause)
             prune_s += time.perf_counter() - t
             if empty:
                 sampler.cancel()
@@ -784,6 +787,7 @@ async def prune_under_load(url: str, live_runs: int) -> dict[str, Any]:
         size_full = _db_size(url)
         return {
             "pruned": result.to_dict(),
+            "pause_between_batches_s": pause,
             "prune_seconds": round(prune_s, 1),
             "sweep_seconds": round(sweep_s, 1),
             "swept_blobs": swept,
@@ -1296,7 +1300,7 @@ def one_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
                 result["queries"]["explain"] = explain_lists(url)
             print(json.dumps(result["queries"]), flush=True)
         if ("prune" in phases or args.prune) and kind == "postgres":
-            result["prune"] = asyncio.run(prune_under_load(url, args.live_runs))
+            result["prune"] = asyncio.run(prune_under_load(url, args.live_runs, args.prune_pause))
             print(json.dumps(result["prune"]), flush=True)
         return result
     finally:
@@ -1317,6 +1321,12 @@ def main() -> None:
     parser.add_argument("--events-per-run", type=int, default=50)
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--prune", action="store_true")
+    parser.add_argument(
+        "--prune-pause",
+        type=float,
+        default=0.0,
+        help="Seconds between prune batches (toren runs prune --pause); 0: full speed.",
+    )
     parser.add_argument(
         "--database-url",
         default=None,
