@@ -13,6 +13,8 @@
    prompt and tool spec shared by every run of the agent). The ``--in-flight`` runs are
    written by the engine itself (real ticks with the scripted model, the same agent code
    and shapes), parked waiting for a message: what ``toren plan`` replays.
+   ``--phases plan``: ``toren plan --json`` as a command (a new process, the agents as
+   directories, see ``write_agents_dir``) with each ``--plan-jobs`` value.
 2. **Queries**: ``GET /v1/runs`` through the HTTP app (every documented filter: none,
    status, agent, process and their combinations; the first page, the 10th page by
    cursor, and a deep page near the oldest runs), p50/p95 of 30 requests each; a run's
@@ -142,6 +144,80 @@ def provider() -> ScriptedProvider:
 
 def settings() -> toren.Settings:
     return toren.Settings(lease=LeaseSettings(ttl=30, heartbeat=5), poll_interval=0.1)
+
+
+def write_agents_dir(root: Path) -> Path:
+    """The bench's agents as an agent directory each (``entry:`` the same code as
+    :func:`make_agent`, the same system prompts, tool spec and model), so ``toren plan
+    --agents ROOT`` replays the engine-written runs as a user's project would."""
+    for name in AGENTS:
+        d = root / name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "agent.yaml").write_text(f"name: {name}\nentry: agent:main\ntools: [lookup]\n")
+        (d / "tools.py").write_text(
+            "def lookup(id: str) -> dict:\n"
+            '    """Look up an order, a customer or a document by id."""\n'
+            f"    return {lookup('ID')!r}\n".replace("'ID'", "id")
+        )
+        (d / "agent.py").write_text(
+            "import json\n\n"
+            "from toren.providers import ToolSpec\n\n"
+            f"SYSTEM = {SYSTEM[name]!r}\n"
+            f"LOOKUP = ToolSpec({LOOKUP.name!r}, {LOOKUP.description!r}, {LOOKUP.parameters!r})\n"
+            f"MODEL = {MODEL!r}\n\n\n" + _AGENT_SOURCE
+        )
+    return root
+
+
+_AGENT_SOURCE = """async def main(ctx, input):
+    messages = [SYSTEM, {"role": "user", "content": input["question"]}]
+    reply = None
+    for k in range(int(input["turns"])):
+        reply = await ctx.model(MODEL, messages, tools=[LOOKUP])
+        messages.append(reply.message())
+        result = await ctx.tool("lookup", {"id": f"{input['n']}-{k}"})
+        messages.append(
+            {"role": "tool", "tool_call_id": f"call_{k}", "content": json.dumps(result)}
+        )
+    if input.get("park"):
+        await ctx.wait_for_message("approval")
+    return {"answer": reply.text[:60] if reply else ""}
+"""
+
+
+def plan_cli(url: str, jobs: tuple[int, ...] = (1, 2), repeat: int = 3) -> dict[str, Any]:
+    """``toren plan --json`` as a user runs it (a new process each time, the bench's
+    agents as directories), with ``--jobs`` each of ``jobs``: wall time per run of the
+    command, best and median of ``repeat``."""
+    import tempfile
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = write_agents_dir(Path(tmp) / "agents")
+        for n in jobs:
+            times = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                done = subprocess.run(
+                    [sys.executable, "-m", "toren.cli.main", "plan", "--json"]
+                    + ["--agents", str(root), "--database-url", url, "--jobs", str(n)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                times.append(time.perf_counter() - t)
+                assert done.returncode == 0, done.stderr[-2000:]
+                report = json.loads(done.stdout)
+                assert report["problems"] == 0, [p["problem"] for p in report["plans"]][:3]
+            out[f"jobs_{n}"] = {
+                "best_s": round(min(times), 2),
+                "median_s": round(statistics.median(times), 2),
+                "runs": report["runs"],
+                "invalidated": report["invalidated"],
+                "replayed_steps": sum(p["replayed_steps"] for p in report["plans"]),
+                "load_average": round(os.getloadavg()[0], 2),
+            }
+    return out
 
 
 # -- the generator (bulk-inserted runs) ----------------------------------------------------
@@ -1299,6 +1375,9 @@ def one_backend(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             if kind == "postgres":
                 result["queries"]["explain"] = explain_lists(url)
             print(json.dumps(result["queries"]), flush=True)
+        if "plan" in phases:
+            result["plan_cli"] = plan_cli(url, tuple(int(j) for j in args.plan_jobs.split(",")))
+            print(json.dumps(result["plan_cli"]), flush=True)
         if ("prune" in phases or args.prune) and kind == "postgres":
             result["prune"] = asyncio.run(prune_under_load(url, args.live_runs, args.prune_pause))
             print(json.dumps(result["prune"]), flush=True)
@@ -1336,7 +1415,13 @@ def main() -> None:
     parser.add_argument(
         "--phases",
         default="fill,queries",
-        help="Comma-separated: fill, queries, prune (prune: PostgreSQL; also --prune).",
+        help="Comma-separated: fill, queries, plan (toren plan as a command, see "
+        "--plan-jobs), prune (prune: PostgreSQL; also --prune).",
+    )
+    parser.add_argument(
+        "--plan-jobs",
+        default="1,2",
+        help="With --phases plan: the --jobs values to time toren plan with.",
     )
     parser.add_argument("--live-runs", type=int, default=1000)
     parser.add_argument(

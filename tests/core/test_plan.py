@@ -67,3 +67,25 @@ async def test_plan_is_clean_then_matches_the_real_invalidation(store: Store) ->
             for e in inv
         ] == [(finding.stream, finding.from_pos, finding.expected_digest, finding.actual_digest)]
     assert provider.served == 18 + 9
+
+
+async def test_a_run_with_a_large_input_replays_cleanly(store: Store) -> None:
+    """A list of runs carries a large input as a summary (its preview and size), not the
+    value: the plan must replay such a run with its whole input, not with None."""
+    provider = ScriptedProvider()
+
+    async def fn(ctx: toren.Context, input: Any) -> Any:
+        reply = await ctx.model("scripted:echo", [{"role": "user", "content": input["text"]}])
+        await ctx.wait_for_message("go")
+        return reply.text
+
+    reg = toren.Registry()
+    reg.add("big", fn, code_version="A")
+    run = await toren.start_run(store, reg, "big", {"text": "x" * 10_000})
+    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": provider})
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+
+    (plan,) = await plan_runs(store, reg)
+    assert plan.problem is None
+    assert plan.clean and plan.replayed_steps == 1
+    assert provider.served == 1

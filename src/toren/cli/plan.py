@@ -21,6 +21,7 @@ from toren.cli._common import (
     out,
     run_async,
 )
+from toren.cli.plan_pool import MAX_JOBS, MIN_SHARED_STEPS, PlanPool, default_jobs
 from toren.cli.runs import backend_options
 from toren.cli.view import money
 from toren.core.plan import PLAN_LIMIT, plan_report
@@ -63,6 +64,14 @@ EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
     "left out.",
 )
 @click.option(
+    "--jobs",
+    type=click.IntRange(min=1, max=MAX_JOBS),
+    default=None,
+    help="Plan in this many processes (default: one per core, at most "
+    f"{MAX_JOBS}; a plan of fewer than {MIN_SHARED_STEPS} recorded steps uses one). "
+    "Ignored with --url: the server plans.",
+)
+@click.option(
     "--code-version",
     envvar="TOREN_CODE_VERSION",
     default=None,
@@ -74,19 +83,28 @@ def plan(
     as_json: bool,
     fail_on_invalidation: bool,
     limit: int | None,
+    jobs: int | None,
     code_version: str | None,
     url: str | None,
     token: str | None,
     agents_root: Path,
     database_url: str | None,
 ) -> None:
+    # The worker processes start first, before any event loop or database thread runs
+    # (see toren.cli.plan_pool).
+    pool = PlanPool(
+        1 if url else (jobs or default_jobs()), agents_root.resolve(), database_url, code_version
+    )
     try:
-        report = run_async(
-            lambda: _report(url, token, agents_root, database_url, code_version, limit)
-        )
+        with pool:
+            report = run_async(
+                lambda: _report(url, token, agents_root, database_url, code_version, limit, pool)
+            )
     except NoDatabase as exc:
         # Nothing has run: an empty plan, reported in its usual shape, and no new database.
-        report = run_async(lambda: _report(None, None, agents_root, EMPTY, code_version, limit))
+        report = run_async(
+            lambda: _report(None, None, agents_root, EMPTY, code_version, limit, None)
+        )
         err().print(f"no runs yet: there is no database at {escape(str(exc.path))}")
     if as_json:
         click.echo(json.dumps(report, indent=2, ensure_ascii=False))
@@ -117,6 +135,7 @@ async def _report(
     database_url: str | None,
     code_version: str | None,
     limit: int | None,
+    pool: PlanPool | None,
 ) -> dict[str, Any]:
     if url:
         from toren.client import AsyncTorenClient
@@ -130,6 +149,7 @@ async def _report(
             runtime.resolver,
             code_version=runtime.deps.code_version,
             limit=limit or UNLIMITED,
+            shards=pool,
         )
     finally:
         await close_runtime(runtime)

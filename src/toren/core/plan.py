@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from toren.core.branches import Branches
 from toren.core.changes import RequestParts, body_parts, diff, live_model_parts, recorded_parts
@@ -364,6 +364,15 @@ async def plan_runs(
     as it would be planned alone (a run's plan shares nothing mutable with another's but
     the resolved programs, see :class:`Programs`)."""
     deps = deps or TickDeps(store=store, agents=agents)
+    # The next page is listed while the runs of the last one are planned.
+    return await plan_listed(deps, _listed(store, statuses, limit))
+
+
+async def plan_listed(
+    deps: TickDeps, runs: AsyncIterator[RunRecord] | Sequence[RunRecord]
+) -> list[RunPlan]:
+    """Plan these runs (as listed: the plan reads no run row again), up to
+    :data:`PLAN_CONCURRENCY` at once, in their order."""
     programs = Programs(deps.agents)
     gate = asyncio.Semaphore(PLAN_CONCURRENCY)
 
@@ -373,9 +382,11 @@ async def plan_runs(
 
     tasks: list[asyncio.Task[RunPlan]] = []
     try:
-        # The next page is listed while the runs of the last one are planned.
-        async for run in _listed(store, statuses, limit):
-            tasks.append(asyncio.ensure_future(plan(run)))
+        if isinstance(runs, Sequence):
+            tasks = [asyncio.ensure_future(plan(run)) for run in runs]
+        else:
+            async for run in runs:
+                tasks.append(asyncio.ensure_future(plan(run)))
         return list(await asyncio.gather(*tasks))
     except BaseException:
         # The first error is raised as itself (a StorageError stays one for the API, not
@@ -413,6 +424,18 @@ async def _listed(
             cursor = page[-1].id
 
 
+class Shards(Protocol):
+    """Plans listed runs, some of them elsewhere (other processes), with ``here`` planning
+    the ones it keeps; returns every run's plan (as :meth:`RunPlan.to_dict`) in the order
+    of ``runs``."""
+
+    async def plan(
+        self,
+        runs: Sequence[RunRecord],
+        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, Any]]]],
+    ) -> list[dict[str, Any]]: ...
+
+
 class Programs:
     """The programs of one plan, resolved once per (agent, process) and shared by its runs:
     an agent's runs replay against the same code (a directory resolver would otherwise
@@ -444,11 +467,22 @@ async def plan_report(
     *,
     code_version: str | None = None,
     limit: int = PLAN_LIMIT,
+    shards: Shards | None = None,
 ) -> dict[str, Any]:
-    """The replay plan as one JSON document (``GET /v1/plan``, ``toren plan --json``)."""
+    """The replay plan as one JSON document (``GET /v1/plan``, ``toren plan --json``).
+    With ``shards``, the listed runs are planned by it (``toren plan`` shares them out to
+    worker processes, see :mod:`toren.cli.plan_pool`), the plans in the listing's order."""
     started = time.perf_counter()
     deps = TickDeps(store=store, agents=agents, code_version=code_version)
-    plans = [p.to_dict() for p in await plan_runs(store, agents, deps=deps, limit=limit)]
+    if shards is None:
+        plans = [p.to_dict() for p in await plan_runs(store, agents, deps=deps, limit=limit)]
+    else:
+        listed = [run async for run in _listed(store, IN_FLIGHT_STATUSES, limit)]
+
+        async def here(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+            return [p.to_dict() for p in await plan_listed(deps, runs)]
+
+        plans = await shards.plan(listed, here)
     rerun = sum((Decimal(p["rerun_cost_usd"]) for p in plans), Decimal(0))
     # Never silently partial: say when in-flight runs beyond the limit were left out.
     more = len(plans) >= limit and await _count_listed(store, IN_FLIGHT_STATUSES, limit + 1) > limit

@@ -1,0 +1,129 @@
+"""``toren plan --jobs``: the runs shared out to worker processes (forked, or spawned)
+give the very plan one process gives, on both backends; a worker that dies or cannot open
+the database fails the plan with a clear error instead of leaving runs out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import toren
+from tests.cli.conftest import CHAIN
+from toren.cli.plan_pool import PlanPool, PlanWorkerFailed, _one_version_per_agent, share_out
+from toren.core.plan import plan_report
+from toren.core.records import RunRecord
+from toren.runtime import close_runtime, open_runtime
+
+RUNS = 7
+
+
+@pytest.fixture
+def project(tmp_path: Path, db_url: str) -> tuple[Path, str]:
+    """The chain agent with RUNS runs waiting for a message after two model steps."""
+    root = tmp_path / "agents"
+    shutil.copytree(CHAIN, root / "chain")
+
+    async def fill() -> None:
+        runtime = await open_runtime(root, db_url)
+        try:
+            for i in range(RUNS):
+                run = await toren.start_run(
+                    runtime.store, runtime.resolver, "chain", {"ask": True, "i": i}
+                )
+                assert (await toren.tick(run.id, runtime.deps)).status == "waiting"
+        finally:
+            await close_runtime(runtime)
+
+    asyncio.run(fill())
+    return root, db_url
+
+
+def _report(root: Path, url: str, pool: PlanPool | None) -> dict[str, Any]:
+    async def go() -> dict[str, Any]:
+        runtime = await open_runtime(root, url)
+        try:
+            return await plan_report(runtime.store, runtime.resolver, limit=100, shards=pool)
+        finally:
+            await close_runtime(runtime)
+
+    report = asyncio.run(go())
+    report.pop("elapsed_ms")
+    return report
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_shared_out_plans_equal_the_plan_of_one_process(
+    project: tuple[Path, str], method: str
+) -> None:
+    root, url = project
+    alone = _report(root, url, None)
+    assert alone["runs"] == RUNS and alone["invalidated"] == 0
+    with PlanPool(3, root, url, None, min_shared_steps=1, method=method) as pool:
+        assert _report(root, url, pool) == alone
+    assert sorted(pool.planned) == [2, 2, 3]  # each process planned its share
+
+    # An edited prompt: every run is invalidated from step 1, said the same way.
+    (root / "chain" / "prompts" / "step1.md").write_text("An edited prompt.\n", encoding="utf-8")
+    alone = _report(root, url, None)
+    assert alone["invalidated"] == RUNS
+    assert {f["from_pos"] for p in alone["plans"] for f in p["findings"]} == {1}
+    with PlanPool(3, root, url, None, min_shared_steps=1, method=method) as pool:
+        assert _report(root, url, pool) == alone
+
+
+def test_a_small_plan_stays_in_one_process(project: tuple[Path, str]) -> None:
+    root, url = project
+    with PlanPool(2, root, url, None) as pool:  # 14 steps, far below the threshold
+        (worker, _), *_ = pool._workers
+        assert _report(root, url, pool)["runs"] == RUNS
+    assert pool.planned == []  # nothing shared out
+    assert worker.exitcode == 0  # told to stop, never given runs
+
+
+def test_a_dead_worker_fails_the_plan(project: tuple[Path, str]) -> None:
+    root, url = project
+    with PlanPool(2, root, url, None, min_shared_steps=1) as pool:
+        (worker, _), *_ = pool._workers
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join()
+        with pytest.raises(PlanWorkerFailed, match=r"exited \(code -9\).*--jobs 1"):
+            _report(root, url, pool)
+
+
+def test_a_worker_that_cannot_open_the_database_says_why(
+    project: tuple[Path, str], tmp_path: Path
+) -> None:
+    root, url = project
+    missing = f"sqlite:///{tmp_path}/nowhere/toren.db"
+    with (
+        PlanPool(2, root, missing, None, min_shared_steps=1) as pool,
+        pytest.raises(PlanWorkerFailed, match="a plan worker failed: .*nowhere"),
+    ):
+        _report(root, url, pool)
+
+
+def _run(run_id: str, steps: int) -> RunRecord:
+    return RunRecord(run_id, "a", "main", "waiting", None, steps=steps)
+
+
+def test_shares_are_balanced_and_keep_the_listing_order() -> None:
+    runs = [_run(f"r{i}", steps) for i, steps in enumerate([40, 1, 1, 38, 2, 20, 20, 0])]
+    shares = share_out(runs, 3)
+    assert sorted(r.id for share in shares for r in share) == sorted(r.id for r in runs)
+    for share in shares:
+        assert [runs.index(r) for r in share] == sorted(runs.index(r) for r in share)
+    loads = sorted(sum(max(r.steps, 1) for r in share) for share in shares)
+    assert loads == [41, 41, 41]  # 123 steps in all (an empty run counts as 1)
+
+
+def test_two_code_versions_of_one_agent_fail_the_plan() -> None:
+    plan = {"agent": "a", "process": "main", "problem": None, "code_version": "v1"}
+    _one_version_per_agent([plan, plan, {**plan, "agent": "b", "code_version": "v2"}])
+    with pytest.raises(PlanWorkerFailed, match="changed while it was planned"):
+        _one_version_per_agent([plan, {**plan, "code_version": "v2"}])
