@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.plan import PLAN_CONCURRENCY, plan_run, plan_runs
+from toren.core.plan import PLAN_CONCURRENCY, Programs, plan_run, plan_runs
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
@@ -74,3 +74,30 @@ async def test_an_error_of_one_plan_is_raised_as_itself(store: Store) -> None:
         await toren.start_run(store, v1, "ab"[i % 2], {"turns": 1})
     with pytest.raises(Broken):
         await plan_runs(store, Resolver(v1))
+
+
+def test_an_unknown_agent_is_remembered_with_its_class_and_details() -> None:
+    class Gone(toren.errors.AgentNotFound):
+        pass
+
+    class Resolver:
+        calls = 0
+
+        def resolve(self, agent: str, process: str) -> Any:
+            Resolver.calls += 1
+            raise Gone(f"no agent {agent!r}", agent=agent, known=["a"])
+
+        def names(self) -> list[str]:
+            return ["a"]
+
+    programs = Programs(Resolver())
+    raised = []
+    for _ in range(2):
+        with pytest.raises(Gone) as info:
+            programs.resolve("x", "main")
+        raised.append(info.value)
+    assert Resolver.calls == 1  # resolved once per plan
+    assert raised[0] is not raised[1]
+    assert [(e.message, e.details) for e in raised] == [
+        ("no agent 'x'", {"agent": "x", "known": ["a"]})
+    ] * 2

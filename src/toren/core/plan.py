@@ -397,14 +397,6 @@ async def plan_listed(
         raise
 
 
-async def _count_listed(store: Store, statuses: Sequence[RunStatus], limit: int) -> int:
-    """How many runs of ``statuses`` there are, counting at most ``limit``."""
-    count = 0
-    async for _ in _listed(store, statuses, limit):
-        count += 1
-    return count
-
-
 async def _listed(
     store: Store, statuses: Sequence[RunStatus], limit: int
 ) -> AsyncIterator[RunRecord]:
@@ -445,7 +437,7 @@ class Programs:
 
     def __init__(self, agents: AgentResolver) -> None:
         self.agents = agents
-        self._found: dict[tuple[str, str], AgentProgram | str] = {}
+        self._found: dict[tuple[str, str], AgentProgram | AgentNotFound] = {}
 
     def resolve(self, agent: str, process: str) -> AgentProgram:
         key = (agent, process)
@@ -454,10 +446,12 @@ class Programs:
             try:
                 found = self.agents.resolve(agent, process)
             except AgentNotFound as exc:
-                found = exc.message
+                found = exc
             self._found[key] = found
-        if isinstance(found, str):
-            raise AgentNotFound(found)
+        if isinstance(found, AgentNotFound):
+            # A new one each time (one exception object raised again and again would
+            # gather every raise's traceback), of the same class, message and details.
+            raise type(found)(found.message, **found.details)
         return found
 
 
@@ -474,18 +468,17 @@ async def plan_report(
     worker processes, see :mod:`toren.cli.plan_pool`), the plans in the listing's order."""
     started = time.perf_counter()
     deps = TickDeps(store=store, agents=agents, code_version=code_version)
-    if shards is None:
-        plans = [p.to_dict() for p in await plan_runs(store, agents, deps=deps, limit=limit)]
-    else:
-        listed = [run async for run in _listed(store, IN_FLIGHT_STATUSES, limit)]
+    # One run beyond the limit is listed to know whether any was left out: a plan is
+    # never silently partial.
+    listed = [run async for run in _listed(store, IN_FLIGHT_STATUSES, limit + 1)]
+    more = len(listed) > limit
+    del listed[limit:]
 
-        async def here(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
-            return [p.to_dict() for p in await plan_listed(deps, runs)]
+    async def here(runs: Sequence[RunRecord]) -> list[dict[str, Any]]:
+        return [p.to_dict() for p in await plan_listed(deps, runs)]
 
-        plans = await shards.plan(listed, here)
+    plans = await (here(listed) if shards is None else shards.plan(listed, here))
     rerun = sum((Decimal(p["rerun_cost_usd"]) for p in plans), Decimal(0))
-    # Never silently partial: say when in-flight runs beyond the limit were left out.
-    more = len(plans) >= limit and await _count_listed(store, IN_FLIGHT_STATUSES, limit + 1) > limit
     return {
         "plans": plans,
         "runs": len(plans),
