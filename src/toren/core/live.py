@@ -8,6 +8,8 @@ import asyncio
 from collections import defaultdict
 from typing import Any
 
+from toren.core.events import ModelCallCutOff
+
 ALL = "*"
 
 
@@ -37,6 +39,10 @@ class LiveHub:
             position = getattr(event, "position", None)
             if position is not None:
                 self._partial[run_id].pop((getattr(event, "stream", ""), position), None)
+            elif isinstance(payload := getattr(event, "payload", None), ModelCallCutOff):
+                # A run-level event naming the step whose call was cut off: its text so
+                # far will never be recorded, and a reader arriving now must not see it.
+                self._partial[run_id].pop((payload.stream, payload.position), None)
         elif kind in ("status", "stalled"):
             self._partial.pop(run_id, None)
 
