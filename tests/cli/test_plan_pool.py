@@ -127,3 +127,28 @@ def test_two_code_versions_of_one_agent_fail_the_plan() -> None:
     _one_version_per_agent([plan, plan, {**plan, "agent": "b", "code_version": "v2"}])
     with pytest.raises(PlanWorkerFailed, match="changed while it was planned"):
         _one_version_per_agent([plan, {**plan, "code_version": "v2"}])
+
+
+def test_a_failing_share_here_stops_the_workers(project: tuple[Path, str]) -> None:
+    """When this process's own share fails, the workers are stopped at once: the error is
+    raised without waiting for shares nobody will read."""
+    root, url = project
+
+    async def go(pool: PlanPool) -> None:
+        runtime = await open_runtime(root, url)
+
+        async def broken(runs: Any) -> Any:
+            raise RuntimeError("this share failed")
+
+        try:
+            listed = await runtime.store.list_runs(status="waiting", limit=100)
+            await pool.plan(listed, broken)
+        finally:
+            await close_runtime(runtime)
+
+    with PlanPool(2, root, url, None, min_shared_steps=1) as pool:
+        (worker, _), *_ = pool._workers
+        with pytest.raises(RuntimeError, match="this share failed"):
+            asyncio.run(go(pool))
+        worker.join(timeout=30)
+        assert worker.exitcode == -signal.SIGKILL

@@ -116,7 +116,14 @@ class PlanPool:
             except OSError:  # BrokenPipeError: it died before its share was sent
                 raise _died(process) from None
         answers = [asyncio.to_thread(_answer, process, conn) for process, conn in self._workers]
-        found = await asyncio.gather(here(shares[0]), *answers)
+        try:
+            found = await asyncio.gather(here(shares[0]), *answers)
+        except BaseException:
+            # The plan is lost: stop the workers now (their pipes close, so the threads
+            # waiting for their answers end) rather than wait for shares nobody will read.
+            for process, _ in self._workers:
+                process.kill()
+            raise
         self.planned = [len(plans) for plans in found]  # by this process, then each worker
         by_id = {p["run_id"]: p for plans in found for p in plans}
         plans = [by_id[r.id] for r in runs]
