@@ -69,9 +69,7 @@ class PlanPool:
     ) -> None:
         self.jobs = jobs
         self.min_shared_steps = min_shared_steps
-        # Forking copies one thread only: safe only while this is the sole one.
-        forkable = sys.platform == "linux" and threading.active_count() == 1
-        self.method = method or ("fork" if forkable else "spawn")
+        self.method = method  # None: fork where it is safe when the workers start, else spawn
         self._args = (str(agents_root), database_url, code_version)
         self._workers: list[tuple[Any, Connection]] = []
         self.planned: list[int] = []  # runs planned by this process, then by each worker
@@ -79,6 +77,10 @@ class PlanPool:
     def __enter__(self) -> PlanPool:
         if self.jobs <= 1:
             return self
+        if self.method is None:
+            # Forking copies one thread only: safe only while this is the sole one.
+            forkable = sys.platform == "linux" and threading.active_count() == 1
+            self.method = "fork" if forkable else "spawn"
         context: Any = multiprocessing.get_context(self.method)
         for _ in range(self.jobs - 1):
             ours, theirs = context.Pipe()
