@@ -20,6 +20,8 @@
         │   │   └── CorruptEventLog    an event row, or a message body it references
         │   └── SchemaError        DDL that cannot be applied
         ├── LeaseLost              another worker owns the run now; stop writing
+        ├── MessageConsumed        a step's message was consumed by another writer first;
+        │                          the lease still holds (take the next message)
         └── ProviderUnavailable    a provider could not be constructed (missing key, SDK)
 
     RunCancelledSignal (BaseException)  delivered into agent code on cancellation;
@@ -134,6 +136,20 @@ class SchemaError(StorageError):
 
 class LeaseLost(InfrastructureError):
     code = "lease_lost"
+
+
+class MessageConsumed(InfrastructureError):
+    """A step that takes a message was refused, and wrote nothing, because the message is
+    no longer an unconsumed message of the run (another writer consumed it first, or it
+    is another run's). Not a lost lease: the store checks the lease first and raises
+    :class:`LeaseLost` when that failed; this worker still holds the run, and the step
+    takes the next message instead."""
+
+    code = "message_consumed"
+
+    def __init__(self, message: str, *, message_id: int, **details: Any) -> None:
+        super().__init__(message, message_id=message_id, **details)
+        self.message_id = message_id
 
 
 class ProviderUnavailable(InfrastructureError):

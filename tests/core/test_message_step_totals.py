@@ -1,12 +1,13 @@
-"""A tick whose message step is refused leaves the run's totals to the log.
+"""A tick whose message step is refused keeps the run's totals whole.
 
 A step that takes a message carries the tick's pending totals when a flush is due (the
 usage of steps already in the log). If another writer consumed the message first, the
 store refuses the step and writes nothing, totals included (tests/store/
-test_inbox_consume.py); the tick ends (lease lost) without releasing the run, so the
-totals it had taken are not written by it. The next tick puts the row right from the log
-(``_correct_totals``): the steps are counted once, never twice, and the row is never
-ahead of its log.
+test_inbox_consume.py). The lease still holds, so the tick goes on (the step takes the
+next message, or the run parks: tests/core/test_refused_consume.py): the totals the
+refused write had taken go back to the tick's tally and are written by its next write or
+its release. The steps are counted once, never twice, and the row is never ahead of its
+log, nor (once the tick is over) behind it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 import toren
 from toren.core.journal import log_totals
 from toren.core.values import Totals
+from toren.errors import MessageConsumed
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
 from toren.store.base import InboxMessage, RunRecord
@@ -85,25 +87,72 @@ async def test_a_refused_message_step_leaves_the_totals_counted_once(
 
     monkeypatch.setattr(store, "next_message", racing_next)
     first = await toren.tick(run.id, deps)
-    assert first.status == "lease_lost" and raced
+    assert first.status == "waiting" and raced, first.error
     events = await store.load_events(run.id)
     assert [e.type for e in events].count("ModelCallRecorded") == 3
     assert "MessageReceived" not in [e.type for e in events]
     in_log = _log(log_totals(events))
     assert in_log[0] > 0 and in_log[3] == 3
-    row = _row_totals(await store.get_run(run.id))
-    assert all(r <= t for r, t in zip(row, in_log, strict=True)), (row, in_log)
-
-    # The lease runs out; the next tick replays the three steps and parks (the message
-    # is gone); its release writes what the log says, once.
-    await clock.advance(60)
-    second = await toren.tick(run.id, deps)
-    assert second.status == "waiting"
-    assert _row_totals(await store.get_run(run.id)) == in_log
+    # The run parked (the message is gone): its release wrote what the log says, once.
+    row = await store.get_run(run.id)
+    assert row is not None and row.lease_owner is None
+    assert _row_totals(row) == in_log
 
     await store.send_message(run.id, "go", "second", now=clock.now())
-    third = await toren.tick(run.id, deps)
-    assert third.status == "completed" and third.output == "second"
+    second = await toren.tick(run.id, deps)
+    assert second.status == "completed" and second.output == "second"
     events = await store.load_events(run.id)
     final = await store.get_run(run.id)
     assert _row_totals(final) == _log(log_totals(events)) == in_log
+
+
+async def test_a_refused_message_step_gives_its_totals_to_the_next_write(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refused step carried the flush; the step that takes the next message in the
+    same tick carries it instead (the run row is right before the run even ends)."""
+    clock = toren.ManualClock()
+    reg = toren.Registry()
+    reg.add("waits", _agent)
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": ScriptedProvider()}, clock=clock
+    )
+    run = await toren.start_run(store, reg, "waits", clock=clock)
+    await store.send_message(run.id, "go", "first", now=clock.now())
+    await store.send_message(run.id, "go", "second", now=clock.now())
+    plain_next = store.next_message
+    plain_append = store.append
+    raced: list[int] = []
+    carried: list[Any] = []
+
+    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
+        message = await plain_next(run_id, names)
+        if message is not None and not raced:
+            raced.append(message.id)
+            _consume_elsewhere(db_url, message.id)
+            await clock.advance(2)
+        return message
+
+    async def watched_append(*args: Any, **kw: Any) -> Any:
+        """The totals each step that takes a message carries, and whether it was written."""
+        if kw.get("consume_inbox") is None:
+            return await plain_append(*args, **kw)
+        try:
+            stored = await plain_append(*args, **kw)
+        except MessageConsumed:
+            carried.append(("refused", kw.get("delta")))
+            raise
+        carried.append(("written", kw.get("delta")))
+        return stored
+
+    monkeypatch.setattr(store, "next_message", racing_next)
+    monkeypatch.setattr(store, "append", watched_append)
+    result = await toren.tick(run.id, deps)
+    assert result.status == "completed" and result.output == "second"
+    events = await store.load_events(run.id)
+    in_log = _log(log_totals(events))
+    (refused, lost), (written, delta) = carried
+    assert (refused, written) == ("refused", "written")
+    assert lost is not None and lost.steps > 0  # a flush was due with the refused step
+    assert delta == lost  # the same totals, written once, by the step that was written
+    assert _row_totals(await store.get_run(run.id)) == in_log

@@ -4,6 +4,10 @@ The engine takes a message id from ``next_message(run_id, ...)``, so it always n
 message of the leased run; the store checks it anyway (defence in depth, as the lease
 fence is): consuming another run's message fails the step instead of stealing it.
 
+A refused consume is not a lost lease: the store answers ``MessageConsumed`` (the lease
+holds; the engine takes the next message, tests/core/test_refused_consume.py), and
+``LeaseLost`` only when the lease fence fails, which it checks first.
+
 A step that takes a message may carry the run's pending totals (a flush was due). When
 the step is refused (its message was consumed already, or is another run's), the totals
 must not reach the run row either: the row's totals are the sum of what the log records,
@@ -25,7 +29,7 @@ import toren
 from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
 from tests.store.steps import value_event
 from tests.store.test_park_and_open import _new_run
-from toren.errors import LeaseLost
+from toren.errors import LeaseLost, MessageConsumed
 from toren.store import Store
 from toren.store.base import RunDelta, RunRecord
 
@@ -35,8 +39,9 @@ async def test_a_step_cannot_consume_another_runs_message(store: Store) -> None:
     now = time.time()
     message_id = await store.send_message(other, "approval", {"ok": True}, now=now)
     (lease,) = await store.claim("w1", 1, now=now, ttl=60, only=mine)
-    with pytest.raises(LeaseLost, match=str(message_id)):
+    with pytest.raises(MessageConsumed, match=str(message_id)) as refused:
         await store.append(lease, [value_event(mine, 0, 1)], consume_inbox=message_id, now=now + 1)
+    assert refused.value.message_id == message_id
     written = [e.type for e in await store.load_events(mine)]
     assert written == ["RunStarted"]  # the step's event was rolled back with it
     left = await store.next_message(other, ["approval"])
@@ -50,10 +55,32 @@ async def test_a_step_consumes_its_own_runs_message_once(store: Store) -> None:
     (lease,) = await store.claim("w1", 1, now=now, ttl=60)
     await store.append(lease, [value_event(run_id, 0, 1)], consume_inbox=message_id, now=now + 1)
     assert await store.next_message(run_id, ["approval"]) is None
-    with pytest.raises(LeaseLost):
+    with pytest.raises(MessageConsumed):
         await store.append(
             lease, [value_event(run_id, 1, 2)], consume_inbox=message_id, now=now + 2
         )
+
+
+@pytest.mark.parametrize("totals", [False, True])
+async def test_a_step_whose_lease_moved_is_lease_lost_even_if_its_message_is_gone(
+    store: Store, totals: bool
+) -> None:
+    """The lease is checked before the message: a worker whose run was claimed by another
+    (the epoch moved) learns that, not that its message was consumed. With and without
+    totals due (PostgreSQL writes the two in differently fenced statements)."""
+    run_id = await _new_run(store)
+    now = time.time()
+    message_id = await store.send_message(run_id, "approval", 1, now=now)
+    (stale,) = await store.claim("w1", 1, now=now, ttl=60)
+    (lease,) = await store.claim("w2", 1, now=now + 61, ttl=60)
+    assert lease.epoch > stale.epoch
+    await store.append(lease, [value_event(run_id, 0, 1)], consume_inbox=message_id, now=now + 62)
+    due = RunDelta(input_tokens=1, steps=1) if totals else None
+    with pytest.raises(LeaseLost) as lost:
+        await store.append(
+            stale, [value_event(run_id, 1, 2)], consume_inbox=message_id, delta=due, now=now + 63
+        )
+    assert "no longer holds the lease" in lost.value.message
 
 
 def _totals(run: RunRecord | None) -> tuple[object, ...]:
@@ -103,7 +130,7 @@ async def test_a_refused_step_that_takes_a_message_writes_no_totals(
         invalidations=6,
         code_version="v-refused",
     )
-    with pytest.raises(LeaseLost, match=str(message_id)):
+    with pytest.raises(MessageConsumed, match=str(message_id)):
         await store.append(
             lease, [value_event(run_id, 1, 2)], consume_inbox=message_id, delta=due, now=now + 2
         )
@@ -156,7 +183,7 @@ async def test_postgres_a_step_that_loses_its_message_meanwhile_writes_no_totals
             assert not step.done()  # it cannot finish while the message row is held
             other.execute("UPDATE inbox SET consumed_seq = 0 WHERE id = %s", (message_id,))
             other.commit()
-        with pytest.raises(LeaseLost, match=str(message_id)):
+        with pytest.raises(MessageConsumed, match=str(message_id)):
             await step
         assert _totals(await store.get_run(run_id)) == _totals(before)
         assert [e.type for e in await store.load_events(run_id)] == ["RunStarted"]

@@ -56,6 +56,7 @@ from toren.core.tickstate import TickState
 from toren.core.values import RunStatus, StepKind, Totals, to_nano
 from toren.errors import (
     LimitExceeded,
+    MessageConsumed,
     ModelCallFailed,
     ProviderUnavailable,
     StepFailed,
@@ -372,21 +373,51 @@ class Steps(TickState):
         """Record the next message named ``name`` as received by this step: first one that
         only superseded steps received (it goes back in line), then the inbox's oldest,
         unless it was sent after the wait's deadline (the timeout came first, even if this
-        worker only sees both now; the message stays for a later wait)."""
+        worker only sees both now; the message stays for a later wait).
+
+        A message another writer consumed between the read and this step's write is
+        refused by the store (``MessageConsumed``: nothing written, the lease still
+        holds); the step then reads the next one, so the run takes it, or waits, in this
+        tick and under its lease. A write whose lease fence failed ends the tick as
+        ever (lease lost)."""
         received = self.journal.redeliverable(name)
-        consume = None
-        if received is None:
+        if received is not None:
+            event = self._event(ctx.stream, pos, gen, digest, received, done=deadline is not None)
+            await self._write([event])
+            return received
+        refused: set[int] = set()
+        while True:
             try:
                 message = await self.store.next_message(self.run_id, [name])
             except StorageError as exc:  # a corrupt inbox row, say: not the agent's to see
                 raise self._halt(exc) from None
             if message is None or (deadline is not None and message.created_at > deadline):
                 return None
+            if message.id in refused:  # the store offers again what it just refused
+                raise self._halt(
+                    StorageError(
+                        f"run {self.run_id!r}: the inbox offers message {message.id} "
+                        f"({name!r}) again after refusing it as consumed"
+                    )
+                ) from None
             received = MessageReceived(name=name, payload=message.payload, inbox_id=message.id)
-            consume = message.id
-        event = self._event(ctx.stream, pos, gen, digest, received, done=deadline is not None)
-        await self._write([event], consume=consume)
-        return received
+            event = self._event(ctx.stream, pos, gen, digest, received, done=deadline is not None)
+            try:
+                await self._write([event], consume=message.id)
+            except MessageConsumed as exc:
+                refused.add(message.id)
+                log.info(
+                    "run %s: message %d (%r) was consumed by another writer before step "
+                    "%s:%d took it; taking the next one (%s)",
+                    self.run_id,
+                    message.id,
+                    name,
+                    ctx.stream,
+                    pos,
+                    exc,
+                )
+                continue
+            return received
 
     def child_step(
         self, ctx: Context, pos: int, digest: str, process: str, input: Any

@@ -52,7 +52,7 @@ from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, rai
 from toren.core.records import Lease, Release, RunDelta, RunRecord, WorkerInfo
 from toren.core.replay import RunLog, end_slot, step_slot
 from toren.core.values import RunStatus, StepKind, TickStatus, Totals
-from toren.errors import LeaseLost, RunCancelledSignal, StorageError
+from toren.errors import LeaseLost, MessageConsumed, RunCancelledSignal, StorageError
 
 if TYPE_CHECKING:
     from toren.core.ports import Telemetry
@@ -263,7 +263,10 @@ class Writer:
         the run's totals (a call cut off in flight). Both are counted after the barrier and
         under the writer's lock, so the run row never carries usage ahead of an earlier
         write, nor (carried by another branch's write) ahead of these events. Raises the store's
-        ``LeaseLost`` / ``StorageError``."""
+        ``LeaseLost`` / ``StorageError``, and ``MessageConsumed`` for a step whose message
+        (``consume``) another writer consumed first: the store wrote nothing, and the tick
+        goes on under its lease, so what this write counted and the totals it carried
+        are given back (see :meth:`_refused`)."""
         barrier = self.barrier
         if barrier is not None and not barrier.done():
             await asyncio.shield(barrier)
@@ -274,20 +277,49 @@ class Writer:
                 self.count_step(*step)
             if used is not None:
                 self.add(used)
-            stored = await self.store.append(
-                self.lease,
-                events,
-                blobs=blobs,
-                delta=self.due_delta(),
-                consume_inbox=consume,
-                now=self.clock.now(),
-            )
+            delta = self.due_delta()
+            try:
+                stored = await self.store.append(
+                    self.lease,
+                    events,
+                    blobs=blobs,
+                    delta=delta,
+                    consume_inbox=consume,
+                    now=self.clock.now(),
+                )
+            except MessageConsumed:
+                self._refused(delta, step, used)
+                raise
             record = self.record
             if record is not None and record.blocked_error is not None:
                 # The first step written since the run was blocked: it moves again.
                 self.record = replace(record, blocked_error=None)
                 await self.store.clear_blocked(self.lease, now=self.clock.now())
         return stored
+
+    def _refused(
+        self, delta: RunDelta | None, step: tuple[int, int, int] | None, used: Totals | None
+    ) -> None:
+        """A write the store refused, having written nothing (its message was consumed
+        first): its own usage is uncounted, and the pending totals it carried go back
+        into the tally, due at once, for the next write (or the release) to carry. Added
+        back, not restored from a copy: another branch may have added meanwhile."""
+        t = self._tally
+        if step is not None:
+            t[0] -= step[0]
+            t[1] -= step[1]
+            t[2] -= step[2]
+            t[4] -= 1
+        for back, sign in ((used, -1), (delta, 1)):
+            if back is not None:
+                t[0] += sign * back.input_tokens
+                t[1] += sign * back.output_tokens
+                t[2] += sign * back.cost_nanousd
+                t[3] += sign * back.saved_nanousd
+                t[4] += sign * back.steps
+                t[5] += sign * back.invalidations
+        if delta is not None:
+            self.next_flush = float("-inf")
 
     def then(self, write: Callable[[], Awaitable[None]]) -> None:
         """Schedule ``write()`` after every write scheduled so far (the barrier): what a

@@ -555,7 +555,8 @@ class PostgresStore(SqlStore, Pruning):
     ) -> list[Event] | None:
         """A step that takes a message, in one statement on the loop (see _consume_sql):
         the stored events, or None when it wrote nothing (the lease or the message is
-        gone: the general path then raises the precise error)."""
+        gone: the general path then raises the precise error, ``LeaseLost`` if the lease
+        fence fails, checked first, else ``MessageConsumed``)."""
         sql = _consume_sql(len(blobs), len(events), delta is not None)
         params: list[Any] = [lease.run_id, lease.worker_id, lease.epoch, message_id, lease.run_id]
         if delta is not None:

@@ -26,6 +26,7 @@ from toren.errors import (
     CorruptEventLog,
     IdempotencyConflict,
     LeaseLost,
+    MessageConsumed,
     RunNotFound,
     RunNotRetryable,
 )
@@ -590,6 +591,11 @@ class SqlStore:
         consume_inbox: int | None = None,
         now: float,
     ) -> list[Event]:
+        """Raises ``LeaseLost`` when the lease fence fails (checked first, so a write whose
+        lease moved says so even if its message is gone too), ``MessageConsumed`` when the
+        lease holds but ``consume_inbox`` is no longer an unconsumed message of the run;
+        either way nothing is written."""
+
         def tx(cur: Cursor) -> list[Event]:
             fenced = delta is None and bool(events)
             if not fenced:
@@ -605,10 +611,11 @@ class SqlStore:
                     (stored[-1].seq, consume_inbox, lease.run_id),
                 )
                 if cur.rowcount != 1:
-                    raise LeaseLost(
+                    raise MessageConsumed(
                         f"message {consume_inbox} is not an unconsumed message of run "
                         f"{lease.run_id}: another writer consumed it, or it belongs to "
-                        "another run"
+                        "another run",
+                        message_id=consume_inbox,
                     )
             return stored
 
