@@ -4,6 +4,7 @@ that differs (message 0 / the system prompt; tool X's spec; parameter temperatur
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -51,6 +52,18 @@ def agent(**changes: Any) -> Any:
     return main
 
 
+class InstantClock(toren.ManualClock):
+    """The wall clock's time, in which a sleep ends at once: the agent's ``ctx.sleep(1)``
+    records and fires its timer as with the system clock (a sleep that short waits in the
+    tick), without the test waiting a real second for it, in each of its two ticks."""
+
+    def __init__(self) -> None:
+        super().__init__(start=time.time())
+
+    async def sleep(self, seconds: float) -> None:
+        await self.advance(max(0.0, seconds))
+
+
 def registry(version: str, **changes: Any) -> toren.Registry:
     reg = toren.Registry()
     tool = toren.ToolDef("lookup", lambda order_id: {"id": order_id}, ToolSpec("lookup"))
@@ -83,7 +96,8 @@ async def test_the_plan_and_the_log_say_what_changed(
     providers = {"scripted": provider}
     v1 = registry("v1")
     run = await toren.start_run(store, v1, "x")
-    deps = toren.TickDeps(store=store, agents=v1, providers=providers)
+    clock = InstantClock()
+    deps = toren.TickDeps(store=store, agents=v1, providers=providers, clock=clock)
     assert (await toren.tick(run.id, deps)).status == "waiting"
 
     v2 = registry("v2", **changes)
@@ -97,7 +111,7 @@ async def test_the_plan_and_the_log_say_what_changed(
     events = await store.load_events(run.id)
     assert explain_invalidations(events, await load_blobs(store, events)) == []
     await store.send_message(run.id, "go", None, now=0)
-    deps2 = toren.TickDeps(store=store, agents=v2, providers=providers)
+    deps2 = toren.TickDeps(store=store, agents=v2, providers=providers, clock=clock)
     assert (await toren.tick(run.id, deps2)).status == "completed"
     events = await store.load_events(run.id)
     (explained,) = explain_invalidations(events, await load_blobs(store, events))
@@ -114,8 +128,10 @@ async def test_an_invalidation_not_yet_re_run_says_why_there_is_nothing_to_compa
     provider = ScriptedProvider()
     v1 = registry("v1")
     run = await toren.start_run(store, v1, "x")
+    clock = InstantClock()
     await toren.tick(
-        run.id, toren.TickDeps(store=store, agents=v1, providers={"scripted": provider})
+        run.id,
+        toren.TickDeps(store=store, agents=v1, providers={"scripted": provider}, clock=clock),
     )
 
     async def ends_early(ctx: toren.Context, input: Any) -> Any:
@@ -128,7 +144,8 @@ async def test_an_invalidation_not_yet_re_run_says_why_there_is_nothing_to_compa
     assert [c["text"] for c in plan.findings[0].changes] == ["step kind model -> message"]
     await store.send_message(run.id, "go", None, now=0)
     await toren.tick(
-        run.id, toren.TickDeps(store=store, agents=v2, providers={"scripted": provider})
+        run.id,
+        toren.TickDeps(store=store, agents=v2, providers={"scripted": provider}, clock=clock),
     )
     events = await store.load_events(run.id)
     (explained,) = explain_invalidations(events, await load_blobs(store, events))
