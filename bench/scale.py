@@ -147,42 +147,24 @@ def settings() -> toren.Settings:
 
 
 def write_agents_dir(root: Path) -> Path:
-    """The bench's agents as an agent directory each (``entry:`` the same code as
-    :func:`make_agent`, the same system prompts, tool spec and model), so ``toren plan
-    --agents ROOT`` replays the engine-written runs as a user's project would."""
+    """The bench's agents as an agent directory each (``entry:`` the very code of
+    :func:`make_agent`, imported from this module: the process needs the repository on
+    ``PYTHONPATH``), so ``toren plan --agents ROOT`` replays the engine-written runs as a
+    user's project would."""
     for name in AGENTS:
         d = root / name
         d.mkdir(parents=True, exist_ok=True)
         (d / "agent.yaml").write_text(f"name: {name}\nentry: agent:main\ntools: [lookup]\n")
         (d / "tools.py").write_text(
+            "from bench import scale\n\n\n"
             "def lookup(id: str) -> dict:\n"
             '    """Look up an order, a customer or a document by id."""\n'
-            f"    return {lookup('ID')!r}\n".replace("'ID'", "id")
+            "    return scale.lookup(id)\n"
         )
         (d / "agent.py").write_text(
-            "import json\n\n"
-            "from toren.providers import ToolSpec\n\n"
-            f"SYSTEM = {SYSTEM[name]!r}\n"
-            f"LOOKUP = ToolSpec({LOOKUP.name!r}, {LOOKUP.description!r}, {LOOKUP.parameters!r})\n"
-            f"MODEL = {MODEL!r}\n\n\n" + _AGENT_SOURCE
+            f"from bench.scale import make_agent\n\nmain = make_agent({name!r})\n"
         )
     return root
-
-
-_AGENT_SOURCE = """async def main(ctx, input):
-    messages = [SYSTEM, {"role": "user", "content": input["question"]}]
-    reply = None
-    for k in range(int(input["turns"])):
-        reply = await ctx.model(MODEL, messages, tools=[LOOKUP])
-        messages.append(reply.message())
-        result = await ctx.tool("lookup", {"id": f"{input['n']}-{k}"})
-        messages.append(
-            {"role": "tool", "tool_call_id": f"call_{k}", "content": json.dumps(result)}
-        )
-    if input.get("park"):
-        await ctx.wait_for_message("approval")
-    return {"answer": reply.text[:60] if reply else ""}
-"""
 
 
 def plan_cli(url: str, jobs: tuple[int, ...] = (1, 2), repeat: int = 3) -> dict[str, Any]:
@@ -204,6 +186,10 @@ def plan_cli(url: str, jobs: tuple[int, ...] = (1, 2), repeat: int = 3) -> dict[
                     capture_output=True,
                     text=True,
                     check=False,
+                    env={
+                        **os.environ,
+                        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")]),
+                    },
                 )
                 times.append(time.perf_counter() - t)
                 assert done.returncode == 0, done.stderr[-2000:]
