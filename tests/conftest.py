@@ -7,6 +7,7 @@ user postgres). When it is unreachable the PostgreSQL half is skipped, except un
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -75,10 +76,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         drop_pg_database(name)
 
 
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = await connect(db_url)
+@contextlib.asynccontextmanager
+async def opened_store(url: str) -> AsyncIterator[Store]:
+    """A store on ``url``, closed afterwards (the ``store`` fixtures' body)."""
+    s = await connect(url)
     try:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    async with opened_store(db_url) as s:
+        yield s

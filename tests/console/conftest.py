@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from toren.store import Store, connect
+from tests.conftest import opened_store
+from toren.store import Store
 
 from .support import browser
 
@@ -33,21 +34,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def sqlite_store(tmp_path: Path) -> AsyncIterator[Store]:
-    store = await connect(f"sqlite:///{tmp_path}/toren.db")
-    try:
+    async with opened_store(f"sqlite:///{tmp_path}/toren.db") as store:
         yield store
-    finally:
-        await store.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def store(db_url: str) -> AsyncIterator[Store]:
     """The root ``store`` fixture, in the session loop the browser tests run in."""
-    s = await connect(db_url)
-    try:
+    async with opened_store(db_url) as s:
         yield s
-    finally:
-        await s.close()
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
