@@ -8,6 +8,9 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +155,47 @@ def test_a_failing_share_here_stops_the_workers(project: tuple[Path, str]) -> No
             asyncio.run(go(pool))
         worker.join(timeout=30)
         assert worker.exitcode == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_exit_when_their_parent_is_killed(tmp_path: Path, method: str) -> None:
+    """A parent killed outright (SIGKILL: no __exit__, no atexit) leaves no worker behind:
+    each worker's pipe reports it gone, so none waits for work forever."""
+    root = tmp_path / "agents"
+    shutil.copytree(CHAIN, root / "chain")
+    url = f"sqlite:///{tmp_path}/toren.db"
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from toren.cli.plan_pool import PlanPool\n"
+        f"pool = PlanPool(3, Path({str(root)!r}), {url!r}, None, method={method!r})\n"
+        "pool.__enter__()\n"
+        "print(' '.join(str(p.pid) for p, _ in pool._workers), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL
+    pids = [int(pid) for pid in done.stdout.split()]
+    assert len(pids) == 2
+    # Orphans are reparented, so they cannot be waited for: their state is polled until
+    # they are gone (a bound against a hang, not a measure of speed).
+    give_up = time.monotonic() + 120
+    while any(map(_alive, pids)) and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert not any(map(_alive, pids)), "plan workers outlived their killed parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

@@ -101,3 +101,22 @@ def test_an_unknown_agent_is_remembered_with_its_class_and_details() -> None:
     assert [(e.message, e.details) for e in raised] == [
         ("no agent 'x'", {"agent": "x", "known": ["a"]})
     ] * 2
+
+
+def test_an_unknown_agent_of_a_subclass_with_its_own_constructor_is_still_reported() -> None:
+    class Missing(toren.errors.AgentNotFound):
+        def __init__(self, agent: str) -> None:
+            super().__init__(f"no agent {agent!r} here", agent=agent)
+
+    class Resolver:
+        def resolve(self, agent: str, process: str) -> Any:
+            raise Missing(agent)
+
+        def names(self) -> list[str]:
+            return []
+
+    programs = Programs(Resolver())
+    for _ in range(2):
+        with pytest.raises(toren.errors.AgentNotFound) as info:
+            programs.resolve("x", "main")
+        assert (info.value.message, info.value.details) == ("no agent 'x' here", {"agent": "x"})

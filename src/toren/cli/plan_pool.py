@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,6 +38,9 @@ from toren.errors import TorenError
 # take less time than handing it over.
 MIN_SHARED_STEPS = 2_000
 MAX_JOBS = 16
+# The default: each process opens its own connections (a PostgreSQL worker process holds
+# a few), so the default stays small whatever the machine; --jobs asks for more.
+DEFAULT_MAX_JOBS = 4
 
 
 class PlanWorkerFailed(TorenError):
@@ -44,12 +48,12 @@ class PlanWorkerFailed(TorenError):
 
 
 def default_jobs() -> int:
-    """The cores this process may run on (at most :data:`MAX_JOBS`)."""
+    """The cores this process may run on, at most :data:`DEFAULT_MAX_JOBS`."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return max(1, min(cores, MAX_JOBS))
+    return max(1, min(cores, DEFAULT_MAX_JOBS))
 
 
 class PlanPool:
@@ -82,9 +86,17 @@ class PlanPool:
             forkable = sys.platform == "linux" and threading.active_count() == 1
             self.method = "fork" if forkable else "spawn"
         context: Any = multiprocessing.get_context(self.method)
+        ends: list[Connection] = []  # this process's ends of every pipe made so far
         for _ in range(self.jobs - 1):
             ours, theirs = context.Pipe()
-            process = context.Process(target=_worker_main, args=(theirs, *self._args), daemon=True)
+            ends.append(ours)
+            # A forked worker inherits this process's ends of its own pipe and the earlier
+            # ones: it closes them first, or its pipe would never report this process gone
+            # (killed, say) and it would wait for work forever. A spawned one inherits none.
+            inherited = list(ends) if self.method == "fork" else []
+            process = context.Process(
+                target=_worker_main, args=(theirs, inherited, *self._args), daemon=True
+            )
             process.start()
             theirs.close()
             self._workers.append((process, ours))
@@ -97,12 +109,17 @@ class PlanPool:
             except (BrokenPipeError, OSError):
                 pass
             conn.close()
+        deadline = time.monotonic() + 5  # one grace period for all, not one each
         for process, _ in self._workers:
-            process.join(timeout=5)
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 process.join()
         self._workers = []
+
+    def _stop(self) -> None:
+        for process, _ in self._workers:
+            process.kill()
 
     async def plan(
         self,
@@ -112,19 +129,18 @@ class PlanPool:
         if not self._workers or sum(max(r.steps, 1) for r in runs) < self.min_shared_steps:
             return await here(runs)
         shares = share_out(runs, len(self._workers) + 1)
-        for (process, conn), share in zip(self._workers, shares[1:], strict=True):
-            try:
-                conn.send(list(share))
-            except OSError:  # BrokenPipeError: it died before its share was sent
-                raise _died(process) from None
-        answers = [asyncio.to_thread(_answer, process, conn) for process, conn in self._workers]
         try:
+            for (process, conn), share in zip(self._workers, shares[1:], strict=True):
+                try:
+                    conn.send(list(share))
+                except OSError:  # BrokenPipeError: it died before its share was sent
+                    raise _died(process) from None
+            answers = [asyncio.to_thread(_answer, p, c) for p, c in self._workers]
             found = await asyncio.gather(here(shares[0]), *answers)
         except BaseException:
             # The plan is lost: stop the workers now (their pipes close, so the threads
             # waiting for their answers end) rather than wait for shares nobody will read.
-            for process, _ in self._workers:
-                process.kill()
+            self._stop()
             raise
         self.planned = [len(plans) for plans in found]  # by this process, then each worker
         by_id = {p["run_id"]: p for plans in found for p in plans}
@@ -157,7 +173,7 @@ def _answer(process: Any, conn: Connection) -> list[dict[str, Any]]:
 
 
 def _died(process: Any) -> PlanWorkerFailed:
-    process.join(timeout=5)
+    process.join(timeout=1)  # it is gone or going: its exit code, if it has one yet
     return PlanWorkerFailed(
         f"a plan worker process exited (code {process.exitcode}) before answering; run "
         "toren plan again, or with --jobs 1 to plan in this process alone"
@@ -179,8 +195,14 @@ def _one_version_per_agent(plans: Sequence[dict[str, Any]]) -> None:
 
 
 def _worker_main(
-    conn: Connection, agents_root: str, database_url: str | None, code_version: str | None
+    conn: Connection,
+    inherited: list[Connection],
+    agents_root: str,
+    database_url: str | None,
+    code_version: str | None,
 ) -> None:
+    for end in inherited:
+        end.close()
     try:
         asyncio.run(_worker(conn, Path(agents_root), database_url, code_version))
     except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the parent reports

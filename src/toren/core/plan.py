@@ -451,7 +451,11 @@ class Programs:
         if isinstance(found, AgentNotFound):
             # A new one each time (one exception object raised again and again would
             # gather every raise's traceback), of the same class, message and details.
-            raise type(found)(found.message, **found.details)
+            try:
+                again = type(found)(found.message, **found.details)
+            except TypeError:  # a resolver's own subclass, with its own constructor
+                again = AgentNotFound(found.message, **found.details)
+            raise again
         return found
 
 
