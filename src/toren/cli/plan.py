@@ -21,7 +21,7 @@ from toren.cli._common import (
     out,
     run_async,
 )
-from toren.cli.plan_pool import MAX_JOBS, MIN_SHARED_STEPS, PlanPool, default_jobs
+from toren.cli.plan_pool import DEFAULT_MAX_JOBS, MAX_JOBS, MIN_SHARED_STEPS, PlanPool, default_jobs
 from toren.cli.runs import backend_options
 from toren.cli.view import money
 from toren.core.plan import PLAN_LIMIT, plan_report
@@ -68,7 +68,7 @@ EMPTY = "sqlite:///:memory:"  # what a plan reads where no database exists yet
     type=click.IntRange(min=1, max=MAX_JOBS),
     default=None,
     help="Plan in this many processes (default: one per core, at most "
-    f"{MAX_JOBS}; a plan of fewer than {MIN_SHARED_STEPS} recorded steps uses one). "
+    f"{DEFAULT_MAX_JOBS}; a plan of fewer than {MIN_SHARED_STEPS} recorded steps uses one). "
     "Ignored with --url: the server plans.",
 )
 @click.option(
