@@ -61,16 +61,21 @@ async def _agent(ctx: toren.Context, input: Any) -> Any:
     return await ctx.wait_for_message("go")
 
 
-async def test_a_refused_message_step_leaves_the_totals_counted_once(
-    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def _started(store: Store) -> tuple[toren.ManualClock, toren.TickDeps, Any]:
+    """A run of ``_agent`` started under a manual clock, and the deps to tick it."""
     clock = toren.ManualClock()
     reg = toren.Registry()
     reg.add("waits", _agent)
     deps = toren.TickDeps(
         store=store, agents=reg, providers={"scripted": ScriptedProvider()}, clock=clock
     )
-    run = await toren.start_run(store, reg, "waits", clock=clock)
+    return clock, deps, await toren.start_run(store, reg, "waits", clock=clock)
+
+
+async def test_a_refused_message_step_leaves_the_totals_counted_once(
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock, deps, run = await _started(store)
     await store.send_message(run.id, "go", "first", now=clock.now())
     plain_next = store.next_message
     raced: list[int] = []
@@ -111,13 +116,7 @@ async def test_a_refused_message_step_gives_its_totals_to_the_next_write(
 ) -> None:
     """The refused step carried the flush; the step that takes the next message in the
     same tick carries it instead (the run row is right before the run even ends)."""
-    clock = toren.ManualClock()
-    reg = toren.Registry()
-    reg.add("waits", _agent)
-    deps = toren.TickDeps(
-        store=store, agents=reg, providers={"scripted": ScriptedProvider()}, clock=clock
-    )
-    run = await toren.start_run(store, reg, "waits", clock=clock)
+    clock, deps, run = await _started(store)
     await store.send_message(run.id, "go", "first", now=clock.now())
     await store.send_message(run.id, "go", "second", now=clock.now())
     plain_next = store.next_message
