@@ -13,6 +13,7 @@ log, nor (once the tick is over) behind it.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import psycopg
@@ -40,6 +41,30 @@ def _consume_elsewhere(db_url: str, message_id: int) -> None:
         return
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert conn.execute(sql.format(p="%s"), (message_id,)).rowcount == 1
+
+
+def _race(
+    store: Store,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    then: Callable[[], Awaitable[object]] | None = None,
+) -> list[int]:
+    """Consume the first message ``next_message`` returns elsewhere before the step
+    writes it (then ``then()``); the ids of the messages taken from under the step."""
+    plain_next = store.next_message
+    raced: list[int] = []
+
+    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
+        message = await plain_next(run_id, names)
+        if message is not None and not raced:
+            raced.append(message.id)
+            _consume_elsewhere(db_url, message.id)
+            if then is not None:
+                await then()
+        return message
+
+    monkeypatch.setattr(store, "next_message", racing_next)
+    return raced
 
 
 def _row_totals(row: RunRecord | None) -> tuple[int, ...]:
@@ -77,20 +102,9 @@ async def test_a_refused_message_step_leaves_the_totals_counted_once(
 ) -> None:
     clock, deps, run = await _started(store)
     await store.send_message(run.id, "go", "first", now=clock.now())
-    plain_next = store.next_message
-    raced: list[int] = []
-
-    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
-        """The first message read is consumed by another writer before the step writes,
-        and a flush of the pending totals falls due with that step."""
-        message = await plain_next(run_id, names)
-        if message is not None and not raced:
-            raced.append(message.id)
-            _consume_elsewhere(db_url, message.id)
-            await clock.advance(2)
-        return message
-
-    monkeypatch.setattr(store, "next_message", racing_next)
+    # The first message read is consumed by another writer before the step writes, and a
+    # flush of the pending totals falls due with that step.
+    raced = _race(store, db_url, monkeypatch, then=lambda: clock.advance(2))
     first = await toren.tick(run.id, deps)
     assert first.status == "waiting" and raced, first.error
     events = await store.load_events(run.id)
@@ -119,18 +133,9 @@ async def test_a_refused_message_step_gives_its_totals_to_the_next_write(
     clock, deps, run = await _started(store)
     await store.send_message(run.id, "go", "first", now=clock.now())
     await store.send_message(run.id, "go", "second", now=clock.now())
-    plain_next = store.next_message
     plain_append = store.append
-    raced: list[int] = []
+    _race(store, db_url, monkeypatch, then=lambda: clock.advance(2))
     carried: list[Any] = []
-
-    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
-        message = await plain_next(run_id, names)
-        if message is not None and not raced:
-            raced.append(message.id)
-            _consume_elsewhere(db_url, message.id)
-            await clock.advance(2)
-        return message
 
     async def watched_append(*args: Any, **kw: Any) -> Any:
         """The totals each step that takes a message carries, and whether it was written."""
@@ -144,7 +149,6 @@ async def test_a_refused_message_step_gives_its_totals_to_the_next_write(
         carried.append(("written", kw.get("delta")))
         return stored
 
-    monkeypatch.setattr(store, "next_message", racing_next)
     monkeypatch.setattr(store, "append", watched_append)
     result = await toren.tick(run.id, deps)
     assert result.status == "completed" and result.output == "second"

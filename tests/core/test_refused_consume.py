@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 import toren
-from tests.core.test_message_step_totals import _consume_elsewhere
+from tests.core.test_message_step_totals import _consume_elsewhere, _race
 from toren.core.values import RunStatus, TickStatus
 from toren.store import Store
 from toren.store.base import InboxMessage
@@ -39,30 +38,6 @@ def _deps(store: Store, clock: toren.ManualClock) -> tuple[toren.Registry, toren
     reg = toren.Registry()
     reg.add("waits", _waits)
     return reg, toren.TickDeps(store=store, agents=reg, clock=clock)
-
-
-def _race(
-    store: Store,
-    db_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    then: Callable[[], Awaitable[object]] | None = None,
-) -> list[int]:
-    """Consume the first message ``next_message`` returns elsewhere before the step
-    writes it (then ``then()``); the ids of the messages taken from under the step."""
-    plain_next = store.next_message
-    raced: list[int] = []
-
-    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
-        message = await plain_next(run_id, names)
-        if message is not None and not raced:
-            raced.append(message.id)
-            _consume_elsewhere(db_url, message.id)
-            if then is not None:
-                await then()
-        return message
-
-    monkeypatch.setattr(store, "next_message", racing_next)
-    return raced
 
 
 async def _received(store: Store, run_id: str) -> list[tuple[Any, int]]:
