@@ -232,7 +232,7 @@ class Writer:
         """The totals not yet written to the run row."""
         return Totals(*self._tally)
 
-    def add(self, delta: Totals) -> None:
+    def add(self, delta: Totals | RunDelta) -> None:
         t = self._tally
         t[0] += delta.input_tokens
         t[1] += delta.output_tokens
@@ -304,21 +304,12 @@ class Writer:
         first): its own usage is uncounted, and the pending totals it carried go back
         into the tally, due at once, for the next write (or the release) to carry. Added
         back, not restored from a copy: another branch may have added meanwhile."""
-        t = self._tally
-        if step is not None:
-            t[0] -= step[0]
-            t[1] -= step[1]
-            t[2] -= step[2]
-            t[4] -= 1
-        for back, sign in ((used, -1), (delta, 1)):
-            if back is not None:
-                t[0] += sign * back.input_tokens
-                t[1] += sign * back.output_tokens
-                t[2] += sign * back.cost_nanousd
-                t[3] += sign * back.saved_nanousd
-                t[4] += sign * back.steps
-                t[5] += sign * back.invalidations
+        if step is not None:  # what count_step counted for it
+            self.add(Totals(-step[0], -step[1], -step[2], 0, -1, 0))
+        if used is not None:
+            self.add(_negated(used))
         if delta is not None:
+            self.add(delta)
             self.next_flush = float("-inf")
 
     def then(self, write: Callable[[], Awaitable[None]]) -> None:
@@ -814,3 +805,14 @@ def newest_start_by_version(workers: Sequence[WorkerInfo]) -> dict[str, float]:
         for version in w.code_version.split():
             newest[version] = max(newest.get(version, 0.0), w.started_at)
     return newest
+
+
+def _negated(t: Totals) -> Totals:
+    return Totals(
+        -t.input_tokens,
+        -t.output_tokens,
+        -t.cost_nanousd,
+        -t.saved_nanousd,
+        -t.steps,
+        -t.invalidations,
+    )
