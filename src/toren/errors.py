@@ -9,6 +9,7 @@
     │   │   └── ForkPointNotFound      a fork at a step the source run does not have
     │   ├── IdempotencyConflict    an idempotency key reused with different arguments
     │   ├── RunNotFound            no run with that id
+    │   ├── ScheduleNotFound       no schedule with that id
     │   └── RunNotRetryable        a retry of a run that is not failed (cancelled, ...)
     ├── StepFailed                 a recorded step ended in an error; replay re-raises it
     │   ├── ModelCallFailed        the provider refused or failed after retries
@@ -84,6 +85,10 @@ class IdempotencyConflict(UserError):
 
 class RunNotFound(UserError):
     code = "run_not_found"
+
+
+class ScheduleNotFound(UserError):
+    code = "schedule_not_found"
 
 
 class RunNotRetryable(UserError):

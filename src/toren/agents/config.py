@@ -21,7 +21,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from toren.core.schedule import ScheduleDef, ScheduleError, ScheduleSpec
 from toren.deprecations import DEPRECATED_KEYS, TorenDeprecationWarning, warn_deprecated
+from toren.durations import parse_duration
+from toren.errors import InvalidInput
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -36,6 +39,7 @@ __all__ = [
     "PriceConfig",
     "ProcessConfig",
     "ProviderConfig",
+    "ScheduleConfig",
     "TorenDeprecationWarning",
     "agent_json_schema",
     "apply_deprecations",
@@ -271,6 +275,76 @@ class ProcessConfig(_Overridable):
     )
 
 
+class ScheduleConfig(_Strict):
+    """A schedule: start a run of a process on a cron expression or an interval. See
+    docs/schedules.md for the policies, the defaults and DST."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique within the agent.")
+    cron: str | None = Field(
+        default=None,
+        description="Five cron fields (minute hour day-of-month month day-of-week), "
+        "matched in `zone`, e.g. `0 9 * * 1-5`. Exactly one of `cron` and `every`.",
+    )
+    every: float | str | None = Field(
+        default=None,
+        description="A fixed interval (`10m`, `1h`, or seconds), counted from the Unix "
+        "epoch in whole seconds (at least 1 s).",
+    )
+    zone: str = Field(default="UTC", description="The IANA time zone `cron` is read in.")
+    process: str = Field(default="main", description="The process each firing starts.")
+    input: Any = Field(default=None, description="The input of each run it starts.")
+    overlap: Literal["skip", "buffer_one", "allow_all", "cancel_previous"] = Field(
+        default="skip", description="What a due time does while the last run still runs."
+    )
+    catch_up: Literal["latest", "all"] = Field(
+        default="latest",
+        description="When several times were missed: fire only the latest, or all.",
+    )
+    catch_up_window: float | str = Field(
+        default="1d", description="A missed time older than this never fires."
+    )
+    jitter: float | str = Field(
+        default=0, description="Fire each time up to this much later (spreads load)."
+    )
+
+    def definition(self, agent: str) -> ScheduleDef:
+        return ScheduleDef(
+            agent=agent,
+            name=self.name,
+            spec=self.spec(),
+            process=self.process,
+            input=self.input,
+        )
+
+    def spec(self) -> ScheduleSpec:
+        return ScheduleSpec(
+            cron=self.cron,
+            every=None if self.every is None else _seconds(self.every, "every"),
+            zone=self.zone,
+            jitter=_seconds(self.jitter, "jitter"),
+            overlap=self.overlap,
+            catch_up=self.catch_up,
+            catch_up_window=_seconds(self.catch_up_window, "catch_up_window"),
+        )
+
+    @model_validator(mode="after")
+    def _valid(self) -> ScheduleConfig:
+        try:
+            self.spec()
+        except ScheduleError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+def _seconds(value: float | str, name: str) -> float:
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except InvalidInput as exc:
+            raise ScheduleError(name, exc.message) from None
+    return value
+
+
 class AgentConfig(_Overridable):
     """The whole agent.yaml."""
 
@@ -293,6 +367,29 @@ class AgentConfig(_Overridable):
         default_factory=dict,
         description="Price overrides by model ref, USD per million tokens.",
     )
+    schedules: list[ScheduleConfig] = Field(
+        default_factory=list,
+        description="Runs this agent starts on its own, on a cron expression or an "
+        "interval (docs/schedules.md).",
+    )
+
+    @model_validator(mode="after")
+    def _schedule_names(self) -> AgentConfig:
+        seen: set[str] = set()
+        for schedule in self.schedules:
+            if schedule.name in seen:
+                raise ValueError(
+                    f"schedules: the name {schedule.name!r} is used twice; expected unique "
+                    "schedule names"
+                )
+            seen.add(schedule.name)
+            if schedule.process != "main" and schedule.process not in self.processes:
+                raise ValueError(
+                    f"schedules: {schedule.name!r} names the process {schedule.process!r}, "
+                    f"which is not declared; expected 'main' or one of "
+                    f"{sorted(self.processes)} (under 'processes:')"
+                )
+        return self
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -169,6 +169,7 @@ class AgentDefinition:
             processes=tuple(self.processes),
             providers=dict(providers or {}),
             pricing=self.prices.cost,
+            schedules=tuple(s.definition(self.name) for s in self.config.schedules),
         )
 
     def process(self, name: str) -> ProcessDefinition:

@@ -159,6 +159,9 @@ class NewRun:
     events: Sequence[Event] = ()
     forked_from: str | None = None
     forked_at: str | None = None
+    # A scheduled run: its schedule's id and nominal time (toren.core.schedule).
+    schedule_id: str | None = None
+    scheduled_for: float | None = None
 
 
 @dataclass(frozen=True)

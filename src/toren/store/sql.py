@@ -41,6 +41,7 @@ from toren.store.base import (
     WorkerInfo,
     read_json,
 )
+from toren.store.schedules import SqlSchedules
 from toren.store.schema import LIST_COLUMNS, summary_expressions
 
 T = TypeVar("T")
@@ -321,13 +322,7 @@ class SqlStore:
                             "use a new key for a different run"
                         )
                     return existing, False
-            self._x(
-                cur,
-                "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
-                "created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                new_run_values(run),
-            )
-            self._x(cur, INSERT_EVENT, event_params(run.started_event))
+            self._insert_new_run(cur, run)
             if run.events or run.forked_from is not None:
                 self._insert_events(cur, run.events)
                 self._x(
@@ -348,6 +343,22 @@ class SqlStore:
         if result[1]:
             await self.notify()
         return result
+
+    def _insert_new_run(self, cur: Cursor, run: NewRun) -> None:
+        """A new run's row and its ``RunStarted`` (no idempotency check: the caller's)."""
+        self._x(
+            cur,
+            "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
+            "created_at, updated_at, schedule_id, scheduled_for) "
+            "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+            (*new_run_values(run), run.schedule_id, run.scheduled_for),
+        )
+        self._x(cur, INSERT_EVENT, event_params(run.started_event))
+
+    @functools.cached_property
+    def schedules(self) -> SqlSchedules:
+        """The schedules' statements (toren.store.schedules)."""
+        return SqlSchedules(self)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         def tx(cur: Cursor) -> RunRecord | None:
@@ -828,15 +839,18 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
+    def _cancel_in(self, cur: Cursor, run_id: str, *, now: float) -> None:
+        self._x(
+            cur,
+            "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
+            "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
+            "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+            (now, now, run_id),
+        )
+
     async def request_cancel(self, run_id: str, *, now: float) -> RunRecord:
         def tx(cur: Cursor) -> RunRecord:
-            self._x(
-                cur,
-                "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
-                "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
-                "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
-                (now, now, run_id),
-            )
+            self._cancel_in(cur, run_id, now=now)
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
             found = row.fetchone()
             if found is None:
