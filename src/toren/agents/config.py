@@ -14,14 +14,22 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from toren.core.schedule import ScheduleDef, ScheduleError, ScheduleSpec
+from toren.core.schedule import (
+    ScheduleDef,
+    ScheduleError,
+    ScheduleSpec,
+    check_cron,
+    check_every,
+    check_seconds,
+    check_zone,
+)
 from toren.deprecations import DEPRECATED_KEYS, TorenDeprecationWarning, warn_deprecated
 from toren.durations import parse_duration
 from toren.errors import InvalidInput
@@ -327,6 +335,33 @@ class ScheduleConfig(_Strict):
             catch_up_window=_seconds(self.catch_up_window, "catch_up_window"),
         )
 
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            _checked(check_cron, value)
+        return value
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        _checked(check_zone, value)
+        return value
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: float | str | None) -> float | str | None:
+        if value is not None:
+            _checked(check_every, _checked(lambda v: _seconds(v, "every"), value))
+        return value
+
+    @field_validator("jitter", "catch_up_window")
+    @classmethod
+    def _duration(cls, value: float | str, info: ValidationInfo) -> float | str:
+        name = str(info.field_name)
+        _checked(lambda v: check_seconds(name, _seconds(v, name)), value)
+        return value
+
     @model_validator(mode="after")
     def _valid(self) -> ScheduleConfig:
         try:
@@ -334,6 +369,15 @@ class ScheduleConfig(_Strict):
         except ScheduleError as exc:
             raise ValueError(str(exc)) from None
         return self
+
+
+def _checked(check: Callable[[Any], Any], value: Any) -> Any:
+    """A schedule check's error in the words agent.yaml and the API show (the field's own
+    location comes from pydantic)."""
+    try:
+        return check(value)
+    except ScheduleError as exc:
+        raise ValueError(exc.message) from None
 
 
 def _seconds(value: float | str, name: str) -> float:

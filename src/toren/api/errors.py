@@ -26,6 +26,7 @@ from toren.errors import (
     InvalidInput,
     RunNotFound,
     RunNotRetryable,
+    ScheduleNotFound,
     TorenError,
     UserError,
 )
@@ -81,7 +82,7 @@ def error_response(
 
 
 def status_for(exc: TorenError) -> int:
-    if isinstance(exc, RunNotFound | AgentNotFound):
+    if isinstance(exc, RunNotFound | AgentNotFound | ScheduleNotFound):
         return 404
     if isinstance(exc, ForkPointNotFound):
         return 409
@@ -178,7 +179,11 @@ def _on_validation_error(request: Request, exc: Exception) -> Failure:
 def _body_problem(request: Request, errors: list[Any]) -> Failure | None:
     """A body that is not a JSON object at all gets one message saying what it is and what
     is expected, not pydantic's "Input should be a valid dictionary"."""
-    whole = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
+    # (A model validator's own error is also at ("body",): a problem of its fields, said
+    # in its words by validation_message.)
+    whole = [
+        e for e in errors if tuple(e.get("loc", ())) == ("body",) and e.get("type") != "value_error"
+    ]
     broken = [e for e in errors if e.get("type") == "json_invalid"]
     if not whole and not broken:
         return None

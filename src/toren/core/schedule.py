@@ -141,42 +141,61 @@ def check_spec(spec: ScheduleSpec) -> None:
         raise ScheduleError(
             "cron/every", "exactly one of 'cron' (e.g. '0 * * * *') or 'every' (e.g. '1h')"
         )
-    zone = _zone(spec.zone)
+    _zone(spec.zone)
     if spec.cron is not None:
-        if not isinstance(spec.cron, str) or len(spec.cron.split()) != 5:
-            raise ScheduleError(
-                "cron",
-                "a cron expression of five fields 'minute hour day-of-month month "
-                f"day-of-week', e.g. '0 9 * * 1-5'; found {spec.cron!r}",
-            )
-        try:
-            next(CronSim(spec.cron, datetime(2000, 1, 1, tzinfo=zone)))
-        except (CronSimError, StopIteration, ValueError) as exc:
-            raise ScheduleError(
-                "cron", f"{spec.cron!r} is not a valid cron expression ({exc})"
-            ) from None
-    if spec.every is not None and (
-        isinstance(spec.every, bool)
-        or not isinstance(spec.every, int | float)
-        or not math.isfinite(spec.every)
-        or spec.every < MIN_INTERVAL
-        or spec.every != int(spec.every)
-    ):
-        raise ScheduleError(
-            "every",
-            f"an interval of whole seconds, at least {MIN_INTERVAL:g} s (e.g. '10m' or "
-            f"'1h'); found {spec.every!r}",
-        )
+        check_cron(spec.cron)
+    if spec.every is not None:
+        check_every(spec.every)
     if spec.overlap not in OVERLAPS:
         raise ScheduleError("overlap", f"one of {', '.join(OVERLAPS)}; found {spec.overlap!r}")
     if spec.catch_up not in CATCH_UPS:
         raise ScheduleError("catch_up", f"one of {', '.join(CATCH_UPS)}; found {spec.catch_up!r}")
-    for name in ("jitter", "catch_up_window"):
-        value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-            raise ScheduleError(name, f"a number of seconds >= 0; found {value!r}")
-        if not math.isfinite(value):
-            raise ScheduleError(name, f"a finite number of seconds; found {value!r}")
+    check_seconds("jitter", spec.jitter)
+    check_seconds("catch_up_window", spec.catch_up_window)
+
+
+def check_cron(expr: object) -> str:
+    if not isinstance(expr, str) or len(expr.split()) != 5:
+        raise ScheduleError(
+            "cron",
+            "a cron expression of five fields 'minute hour day-of-month month "
+            f"day-of-week', e.g. '0 9 * * 1-5'; found {expr!r}",
+        )
+    try:
+        next(CronSim(expr, datetime(2000, 1, 1, tzinfo=UTC)))
+    except (CronSimError, StopIteration, ValueError) as exc:
+        raise ScheduleError("cron", f"{expr!r} is not a valid cron expression ({exc})") from None
+    return expr
+
+
+def check_every(every: object) -> float:
+    if (
+        isinstance(every, bool)
+        or not isinstance(every, int | float)
+        or not math.isfinite(every)
+        or every < MIN_INTERVAL
+        or every != int(every)
+    ):
+        raise ScheduleError(
+            "every",
+            f"an interval of whole seconds, at least {MIN_INTERVAL:g} s (e.g. '10m' or "
+            f"'1h'); found {every!r}",
+        )
+    return float(every)
+
+
+def check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ScheduleError(name, f"a number of seconds >= 0; found {value!r}")
+    if not math.isfinite(value):
+        raise ScheduleError(name, f"a finite number of seconds; found {value!r}")
+    return float(value)
+
+
+def check_zone(name: object) -> str:
+    _zone(name)
+    assert isinstance(name, str)
+    return name
 
 
 def _zone(name: object) -> ZoneInfo:
