@@ -33,6 +33,19 @@ async def test_schedules_over_http(api: Api) -> None:
     assert run.status == "completed"
     events = await client.events(first["id"])
     assert events.events[0].payload["schedule"] == {"id": "echo/beat", "nominal": first["nominal"]}
+    shown = await client.get_run(first["id"])
+    assert shown.schedule == {"id": "echo/beat", "nominal": first["nominal"]}
+
+    async with api.http() as http:
+        text = (await http.get("/metrics")).text
+    fires = next(
+        line for line in text.splitlines() if line.startswith("toren_schedule_fires_total{")
+    )
+    assert fires.startswith('toren_schedule_fires_total{schedule="echo/beat"} ')
+    assert int(fires.split()[-1]) >= 1
+    assert 'toren_schedule_skips_total{schedule="echo/beat"} 0' in text
+    assert 'toren_schedule_paused{schedule="echo/beat"} 0' in text
+    assert "toren_schedule_lateness_seconds_total" in text
 
     paused = await client.pause_schedule("echo/beat", note="quiet hours")
     assert paused["paused"] and paused["note"] == "quiet hours" and paused["upcoming"] == []

@@ -754,6 +754,7 @@ async def get_metrics(state: State) -> PlainTextResponse:
     stats = {
         **await state.store.stats(),
         "queue_depth": await state.store.queue_depth(now=time.time()),
+        "schedules": await state.store.schedules.all(),
     }
     return PlainTextResponse(metrics.render(stats, state.runtime), media_type=metrics.CONTENT_TYPE)
 

@@ -140,6 +140,11 @@ class Lineage(BaseModel):
     at: str = Field(description="The fork point, `STREAM:POSITION` (e.g. `main:5`).")
 
 
+class ScheduleOrigin(BaseModel):
+    id: str = Field(description="The schedule that started the run, `agent/name`.")
+    nominal: str | None = Field(description="The scheduled time it fired for (UTC, ISO 8601).")
+
+
 class ValueSummary(BaseModel):
     """A value a list of runs leaves out because its JSON text is larger than
     ``SUMMARY_INLINE`` bytes (4096); ``GET /v1/runs/{run_id}`` has it whole."""
@@ -172,6 +177,11 @@ class Run(BaseModel):
     retries: int = Field(default=0, description="How many times the run was retried.")
     forked_from: Lineage | None = Field(
         default=None, description="The run and step this run was forked from, if forked."
+    )
+    schedule: ScheduleOrigin | None = Field(
+        default=None,
+        description="The schedule and nominal time that started this run, if a schedule "
+        "did (on a run's own endpoint; lists leave it null).",
     )
 
     blocked: Blocked | None = Field(

@@ -59,6 +59,7 @@ class Run:
     invalidations: int = 0
     retries: int = 0
     forked_from: dict[str, Any] | None = None  # {"run_id": ..., "at": "main:5"}
+    schedule: dict[str, Any] | None = None  # {"id": "agent/name", "nominal": ISO time}
     # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
     # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.
     blocked: dict[str, Any] | None = None

@@ -76,6 +76,10 @@ class RunRecord:
     blocked_error: RecordedError | None = None
     blocked_attempts: int = 0
     blocked_since: float | None = None
+    # A scheduled run's origin (toren.core.schedule): the schedule's id and nominal time.
+    # Read by a run's own endpoint; a list of runs leaves it unset.
+    schedule_id: str | None = None
+    scheduled_for: float | None = None
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
     # large to list whole; the value itself is then None.
     summaries: Mapping[str, ValueSummary] | None = None
@@ -123,6 +127,11 @@ class RunRecord:
                 None
                 if self.forked_from is None
                 else {"run_id": self.forked_from, "at": self.forked_at}
+            ),
+            "schedule": (
+                None
+                if self.schedule_id is None
+                else {"id": self.schedule_id, "nominal": _utc(self.scheduled_for)}
             ),
             "blocked": self.blocked_dict(),
             "lease": (
@@ -225,3 +234,11 @@ class InboxMessage:
 @dataclass(frozen=True)
 class Appended:
     events: list[Event] = field(default_factory=list)
+
+
+def _utc(moment: float | None) -> str | None:
+    if moment is None:
+        return None
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(moment, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

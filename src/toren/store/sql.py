@@ -64,7 +64,7 @@ RUN_COLUMNS = (
     "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
-    "blocked_error, blocked_attempts, blocked_since"
+    "blocked_error, blocked_attempts, blocked_since, schedule_id, scheduled_for"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -158,6 +158,8 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         blocked_error=read_json(row[27], "runs", "blocked_error", id=run_id),
         blocked_attempts=row[28],
         blocked_since=row[29],
+        schedule_id=row[30],
+        scheduled_for=row[31],
     )
 
 
