@@ -139,3 +139,21 @@ async def test_a_two_hour_outage_fires_the_latest_time_once(store: Store) -> Non
     assert [at for _, at in await _runs(store)] == [T0 + 7200]
     row = await store.schedules.get("tick/beat")
     assert row is not None and row.skips == 2 and row.next_fire_at == T0 + 3 * 3600
+
+
+async def test_a_jittered_time_is_slept_for_not_polled(store: Store) -> None:
+    """A time that is due but jittered is not looked at again until its moment (no busy
+    loop), then fires."""
+    from toren.core.schedule import jitter_of
+
+    clock = ManualClock(T0 - 1)
+    spec = ScheduleSpec(every=3600, jitter=600)
+    await store.schedules.create(beat(spec), now=clock.now())
+    scheduler = Scheduler(store.schedules, clock)
+    offset = jitter_of("tick/beat", T0, 600)
+    await clock.advance(1)
+    assert await scheduler.look() == 0
+    assert await scheduler.sleep_for() == pytest.approx(min(1.0, offset))
+    await clock.advance(offset)
+    assert await scheduler.look() == 1
+    assert await scheduler.sleep_for() == 1.0  # the next time is an hour away: POLL

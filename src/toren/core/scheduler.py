@@ -23,6 +23,7 @@ from toren.core.schedule import (
     backfill_times,
     decide,
     firing_key,
+    jitter_of,
     nominal_text,
 )
 from toren.core.values import TERMINAL_STATUSES
@@ -31,7 +32,7 @@ from toren.errors import InvalidInput, ScheduleNotFound
 log = logging.getLogger("toren.scheduler")
 
 # How many due schedules one look takes (the rest are taken by the next look, at once).
-BATCH = 100
+BATCH = 200
 # The longest a scheduler sleeps without looking at the table: a schedule created or
 # resumed by another process is noticed within this.
 POLL = 1.0
@@ -99,11 +100,14 @@ class Scheduler:
         self.store = store
         self.clock = clock
         self.metrics = SchedulerMetrics()
+        self._held: float | None = None  # the earliest jittered moment the last look saw
 
     async def look(self) -> int:
-        """Decide every due schedule once; the number of runs this worker started."""
+        """Decide every due schedule once (a batch of :data:`BATCH`, applied in one
+        transaction); the number of runs this worker started."""
         now = self.clock.now()
-        started = 0
+        firings: list[_Firing] = []
+        self._held = None
         for schedule in await self.store.due(now=now, limit=BATCH):
             decision = decide(
                 schedule.spec,
@@ -115,33 +119,53 @@ class Scheduler:
                 buffered=schedule.buffered_at,
             )
             if decision is None:
+                self._hold(schedule, now)
                 continue
             runs = [scheduled_run(schedule, t, now) for t in decision.fire]
             lateness = sum(max(0.0, now - t) for t in decision.fire)
-            firing = _Firing(schedule, decision, runs, lateness)
-            if not await self.store.apply(firing, now=now):
+            firings.append(_Firing(schedule, decision, runs, lateness))
+        if not firings:
+            return 0
+        started = 0
+        for firing, applied in zip(firings, await self.store.apply(firings, now=now), strict=True):
+            if not applied:
                 self.metrics.lost_races += 1
                 continue
-            started += len(runs)
-            self.metrics.fires += len(runs)
-            for t in decision.fire:
+            started += len(firing.runs)
+            self.metrics.fires += len(firing.runs)
+            for t in firing.decision.fire:
                 self.metrics.late(max(0.0, now - t))
-            for skip in decision.skips:
+            for skip in firing.decision.skips:
                 self.metrics.skips[skip.reason] += 1
                 log.info(
                     "schedule %s skipped %s: %s",
-                    schedule.id,
+                    firing.schedule.id,
                     nominal_text(skip.nominal),
                     skip.reason,
                 )
         return started
 
+    def _hold(self, schedule: ScheduleState, now: float) -> None:
+        """A due schedule that decided nothing: its time waits for its jitter (or a
+        buffered time for the last run to end, which a later look sees)."""
+        jittered = schedule.next_fire_at + jitter_of(
+            schedule.id, schedule.next_fire_at, schedule.spec.jitter
+        )
+        if jittered > now and (self._held is None or jittered < self._held):
+            self._held = jittered
+
     async def sleep_for(self) -> float:
-        """How long until the next look."""
+        """How long until the next look: the next nominal time (or, for a time already
+        due but jittered, its moment), at most :data:`POLL`."""
+        now = self.clock.now()
         next_due = await self.store.next_due()
         if next_due is None:
             return POLL
-        return max(0.0, min(POLL, next_due - self.clock.now()))
+        if next_due <= now:
+            # Due but not fired by the last look: jittered (wait for its moment), or
+            # decided by another worker meanwhile (look again now).
+            return max(0.0, min(POLL, (self._held or now) - now))
+        return max(0.0, min(POLL, next_due - now))
 
     async def trigger(self, sid: str) -> NewRun:
         """Start a run of the schedule now, whatever its timeline and overlap policy (a

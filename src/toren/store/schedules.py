@@ -138,54 +138,63 @@ class SqlSchedules:
 
         return await self._store._run(tx, write=False)
 
-    async def apply(self, firing: Firing, *, now: float) -> bool:
-        """Apply one decision if the row still holds what it was made from; False when
-        another worker decided first (nothing is written then)."""
-        s, d = firing.schedule, firing.decision
+    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[bool]:
+        """Apply decisions in one transaction, each only if its row still holds what it
+        was made from (False for one another worker decided first: nothing of it is
+        written). Rows are taken in id order, so two workers applying overlapping batches
+        on PostgreSQL wait for each other instead of deadlocking."""
+        order = sorted(range(len(firings)), key=lambda i: firings[i].schedule.id)
 
-        def tx(cur: Cursor) -> bool:
-            last_skip = d.skips[-1] if d.skips else None
-            last_run = firing.runs[-1].id if firing.runs else None
-            done = self._x(
-                cur,
-                "UPDATE schedules SET next_fire_at = ?, buffered_at = ?, "
-                "last_fired_at = COALESCE(?, last_fired_at), "
-                "last_run_id = COALESCE(?, last_run_id), "
-                "last_skip_at = COALESCE(?, last_skip_at), "
-                "last_skip_reason = COALESCE(?, last_skip_reason), "
-                "fires = fires + ?, skips = skips + ?, lateness_total = lateness_total + ?, "
-                "updated_at = ? "
-                "WHERE id = ? AND removed = 0 AND paused = 0 AND next_fire_at = ? AND "
-                + ("buffered_at IS NULL" if s.buffered_at is None else "buffered_at = ?"),
-                (
-                    d.next_fire_at,
-                    d.buffered,
-                    d.fire[-1] if d.fire else None,
-                    last_run,
-                    last_skip.nominal if last_skip else None,
-                    last_skip.reason if last_skip else None,
-                    len(d.fire),
-                    len(d.skips),
-                    firing.lateness,
-                    now,
-                    s.id,
-                    s.next_fire_at,
-                    *(() if s.buffered_at is None else (s.buffered_at,)),
-                ),
-            ).rowcount
-            if done != 1:
-                return False
-            for run in firing.runs:
-                if not self._taken(cur, run):
-                    self._store._insert_new_run(cur, run)
-            if d.cancel is not None:
-                self._store._cancel_in(cur, d.cancel, now=now)
-            return True
+        def tx(cur: Cursor) -> list[bool]:
+            applied = [False] * len(firings)
+            for i in order:
+                applied[i] = self._apply_one(cur, firings[i], now)
+            return applied
 
         applied = await self._store._run(tx)
-        if applied and firing.runs:
+        if any(ok and f.runs for ok, f in zip(applied, firings, strict=True)):
             await self._store.notify()
         return applied
+
+    def _apply_one(self, cur: Cursor, firing: Firing, now: float) -> bool:
+        s, d = firing.schedule, firing.decision
+        last_skip = d.skips[-1] if d.skips else None
+        last_run = firing.runs[-1].id if firing.runs else None
+        done = self._x(
+            cur,
+            "UPDATE schedules SET next_fire_at = ?, buffered_at = ?, "
+            "last_fired_at = COALESCE(?, last_fired_at), "
+            "last_run_id = COALESCE(?, last_run_id), "
+            "last_skip_at = COALESCE(?, last_skip_at), "
+            "last_skip_reason = COALESCE(?, last_skip_reason), "
+            "fires = fires + ?, skips = skips + ?, lateness_total = lateness_total + ?, "
+            "updated_at = ? "
+            "WHERE id = ? AND removed = 0 AND paused = 0 AND next_fire_at = ? AND "
+            + ("buffered_at IS NULL" if s.buffered_at is None else "buffered_at = ?"),
+            (
+                d.next_fire_at,
+                d.buffered,
+                d.fire[-1] if d.fire else None,
+                last_run,
+                last_skip.nominal if last_skip else None,
+                last_skip.reason if last_skip else None,
+                len(d.fire),
+                len(d.skips),
+                firing.lateness,
+                now,
+                s.id,
+                s.next_fire_at,
+                *(() if s.buffered_at is None else (s.buffered_at,)),
+            ),
+        ).rowcount
+        if done != 1:
+            return False
+        for run in firing.runs:
+            if not self._taken(cur, run):
+                self._store._insert_new_run(cur, run)
+        if d.cancel is not None:
+            self._store._cancel_in(cur, d.cancel, now=now)
+        return True
 
     async def start(self, sid: str, runs: Sequence[NewRun]) -> list[NewRun]:
         """Start runs of a schedule outside its timeline (trigger, backfill): each
