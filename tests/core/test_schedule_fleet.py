@@ -109,17 +109,37 @@ def _migrate(url: str) -> None:
 EVERY_SECOND = {"every": 1, "overlap": "allow_all", "catch_up": "all", "catch_up_window": 3600}
 
 
+def _drop_connections(url: str) -> int:
+    """Terminate every connection to the database (the workers' pools, listeners): a
+    database that drops its connections mid-statement."""
+    import psycopg
+
+    database = url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_url("postgres"), autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()",
+            (database,),
+        ).fetchall()
+    return len(rows)
+
+
 def test_three_workers_fire_each_second_once_while_killed(pg: str) -> None:
+    """Every few firings, a random worker is SIGKILLed (and a new one started) or every
+    connection to the database is dropped, alternately."""
     _migrate(pg)
     rng = random.Random(os.urandom(8))
     workers = [_start(pg, "v1", EVERY_SECOND) for _ in range(3)]
-    kills = 0
+    kills = drops = 0
     try:
         seen = len(_wait_for(pg, 1))
         while seen < 62:
-            # Kill after a random number of new firings (1 to 4): the moment falls
-            # anywhere in a worker's look, including between its decision and commit.
+            # After a random number of new firings (1 to 4): the moment falls anywhere
+            # in a worker's look, including between its decision and its commit.
             seen = len(_wait_for(pg, seen + rng.randint(1, 4)))
+            if (kills + drops) % 2:
+                drops += _drop_connections(pg) > 0
+                continue
             victim = rng.randrange(len(workers))
             _kill(workers[victim])
             kills += 1
@@ -127,7 +147,7 @@ def test_three_workers_fire_each_second_once_while_killed(pg: str) -> None:
     finally:
         _stop(workers)
     fired = [at for at, _ in _nominal(pg)]
-    assert kills >= 10
+    assert kills >= 5 and drops >= 5
     assert len(fired) == len(set(fired)), "a nominal time started two runs"
     # No gap: every second from the first to the last fired exactly once.
     assert fired == [fired[0] + i for i in range(len(fired))]

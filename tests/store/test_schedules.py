@@ -157,3 +157,65 @@ async def test_a_jittered_time_is_slept_for_not_polled(store: Store) -> None:
     await clock.advance(offset)
     assert await scheduler.look() == 1
     assert await scheduler.sleep_for() == 1.0  # the next time is an hour away: POLL
+
+
+async def _tick_all(store: Store, clock: ManualClock) -> None:
+    """Run every queued run of the schedule to its end (the worker's part)."""
+    import toren
+
+    async def tick_agent(ctx: toren.Context, input: object) -> object:
+        return {"at": await ctx.now()}
+
+    reg = toren.Registry()
+    reg.add("tick", tick_agent)
+    deps = toren.TickDeps(store=store, agents=reg, clock=clock)
+    for run_id, status, _ in await store.schedules.runs_of("tick/beat", limit=100):
+        if status == "queued":
+            assert (await toren.tick(run_id, deps)).status == "completed"
+
+
+async def test_overlap_buffer_one_starts_the_waiting_time_when_the_run_ends(store: Store) -> None:
+    clock = ManualClock(T0 - 1)
+    await store.schedules.create(
+        beat(ScheduleSpec(every=60, overlap="buffer_one")), now=clock.now()
+    )
+    scheduler = Scheduler(store.schedules, clock)
+    await clock.advance(1)
+    assert await scheduler.look() == 1  # 10:00 starts; it outlasts its interval
+    for _ in range(2):  # 10:01 waits (buffered), 10:02 is skipped: one waits already
+        await clock.advance(60)
+        assert await scheduler.look() == 0
+    row = await store.schedules.get("tick/beat")
+    assert row is not None and row.buffered_at == T0 + 60 and row.skips == 1
+    await _tick_all(store, clock)  # the 10:00 run ends
+    assert await scheduler.look() == 1  # the buffered 10:01 starts now, as itself
+    nominal = sorted(at for _, at in await _runs(store) if at is not None)
+    assert nominal == [T0, T0 + 60]
+    row = await store.schedules.get("tick/beat")
+    assert row is not None and row.buffered_at is None
+
+
+async def test_overlap_cancel_previous_cancels_the_running_run(store: Store) -> None:
+    clock = ManualClock(T0 - 1)
+    spec = ScheduleSpec(every=60, overlap="cancel_previous")
+    await store.schedules.create(beat(spec), now=clock.now())
+    scheduler = Scheduler(store.schedules, clock)
+    await clock.advance(1)
+    assert await scheduler.look() == 1
+    first = (await store.schedules.get("tick/beat")).last_run_id  # type: ignore[union-attr]
+    await clock.advance(60)
+    assert await scheduler.look() == 1
+    previous = await store.get_run(first)  # type: ignore[arg-type]
+    assert previous is not None and previous.cancel_requested
+    assert len(await _runs(store)) == 2
+
+
+async def test_overlap_allow_all_starts_beside_the_running_run(store: Store) -> None:
+    clock = ManualClock(T0 - 1)
+    await store.schedules.create(beat(), now=clock.now())  # allow_all
+    scheduler = Scheduler(store.schedules, clock)
+    for _ in range(3):
+        await clock.advance(60)
+        assert await scheduler.look() == 1
+    runs = await _runs(store)
+    assert [status for status, _ in runs] == ["queued"] * 3  # three at once, none cancelled
