@@ -183,9 +183,12 @@ class Scheduler:
         """Start a run for every nominal time in ``[start, end)``, each under the key
         its timely firing would have had: a time that already ran is not run again, and
         the same backfill twice starts nothing the second time. (started, already ran)."""
-        if not end > start:
-            raise InvalidInput(f"a backfill needs end > start; found {start!r} .. {end!r}")
         schedule = await self._get(sid)
+        if not end > start:
+            raise InvalidInput(
+                f"a backfill needs its end after its start; found {nominal_text(start)} .. "
+                f"{nominal_text(end)}"
+            )
         now = self.clock.now()
         wanted = []
         for t in backfill_times(schedule.spec, start, end):
