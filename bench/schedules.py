@@ -111,14 +111,16 @@ def measure(kind: str, n: int, minutes: int, workers: int) -> dict[str, Any]:
         ]
         for p in procs:
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        # Measure from just after a top of minute to just after the last measured one.
+        # Measure from 2 s before a top of minute (B0) to 2 s before the top of the minute
+        # after the last measured one: every measured firing and its runs' execution
+        # fall inside, and no other firing does.
         now = time.time()
-        start_at = (now // 60 + 1) * 60 + 1
-        time.sleep(max(0.0, start_at - now))
+        boundary = (now // 60 + 1) * 60
+        if boundary - now < 5:  # too close to register and settle first
+            boundary += 60
+        time.sleep(max(0.0, boundary - 2 - time.time()))
         cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-        time.sleep(minutes * 60 - 2)
-        # Let the last minute's runs execute (they count as worker CPU too).
-        time.sleep(min(30.0, 5.0 + n / 100))
+        time.sleep(max(0.0, boundary + minutes * 60 - 2 - time.time()))
         cpu1 = sum(cpu_seconds(p.pid) for p in procs)
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -127,7 +129,8 @@ def measure(kind: str, n: int, minutes: int, workers: int) -> dict[str, Any]:
             assert p.stdout is not None
             p.stdout.close()
         by_time = asyncio.run(lateness(url, n))
-        measured = {t: v for t, v in by_time.items() if t >= start_at - 1}
+        first, last = boundary, boundary + (minutes - 1) * 60
+        measured = {t: v for t, v in by_time.items() if first <= t <= last}
         late = sorted(x for v in measured.values() for x in v)
         fired = sorted(len(v) for v in measured.values())
         return {
