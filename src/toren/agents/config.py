@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from toren.core.flow import Concurrency, parse_key
 from toren.core.schedule import (
     ScheduleDef,
     ScheduleError,
@@ -36,6 +37,7 @@ from toren.errors import InvalidInput
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "ConcurrencyConfig",
     "DEPRECATED_KEYS",
     "KNOWN_PROVIDER_TYPES",
     "SCHEMA_URL",
@@ -238,6 +240,34 @@ class PriceConfig(_Strict):
     output_usd_per_mtok: Decimal = Field(ge=0)
 
 
+class ConcurrencyConfig(_Strict):
+    """How many runs of this process (or of one key of it) may run at once, enforced by
+    the database across every worker. See docs/flow-control.md."""
+
+    limit: int = Field(ge=1, le=1_000_000, description="Runs of one key holding a slot at once.")
+    key: str | None = Field(
+        default=None,
+        description="A path into the run's input (`input.customer_id`): one limit per value. "
+        "Omitted: one limit for the whole process.",
+    )
+    on_conflict: Literal["enqueue", "reject", "cancel_previous"] = Field(
+        default="enqueue",
+        description="A start while a run of the same key is unfinished: wait in the queue, "
+        "be refused (409), or cancel the unfinished ones and wait for their slots.",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_key(value)
+        return value
+
+    def value(self) -> Concurrency:
+        key = parse_key(self.key) if self.key is not None else ()
+        return Concurrency(limit=self.limit, key=key, on_conflict=self.on_conflict)
+
+
 class _Overridable(_Strict):
     """Keys a process may set to override the agent's top level."""
 
@@ -255,6 +285,11 @@ class _Overridable(_Strict):
     mcp_servers: Any = None
     model_params: ModelParams | None = None
     limits: LimitsConfig | None = None
+    concurrency: ConcurrencyConfig | None = Field(
+        default=None,
+        description="A concurrency limit, optionally keyed by a path into the input "
+        "(docs/flow-control.md).",
+    )
     entry: str | None = Field(
         default=None,
         pattern=ENTRY_PATTERN,

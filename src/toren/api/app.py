@@ -293,6 +293,9 @@ async def start_run(
         body.input,
         process=body.process,
         idempotency_key=key,
+        concurrency_key=body.concurrency_key,
+        concurrency_limit=body.concurrency_limit,
+        priority=body.priority,
     )
     run = started.run
     if not started.created:
@@ -412,7 +415,12 @@ async def list_runs(
     responses=_errors(404),
 )
 async def get_run(run_id: str, state: State) -> dict[str, Any]:
-    return _run(state, await _run_or_404(state, run_id))
+    run = await _run_or_404(state, run_id)
+    shown = _run(state, run)
+    queued = await state.store.queued_because(run)
+    if queued is not None:
+        shown["queue"] = state.redact(queued.to_dict())
+    return shown
 
 
 @_route(

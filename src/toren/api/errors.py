@@ -21,6 +21,7 @@ from toren.api.models import CURSOR_HELP, NAME_HELP
 from toren.core.inputs import MAX_JSON_DEPTH, MESSAGE_NAME_HELP, text_depth, too_deep
 from toren.errors import (
     AgentNotFound,
+    ConcurrencyConflict,
     ForkPointNotFound,
     IdempotencyConflict,
     InvalidInput,
@@ -88,7 +89,7 @@ def status_for(exc: TorenError) -> int:
         return 409
     if isinstance(exc, InvalidInput):
         return 422
-    if isinstance(exc, IdempotencyConflict | RunNotRetryable):
+    if isinstance(exc, IdempotencyConflict | RunNotRetryable | ConcurrencyConflict):
         return 409
     if isinstance(exc, UserError):
         return 400

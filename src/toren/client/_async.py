@@ -77,8 +77,19 @@ class AsyncTorenClient:
         *,
         process: str = "main",
         idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> Run:
-        return await self._send(p.start_run(agent, input, process, idempotency_key))
+        """Start a run. ``concurrency_key``/``concurrency_limit``: at most that many runs of
+        the key run or wait at once (the rest stay queued; docs/flow-control.md), and
+        ``priority`` orders the key's queue (higher first)."""
+        flow = {
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
+            "priority": priority,
+        }
+        return await self._send(p.start_run(agent, input, process, idempotency_key, flow))
 
     async def get_run(self, run_id: str) -> Run:
         return await self._send(p.get_run(run_id))

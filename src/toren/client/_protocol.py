@@ -45,8 +45,16 @@ def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def start_run(agent: str, input: Any, process: str, idempotency_key: str | None) -> Call[Run]:
-    body = _drop_none({"agent": agent, "process": process, "idempotency_key": idempotency_key})
+def start_run(
+    agent: str,
+    input: Any,
+    process: str,
+    idempotency_key: str | None,
+    flow: Mapping[str, Any] | None = None,
+) -> Call[Run]:
+    body = _drop_none(
+        {"agent": agent, "process": process, "idempotency_key": idempotency_key, **(flow or {})}
+    )
     body["input"] = input
     return Call("POST", "/v1/runs", Run.from_json, json=body, has_body=True)
 

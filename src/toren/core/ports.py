@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
 from toren.core.events import Event
+from toren.core.flow import Queued
 from toren.core.model_types import DeltaCallback, ModelRequest, ModelResponse
 from toren.core.records import (
     InboxMessage,
@@ -104,6 +105,7 @@ class RunStore(BlobStore, Protocol):
 
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]: ...
     async def get_run(self, run_id: str) -> RunRecord | None: ...
+    async def queued_because(self, run: RunRecord) -> Queued | None: ...
     async def list_runs(
         self,
         *,

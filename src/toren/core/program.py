@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toren.core.flow import Concurrency
 from toren.core.model_types import ToolSpec, Usage
 from toren.core.ports import ModelProvider
 from toren.core.schedule import ScheduleDef
@@ -96,6 +97,8 @@ class AgentProgram:
     pricing: Pricing | None = None
     # The agent's schedules (agent.yaml ``schedules:``), the same on each of its processes.
     schedules: tuple[ScheduleDef, ...] = ()
+    # The process's concurrency limit (agent.yaml ``concurrency:``; toren.core.flow).
+    concurrency: Concurrency | None = None
 
 
 class AgentResolver(Protocol):
@@ -120,6 +123,7 @@ class Registry:
         code_version: str = "dev",
         limits: Limits | None = None,
         schedules: Sequence[ScheduleDef] = (),
+        concurrency: Concurrency | None = None,
     ) -> AgentProgram:
         program = AgentProgram(
             agent=agent,
@@ -129,6 +133,7 @@ class Registry:
             code_version=code_version,
             limits=limits or Limits(),
             schedules=tuple(schedules),
+            concurrency=concurrency,
         )
         self.programs[(agent, process)] = program
         return program

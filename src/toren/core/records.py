@@ -80,6 +80,10 @@ class RunRecord:
     # Read by a run's own endpoint; a list of runs leaves it unset.
     schedule_id: str | None = None
     scheduled_for: float | None = None
+    # Flow control (toren.core.flow): the key whose limit the run counts against.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int = 0
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
     # large to list whole; the value itself is then None.
     summaries: Mapping[str, ValueSummary] | None = None
@@ -133,6 +137,15 @@ class RunRecord:
                 if self.schedule_id is None
                 else {"id": self.schedule_id, "nominal": _utc(self.scheduled_for)}
             ),
+            "concurrency": (
+                None
+                if self.concurrency_key is None
+                else {
+                    "key": self.concurrency_key,
+                    "limit": self.concurrency_limit,
+                    "priority": self.priority,
+                }
+            ),
             "blocked": self.blocked_dict(),
             "lease": (
                 {"worker": self.lease_owner, "expires_at": self.lease_expires_at}
@@ -171,6 +184,13 @@ class NewRun:
     # A scheduled run: its schedule's id and nominal time (toren.core.schedule).
     schedule_id: str | None = None
     scheduled_for: float | None = None
+    # Flow control (toren.core.flow): the run's concurrency key and its limit, its
+    # priority in the key's queue, and what a start does while the key has unfinished
+    # runs (``reject``: refused; ``cancel_previous``: they are asked to cancel).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int = 0
+    on_conflict: str = "enqueue"
 
 
 @dataclass(frozen=True)

@@ -269,6 +269,12 @@ SCHEMA: tuple[Migration, ...] = (
     AddColumn("runs", _c("schedule_id", "text")),
     AddColumn("runs", _c("scheduled_for", "real")),
     CreateIndex("runs_schedule_id", "runs", ("schedule_id", "id")),
+    # --- 0.2.0: flow control (toren.core.flow; docs/flow-control.md) -------------------
+    # A run's concurrency key and limit, and its priority in the key's queue.
+    AddColumn("runs", _c("concurrency_key", "text")),
+    AddColumn("runs", _c("concurrency_limit", "int")),
+    AddColumn("runs", _c("priority", "int", not_null=True, default="0")),
+    CreateIndex("runs_concurrency", "runs", ("concurrency_key", "status")),
 )
 
 
