@@ -139,3 +139,28 @@ async def test_on_conflict_reject_and_cancel_previous(store: Store) -> None:
     before = await store.get_run(first.id)
     assert before is not None and before.cancel_requested
     assert again.status == "queued"
+
+
+async def test_a_deploy_changes_or_removes_the_limit_of_queued_runs(store: Store) -> None:
+    """A new code version with another limit applies it to the runs still queued, without
+    restarting anything; one that no longer declares a limit releases them."""
+    v1 = registry(Concurrency(limit=1))
+    ids = [(await toren.start_run(store, v1, "ticket", {"n": i})).id for i in range(5)]
+    async with toren.LocalWorkerRuntime(
+        toren.TickDeps(store=store, agents=v1, settings=settings())
+    ):
+        await _settle(store, ids, ["waiting"] + ["queued"] * 4)
+    v2 = toren.Registry()
+    v2.add("ticket", ticket, code_version="v2", concurrency=Concurrency(limit=3))
+    async with toren.LocalWorkerRuntime(
+        toren.TickDeps(store=store, agents=v2, settings=settings())
+    ):
+        await _settle(store, ids, ["waiting"] * 3 + ["queued"] * 2)
+        queued = await store.get_run(ids[3])
+        assert queued is not None and queued.concurrency_limit == 3
+    v3 = toren.Registry()
+    v3.add("ticket", ticket, code_version="v3")
+    async with toren.LocalWorkerRuntime(
+        toren.TickDeps(store=store, agents=v3, settings=settings())
+    ):
+        await _settle(store, ids, ["waiting"] * 5)

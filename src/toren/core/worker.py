@@ -398,6 +398,7 @@ class LocalWorkerRuntime:
         versions = {name: p.code_version for name, p in programs.items()}
         if versions == declared:
             return declared
+        await self._declare_limits(sorted(programs))
         assert self.started_at is not None
         await self.deps.store.schedules.declare(
             [d for p in programs.values() for d in p.schedules],
@@ -407,6 +408,27 @@ class LocalWorkerRuntime:
             now=self.deps.clock.now(),
         )
         return versions
+
+    async def _declare_limits(self, agents: list[str]) -> None:
+        """This code's concurrency limits, for the runs still queued under them: a changed
+        limit takes effect without restarting anything, a removed one releases its runs
+        (toren.core.flow)."""
+        limits: list[tuple[str, str, int | None]] = []
+        for name in agents:
+            for process in _processes(self.deps.agents, name):
+                try:
+                    program = self.deps.agents.resolve(name, process)
+                except TorenError:
+                    continue
+                concurrency = program.concurrency
+                limits.append((name, process, concurrency.limit if concurrency else None))
+        changed = await self.deps.store.set_concurrency_limits(limits)
+        if changed:
+            log.info(
+                "worker %s applied its concurrency limits to %d queued runs",
+                self.worker_id,
+                changed,
+            )
 
     # -- heartbeats -----------------------------------------------------------------------
 

@@ -119,3 +119,33 @@ def unfinished_of(store: Host, cur: Cursor, key: str) -> list[str]:
         (key,),
     ).fetchall()
     return [row[0] for row in rows]
+
+
+def set_limits(store: Host, cur: Cursor, limits: Sequence[tuple[str, str, int | None]]) -> int:
+    """Apply a deploy's ``concurrency:`` to the runs still queued under the keys it
+    derives (``agent/process`` and ``agent/process:...``): a new limit for each, or, for a
+    process that no longer declares one, no key at all (they are released). The rows
+    changed."""
+    changed = 0
+    for agent, process, limit in limits:
+        base = f"{agent}/{process}"
+        where = (
+            "agent = ? AND process = ? AND status = 'queued' AND "
+            "(concurrency_key = ? OR substr(concurrency_key, 1, ?) = ?)"
+        )
+        params = (agent, process, base, len(base) + 1, base + ":")
+        if limit is None:
+            done = store._x(
+                cur,
+                f"UPDATE runs SET concurrency_key = NULL, concurrency_limit = NULL WHERE {where}",
+                params,
+            )
+        else:
+            done = store._x(
+                cur,
+                f"UPDATE runs SET concurrency_limit = ? WHERE {where} AND "
+                "(concurrency_limit IS NULL OR concurrency_limit <> ?)",
+                (limit, *params, limit),
+            )
+        changed += max(done.rowcount, 0)
+    return changed

@@ -43,7 +43,7 @@ from toren.store.base import (
     WorkerInfo,
     read_json,
 )
-from toren.store.flow import queued_because, unfinished_of
+from toren.store.flow import queued_because, set_limits, unfinished_of
 from toren.store.schedules import SqlSchedules
 from toren.store.schema import LIST_COLUMNS, summary_expressions
 
@@ -395,6 +395,13 @@ class SqlStore:
         return await self._run(
             lambda cur: queued_because(self, cur, run.id, key, limit), write=False
         )
+
+    async def set_concurrency_limits(self, limits: Sequence[tuple[str, str, int | None]]) -> int:
+        """A deploy's concurrency limits, applied to the runs still queued (toren.store.flow)."""
+        changed = await self._run(lambda cur: set_limits(self, cur, limits))
+        if changed:
+            await self.notify()
+        return changed
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         def tx(cur: Cursor) -> RunRecord | None:
