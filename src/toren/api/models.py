@@ -423,15 +423,47 @@ class StepCheck(BaseModel):
     note: str | None = Field(
         description="Why it cannot be verified, what does not match, or how a 0.1 log was read."
     )
+    response: Literal["verified", "mismatch", "not covered", "none"] = Field(
+        default="none",
+        description="The recorded answer, error and usage against the step's response "
+        "digest (docs/digest.md §6): `not covered` when an earlier version recorded it, "
+        "`none` for a step kind without one.",
+    )
+    response_note: str | None = None
+
+
+class ResponseCounts(BaseModel):
+    verified: int
+    mismatch: int
+    not_covered: int
+
+
+class ChainBreakOut(BaseModel):
+    seq: int
+    stream: str
+    position: int | None
+    event_type: str
+    note: str
+
+
+class ChainOut(BaseModel):
+    """The run's hash chain (docs/digest.md §7)."""
+
+    linked: int = Field(description="Events whose chain re-derives.")
+    not_covered: int = Field(description="Events written without a chain (an earlier version).")
+    breaks: list[ChainBreakOut]
+    head: str | None = Field(description="The last event's chain.")
 
 
 class RunVerification(BaseModel):
     run_id: str
-    ok: bool = Field(description="No mismatch.")
+    ok: bool = Field(description="No mismatch of a request or a response, no break of the chain.")
     steps: int
     verified: int
     unverifiable: int
     mismatch: int
+    responses: ResponseCounts
+    chain: ChainOut
     checks: list[StepCheck]
 
 

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from toren.core.audit import chain
 from toren.core.events import Event
 from toren.core.jsontext import dumps
 from toren.core.values import TERMINAL_STATUSES, RunStatus
@@ -94,16 +95,17 @@ def _insert_events(n_events: int, gate: str) -> str:
     """``INSERT INTO events ... RETURNING seq`` for ``n_events`` events, inserted only if
     the CTE named ``gate`` has a row."""
     event_rows = ", ".join(
-        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
+        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, "
+        "%s, %s::text)"
         for _ in range(n_events)
     )
     return (
         "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-        "code_version, worker_id, created_at, format_version, payload) "
+        "code_version, worker_id, created_at, format_version, payload, chain) "
         "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
-        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload, v.chain "
         f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
-        "type, digest, code_version, worker_id, created_at, format_version, payload) "
+        "type, digest, code_version, worker_id, created_at, format_version, payload, chain) "
         f"WHERE EXISTS (SELECT 1 FROM {gate}) RETURNING seq"
     )
 
@@ -225,13 +227,14 @@ APPEND_MANY = (
     "THEN 1 ELSE 0 END WHERE excluded.shares > 0 OR blobs.run_id IS NULL "
     "OR blobs.run_id <> excluded.run_id) "
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
     "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
-    "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+    "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload, v.chain "
     "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[], %b::text[], %b::text[], "
-    "%b::text[], %b::text[], %b::text[], %b::double precision[], %b::bigint[], %b::text[]) "
+    "%b::text[], %b::text[], %b::text[], %b::double precision[], %b::bigint[], %b::text[], "
+    "%b::text[]) "
     "WITH ORDINALITY AS v (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload, ord) "
+    "code_version, worker_id, created_at, format_version, payload, chain, ord) "
     "WHERE v.run_id IN (SELECT id FROM fence) ORDER BY v.ord RETURNING run_id, seq"
 )
 
@@ -244,9 +247,9 @@ CREATE_RUN = (
     "created_at, updated_at) VALUES (%s, %s, %s, 'queued', %s, %s, %s::double precision, "
     f"%s::double precision) ON CONFLICT DO NOTHING RETURNING {RUN_COLUMNS}), "
     "e AS (INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
     "SELECT %s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, "
-    "%s::bigint, %s WHERE EXISTS (SELECT 1 FROM r)) "
+    "%s::bigint, %s, %s WHERE EXISTS (SELECT 1 FROM r)) "
     f"SELECT {RUN_COLUMNS}, pg_notify('{CHANNEL}', '') FROM r"
 )
 RENEW = (
@@ -317,7 +320,7 @@ class _Append:
 def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
     runs: list[list[Any]] = [[] for _ in range(12)]
     blob_cols: list[list[Any]] = [[], [], [], []]
-    event_cols: list[list[Any]] = [[] for _ in range(12)]
+    event_cols: list[list[Any]] = [[] for _ in range(13)]
     for job in batch:
         lease, d = job.lease, job.delta
         totals = d or RunDelta()
@@ -624,6 +627,7 @@ class PostgresStore(SqlStore, Pruning):
         path (:meth:`_create_run_in_transaction`)."""
         if run.events or run.forked_from is not None:
             return await self._create_run_in_transaction(run)
+        chain(None, [run.started_event])
         params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
         if rows:

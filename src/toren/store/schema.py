@@ -230,6 +230,10 @@ SCHEMA: tuple[Migration, ...] = (
         (*(c.strip() for c in LIST_COLUMNS.split(",")), *summary_expressions("sqlite")),
         dialect="sqlite",
     ),
+    # Since 0.2: each event's link in its run's hash chain (docs/digest.md §7), NULL on
+    # events written before; and the tool errors a run recorded (docs/agent-yaml.md).
+    AddColumn("events", _c("chain", "text")),
+    AddColumn("runs", _c("tool_errors", "int", not_null=True, default="0")),
 )
 
 

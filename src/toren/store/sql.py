@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
+from toren.core.audit import chain
 from toren.core.events import Event, parse_payload
 from toren.core.jsontext import dumps
 from toren.core.values import TERMINAL_STATUSES, RunStatus
@@ -67,18 +68,18 @@ RUN_COLUMNS = (
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
-    "worker_id, created_at, format_version, payload"
+    "worker_id, created_at, format_version, payload, chain"
 )
 INSERT_EVENT = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "code_version, worker_id, created_at, format_version, payload, chain) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # The same insert, guarded by the lease: it inserts nothing unless the lease still holds.
 INSERT_EVENT_FENCED = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
-    "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
+    "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
     "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock})"
 )
 # A body another run stored first is counted as shared (``shares``), never left as it is:
@@ -246,6 +247,7 @@ def event_from_row(row: Sequence[Any]) -> Event:
     values = event.__dict__
     values.update(zip(_ENVELOPE_COLUMNS, row, strict=False))  # the payload column left out
     values["payload"] = parse_payload(type_, row[12], run_id=run_id, seq=seq)
+    values["chain"] = row[13]
     return event
 
 
@@ -267,6 +269,7 @@ def event_params(event: Event) -> tuple[Any, ...]:
         event.created_at,
         event.format_version,
         event.payload_json(),
+        event.chain,
     )
 
 
@@ -327,6 +330,7 @@ class SqlStore:
                 "created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
                 new_run_values(run),
             )
+            chain(None, [run.started_event, *run.events])
             self._x(cur, INSERT_EVENT, event_params(run.started_event))
             if run.events or run.forked_from is not None:
                 self._insert_events(cur, run.events)
@@ -483,6 +487,14 @@ class SqlStore:
         finally:
             if paused:
                 gc.enable()
+
+    async def payload_texts(self, run_id: str) -> dict[int, str]:
+        """Each event's payload exactly as stored, by seq: what its chain hashes
+        (``toren runs verify``; a tick reads parsed events only)."""
+        rows = await self._event_rows(
+            "SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        return {int(seq): text for seq, text in rows if isinstance(text, str)}
 
     async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
         def tx(cur: Cursor) -> list[Any]:
@@ -871,6 +883,14 @@ class SqlStore:
                     run_id=run_id,
                     status=row[0],
                 )
+            # Nobody holds the run (checked above, under the row's lock): the log's last
+            # event is the one this follows (docs/event-log.md#the-chain).
+            last = self._x(
+                cur,
+                "SELECT chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                (run_id,),
+            ).fetchone()
+            chain(None if last is None else last[0], [event])
             self._insert_events(cur, [event])
             found = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
             return run_from_row(found.fetchone())
@@ -1056,5 +1076,6 @@ def with_seq(event: Event, seq: int) -> Event:
     copy = object.__new__(Event)
     values = copy.__dict__
     values.update(event.__dict__)
+    values.pop("_payload_text", None)  # written: a journal keeps stored events
     values[_SEQ] = int(seq)
     return copy
