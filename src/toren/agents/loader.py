@@ -115,6 +115,7 @@ class ProcessDefinition:
     limits: Limits
     entry: str | None
     entry_fn: AgentFn | None = None
+    on_tool_error: str = "continue"  # the built-in loop's; see agent.yaml's on_tool_error
 
     @property
     def uses_builtin_loop(self) -> bool:
@@ -195,6 +196,7 @@ class AgentDefinition:
             params=proc.model_params,
             limits=proc.limits,
             human=human,
+            on_tool_error=proc.on_tool_error,
         )
 
 
@@ -499,6 +501,7 @@ class _AgentLoader:
             limits=_merge_limits(config.limits, proc.limits),
             entry=entry,
             entry_fn=entry_fn,
+            on_tool_error=pick("on_tool_error")[0] or "continue",
         )
 
     def _check_budget(

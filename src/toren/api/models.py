@@ -170,6 +170,12 @@ class Run(BaseModel):
     lease_recoveries: int
     invalidations: int
     retries: int = Field(default=0, description="How many times the run was retried.")
+    tool_errors: int = Field(
+        default=0,
+        description="Tool calls that failed (recorded with an error). The built-in loop shows "
+        "the model the error and goes on, unless the agent sets `on_tool_error: fail` "
+        "(docs/agent-yaml.md). 0 on runs recorded before 0.2.",
+    )
     forked_from: Lineage | None = Field(
         default=None, description="The run and step this run was forked from, if forked."
     )

@@ -58,6 +58,7 @@ class Run:
     lease_recoveries: int = 0
     invalidations: int = 0
     retries: int = 0
+    tool_errors: int = 0  # tool calls that failed (docs/http-api.md#runs)
     forked_from: dict[str, Any] | None = None  # {"run_id": ..., "at": "main:5"}
     # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
     # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.

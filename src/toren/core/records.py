@@ -76,6 +76,10 @@ class RunRecord:
     blocked_error: RecordedError | None = None
     blocked_attempts: int = 0
     blocked_since: float | None = None
+    # Tool calls that failed (recorded with an error), counted as they are written: a
+    # built-in loop shows the model the error and may still complete (docs/agent-yaml.md,
+    # on_tool_error). 0 on runs recorded before 0.2.
+    tool_errors: int = 0
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
     # large to list whole; the value itself is then None.
     summaries: Mapping[str, ValueSummary] | None = None
@@ -119,6 +123,7 @@ class RunRecord:
             "lease_recoveries": self.lease_recoveries,
             "invalidations": self.invalidations,
             "retries": self.retries,
+            "tool_errors": self.tool_errors,
             "forked_from": (
                 None
                 if self.forked_from is None
@@ -184,6 +189,7 @@ class RunDelta:
     steps: int = 0
     invalidations: int = 0
     code_version: str | None = None
+    tool_errors: int = 0  # set by the store, from the events it writes
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from toren.store.sql import (
     settle,
     step_conflict,
     with_seq,
+    with_tool_errors,
 )
 
 T = TypeVar("T")
@@ -53,7 +54,8 @@ _TOTALS = (
     "input_tokens = input_tokens + %s::bigint, output_tokens = output_tokens + %s::bigint, "
     "cost_nanousd = cost_nanousd + %s::bigint, saved_nanousd = saved_nanousd + %s::bigint, "
     "steps = steps + %s::bigint, invalidations = invalidations + %s::bigint, "
-    "code_version = COALESCE(%s::text, code_version) "
+    "code_version = COALESCE(%s::text, code_version), "
+    "tool_errors = tool_errors + %s::bigint "
 )
 _LEASED = "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
 # The ways a statement checks the lease: a share lock (a concurrent claim waits), the run
@@ -165,6 +167,7 @@ def _totals_params(delta: RunDelta | None, now: float) -> list[Any]:
         d.steps,
         d.invalidations,
         d.code_version,
+        d.tool_errors,
     ]
 
 
@@ -205,17 +208,18 @@ def _is_present(
 # cost 7x more to escape); WITH ORDINALITY + ORDER BY keep each run's events in
 # order, so its sequence numbers ascend as in a single-run append.
 APPEND_MANY = (
-    "WITH l AS (SELECT id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv "
+    "WITH l AS (SELECT id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv, te "
     "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::boolean[], "
     "%b::double precision[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
-    "%b::bigint[], %b::bigint[], %b::text[]) "
-    "AS l (id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv)), "
+    "%b::bigint[], %b::bigint[], %b::text[], %b::bigint[]) "
+    "AS l (id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv, te)), "
     "lk AS (SELECT r.id FROM runs r JOIN l ON r.id = l.id AND r.lease_owner = l.owner "
     "AND r.lease_epoch = l.epoch ORDER BY r.id FOR NO KEY UPDATE OF r), "
     "upd AS (UPDATE runs r SET updated_at = l.now, input_tokens = r.input_tokens + l.it, "
     "output_tokens = r.output_tokens + l.ot, cost_nanousd = r.cost_nanousd + l.cost, "
     "saved_nanousd = r.saved_nanousd + l.saved, steps = r.steps + l.steps, "
-    "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version) "
+    "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version), "
+    "tool_errors = r.tool_errors + l.te "
     "FROM l WHERE l.totals AND r.id = l.id AND r.id IN (SELECT id FROM lk)), "
     "fence AS (SELECT id FROM lk), "
     "b AS (INSERT INTO blobs (hash, body, size, run_id, shares) SELECT v.hash, min(v.body), "
@@ -318,7 +322,7 @@ class _Append:
 
 
 def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
-    runs: list[list[Any]] = [[] for _ in range(12)]
+    runs: list[list[Any]] = [[] for _ in range(13)]
     blob_cols: list[list[Any]] = [[], [], [], []]
     event_cols: list[list[Any]] = [[] for _ in range(13)]
     for job in batch:
@@ -337,6 +341,7 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
             totals.steps,
             totals.invalidations,
             totals.code_version,
+            totals.tool_errors,
         )
         for col, value in zip(runs, row, strict=True):
             col.append(value)
@@ -468,6 +473,8 @@ class PostgresStore(SqlStore, Pruning):
             return await self._append_in_transaction(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
+        # Counted here, not above: the generic path (SqlStore.append) counts its own.
+        delta = with_tool_errors(events, delta)
         blobs = blobs or {}
         loop = asyncio.get_running_loop()
         if self._batcher.empty and loop_is_idle(loop):

@@ -64,7 +64,7 @@ RUN_COLUMNS = (
     "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
-    "blocked_error, blocked_attempts, blocked_since"
+    "blocked_error, blocked_attempts, blocked_since, tool_errors"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -158,10 +158,14 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         blocked_error=read_json(row[27], "runs", "blocked_error", id=run_id),
         blocked_attempts=row[28],
         blocked_since=row[29],
+        tool_errors=row[30],
     )
 
 
-_LISTED_NAMES = tuple(c.strip() for c in LIST_COLUMNS.split(","))  # RunRecord fields
+# What a list reads: the columns of the covering index runs_list, then the columns added
+# since (read from the table: one lookup by rowid per listed row on SQLite).
+LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors"
+_LISTED_NAMES = tuple(c.strip() for c in LISTED_COLUMNS.split(","))  # RunRecord fields
 _LISTED = len(_LISTED_NAMES)  # the summary expressions follow these columns
 _RUN_DEFAULTS = {
     f.name: f.default for f in dataclasses.fields(RunRecord) if f.default is not dataclasses.MISSING
@@ -396,7 +400,7 @@ class SqlStore:
             params.append(updated_after)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         if summary:
-            columns = f"{LIST_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
+            columns = f"{LISTED_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
             source = "runs INDEXED BY runs_list" if self.dialect == "sqlite" else "runs"
         else:
             columns, source = RUN_COLUMNS, "runs"
@@ -545,7 +549,8 @@ class SqlStore:
             "UPDATE runs SET updated_at = ?, input_tokens = input_tokens + ?, "
             "output_tokens = output_tokens + ?, cost_nanousd = cost_nanousd + ?, "
             "saved_nanousd = saved_nanousd + ?, steps = steps + ?, "
-            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version) "
+            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version), "
+            "tool_errors = tool_errors + ? "
             "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
             (
                 now,
@@ -556,6 +561,7 @@ class SqlStore:
                 d.steps,
                 d.invalidations,
                 d.code_version,
+                d.tool_errors,
                 lease.run_id,
                 lease.worker_id,
                 lease.epoch,
@@ -607,6 +613,7 @@ class SqlStore:
         lease moved says so even if its message is gone too), ``MessageConsumed`` when the
         lease holds but ``consume_inbox`` is no longer an unconsumed message of the run;
         either way nothing is written."""
+        delta = with_tool_errors(events, delta)
 
         def tx(cur: Cursor) -> list[Event]:
             fenced = delta is None and bool(events)
@@ -1069,6 +1076,20 @@ def lease_lost(lease: Lease) -> LeaseLost:
 # field it sets is checked here, at import, instead of by a constructor.
 _SEQ = "seq"
 assert _SEQ in {f.name for f in fields(Event)}
+
+
+def with_tool_errors(events: Sequence[Event], delta: RunDelta | None) -> RunDelta | None:
+    """``delta`` plus the failed tool calls among ``events``: counted on the run row in
+    the transaction that writes them (a step with a tool error then writes the totals
+    with it; other steps are untouched)."""
+    failed = 0
+    for event in events:
+        if event.type == "ToolCallRecorded" and event.payload.error is not None:  # type: ignore[attr-defined]
+            failed += 1
+    if not failed:
+        return delta
+    base = delta or RunDelta()
+    return dataclasses.replace(base, tool_errors=base.tool_errors + failed)
 
 
 def with_seq(event: Event, seq: int) -> Event:
