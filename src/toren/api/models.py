@@ -279,6 +279,11 @@ class Event(BaseModel):
     worker_id: str
     created_at: float
     format_version: int
+    chain: str | None = Field(
+        default=None,
+        description="The event's link in its run's hash chain (docs/digest.md §7); null on "
+        "events written before 0.2.",
+    )
     payload: dict[str, Any]
 
 

@@ -92,6 +92,7 @@ class Event:
     slot: str | None = None  # since 0.2; the event's unique key in its run
     created_at: float = 0.0
     format_version: int = 1
+    chain: str | None = None  # since 0.2; the event's link in its run's hash chain
     payload: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -73,7 +73,10 @@ export interface paths {
          * Re-derive every digest of a run from its stored events and blobs
          * @description Per step: `verified` (the digest re-derives byte for byte from the log),
          *     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
-         *     step's seq, stream and position). The rules are docs/digest.md.
+         *     step's seq, stream and position); `response`: whether the recorded answer and usage
+         *     match the step's response digest (`not covered` for events of an earlier version).
+         *     `chain`: the run's hash chain, with each break's seq and position. `ok` is false on
+         *     any mismatch or break. The rules are docs/digest.md.
          */
         get: operations["verify_run"];
         put?: never;
@@ -334,6 +337,42 @@ export interface components {
              */
             retry_at?: number | null;
         };
+        /** ChainBreakOut */
+        ChainBreakOut: {
+            /** Seq */
+            seq: number;
+            /** Stream */
+            stream: string;
+            /** Position */
+            position: number | null;
+            /** Event Type */
+            event_type: string;
+            /** Note */
+            note: string;
+        };
+        /**
+         * ChainOut
+         * @description The run's hash chain (docs/digest.md §7).
+         */
+        ChainOut: {
+            /**
+             * Linked
+             * @description Events whose chain re-derives.
+             */
+            linked: number;
+            /**
+             * Not Covered
+             * @description Events written without a chain (an earlier version).
+             */
+            not_covered: number;
+            /** Breaks */
+            breaks: components["schemas"]["ChainBreakOut"][];
+            /**
+             * Head
+             * @description The last event's chain.
+             */
+            head: string | null;
+        };
         /**
          * ErrorBody
          * @description Every error response has this shape, whatever the status code.
@@ -394,6 +433,11 @@ export interface components {
             created_at: number;
             /** Format Version */
             format_version: number;
+            /**
+             * Chain
+             * @description The event's link in its run's hash chain (docs/digest.md §7); null on events written before 0.2.
+             */
+            chain?: string | null;
             /** Payload */
             payload: {
                 [key: string]: unknown;
@@ -562,6 +606,15 @@ export interface components {
              */
             new: unknown;
         };
+        /** ResponseCounts */
+        ResponseCounts: {
+            /** Verified */
+            verified: number;
+            /** Mismatch */
+            mismatch: number;
+            /** Not Covered */
+            not_covered: number;
+        };
         /**
          * RetryRunRequest
          * @description Both limits are optional: a retry may raise them for this run, never lower them
@@ -630,6 +683,12 @@ export interface components {
              * @default 0
              */
             retries: number;
+            /**
+             * Tool Errors
+             * @description Tool calls that failed (recorded with an error). The built-in loop shows the model the error and goes on, unless the agent sets `on_tool_error: fail` (docs/agent-yaml.md). 0 on runs recorded before 0.2.
+             * @default 0
+             */
+            tool_errors: number;
             /** @description The run and step this run was forked from, if forked. */
             forked_from?: components["schemas"]["Lineage"] | null;
             /** @description Set while the run's ticks fail on an infrastructure error (no API key, provider unreachable, database error, agent not deployed): what failed and when it is tried again. Null otherwise. */
@@ -696,7 +755,7 @@ export interface components {
             run_id: string;
             /**
              * Ok
-             * @description No mismatch.
+             * @description No mismatch of a request or a response, no break of the chain.
              */
             ok: boolean;
             /** Steps */
@@ -707,6 +766,8 @@ export interface components {
             unverifiable: number;
             /** Mismatch */
             mismatch: number;
+            responses: components["schemas"]["ResponseCounts"];
+            chain: components["schemas"]["ChainOut"];
             /** Checks */
             checks: components["schemas"]["StepCheck"][];
         };
@@ -786,6 +847,15 @@ export interface components {
              * @description Why it cannot be verified, what does not match, or how a 0.1 log was read.
              */
             note: string | null;
+            /**
+             * Response
+             * @description The recorded answer, error and usage against the step's response digest (docs/digest.md §6): `not covered` when an earlier version recorded it, `none` for a step kind without one.
+             * @default none
+             * @enum {string}
+             */
+            response: "verified" | "mismatch" | "not covered" | "none";
+            /** Response Note */
+            response_note?: string | null;
         };
         /**
          * StreamFinding
