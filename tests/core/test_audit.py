@@ -116,8 +116,12 @@ async def record(store: Store) -> dict[str, str]:
     assert (await toren.tick(cancelled.id, deps)).status == "waiting"
     await store.request_cancel(cancelled.id, now=time.time())
     assert (await toren.tick(cancelled.id, deps)).status == "cancelled"
+    # A fork: its copied history is inserted with its RunStarted (at run creation).
+    forked = await toren.fork_run(store, reg, audited_runs[0].id, at="main:2")
+    await store.send_message(forked.id, "go", {"ok": "fork"}, now=time.time())
+    assert (await toren.tick(forked.id, deps)).status == "completed"
     ids = {f"audited{i}": r.id for i, r in enumerate(audited_runs)}
-    return {**ids, "retried": again.id, "cancelled": cancelled.id}
+    return {**ids, "retried": again.id, "cancelled": cancelled.id, "forked": forked.id}
 
 
 def _verify(url: str, *args: str) -> Any:
@@ -265,7 +269,7 @@ def test_tampered_responses_usage_and_a_deleted_event_are_each_reported(
     assert report["mismatch"] == 0  # no request digest changed
 
     # The untouched runs of the copy, and the original database, still verify.
-    for run in ("retried", "cancelled"):
+    for run in ("retried", "cancelled", "forked"):
         assert _verify(copy_of, recorded[run]).exit_code == 0
     everything = _verify(copy_of, "--all")
     assert everything.exit_code == EXIT_MISMATCH
