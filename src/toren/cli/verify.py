@@ -98,7 +98,10 @@ def _print(report: RunVerification) -> None:
     console.print(
         f"[bold]run {escape(report.run_id)}[/]: {len(report.checks)} steps, "
         f"{report.count('verified')} verified, {report.count('unverifiable')} cannot be "
-        f"verified, {report.count('mismatch')} mismatches",
+        f"verified, {report.count('mismatch')} mismatches; responses: "
+        f"{report.responses('verified')} verified, {report.responses('mismatch')} altered, "
+        f"{report.responses('not covered')} not covered; chain: "
+        f"{len(report.chain.breaks)} breaks",
         highlight=False,
     )
     for c in report.checks:

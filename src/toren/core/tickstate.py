@@ -370,8 +370,10 @@ class Writer:
                 await barrier
         async with self.lock:
             release = Release(**{**release.__dict__, "delta": self.take()})
-            self.chain = chain(self.chain, release.events)
-            return await self.store.release(self.lease, release, now=self.clock.now())
+            chained = chain(self.chain, release.events)
+            stored = await self.store.release(self.lease, release, now=self.clock.now())
+            self.chain = chained
+            return stored
 
 
 class Parker:
