@@ -42,8 +42,8 @@ def spec_response_digest(type_: str, fields: dict[str, Any]) -> tuple[str, str]:
 def spec_chain(prev: str | None, env: dict[str, Any], payload: str) -> tuple[str, str]:
     keys = ("run_id", "stream", "position", "generation", "slot", "type", "digest")
     rest = ("code_version", "worker_id")
-    head = [prev, *(env[k] for k in keys), *(env[k] for k in rest), float(env["created_at"])]
-    head.append(env["format_version"])
+    head = [prev, *(env[k] for k in keys), *(env[k] for k in rest), env["format_version"]]
+    head.append(float(env["created_at"]))
     text = canon(head)
     digest = hashlib.sha256(b"toren.chain.v1\n" + text + b"\n" + payload.encode("utf-8"))
     return text.decode(), digest.hexdigest()
