@@ -511,11 +511,14 @@ async def test_event_objects_carry_the_whole_envelope(api: Api) -> None:
         "worker_id",
         "created_at",
         "format_version",
+        "chain",  # since 0.2 (docs/digest.md §7)
         "payload",
     }
     async with api.http() as http:
         body = (await http.get(f"/v1/runs/{run.id}/events")).json()
     assert all(set(e) == envelope for e in body["events"])
+    assert [e["chain"] for e in body["events"]] == [e.chain for e in stored]
+    assert all(e.chain for e in stored)
     assert [e["slot"] for e in body["events"]] == [e.slot for e in stored]
     assert body["events"][0]["slot"] == "run:start" and body["events"][1]["slot"] == "main#0:0"
     page = await api.client.events(run.id)
