@@ -251,7 +251,8 @@ def event_from_row(row: Sequence[Any]) -> Event:
     values = event.__dict__
     values.update(zip(_ENVELOPE_COLUMNS, row, strict=False))  # the payload column left out
     values["payload"] = parse_payload(type_, row[12], run_id=run_id, seq=seq)
-    values["chain"] = row[13]
+    # A row of the 0.1 column list (no ``chain``) reads as an event written before 0.2.
+    values["chain"] = row[13] if len(row) > 13 else None
     return event
 
 
