@@ -532,6 +532,14 @@ async def test_verify_and_invalidations_endpoints(api: Api) -> None:
         report = (await http.get(f"/v1/runs/{run.id}/verify")).json()
         assert report["ok"] and report["steps"] == report["verified"] == 3
         assert [c["verdict"] for c in report["checks"]] == ["verified"] * 3
+        # What else is covered (docs/digest.md §6, §7): every event links, and the
+        # model calls' responses re-derive.
+        events = await api.store.load_events(run.id)
+        assert report["chain"]["linked"] == len(events) and report["chain"]["breaks"] == []
+        assert report["chain"]["head"] == events[-1].chain
+        covered = [c["response"] for c in report["checks"]]
+        assert set(covered) <= {"verified", "none"} and "verified" in covered
+        assert report["responses"]["verified"] == covered.count("verified")
         assert (await http.get(f"/v1/runs/{run.id}/invalidations")).json() == {"invalidations": []}
         assert (await api.client.verify(run.id))["checks"] == report["checks"]
         assert await api.client.invalidations(run.id) == []
