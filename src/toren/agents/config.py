@@ -290,6 +290,13 @@ class _Overridable(_Strict):
         description="A concurrency limit, optionally keyed by a path into the input "
         "(docs/flow-control.md).",
     )
+    on_tool_error: Literal["continue", "fail"] | None = Field(
+        default=None,
+        description="What the built-in loop does when a tool raises: `continue` (the "
+        "default) gives the model the error text and goes on, and the run counts it in "
+        "`tool_errors`; `fail` fails the run with the tool's error and traceback "
+        "(retryable with `toren runs retry`, which runs the tool again).",
+    )
     entry: str | None = Field(
         default=None,
         pattern=ENTRY_PATTERN,

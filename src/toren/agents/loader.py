@@ -117,6 +117,7 @@ class ProcessDefinition:
     entry: str | None
     entry_fn: AgentFn | None = None
     concurrency: Concurrency | None = None
+    on_tool_error: str = "continue"  # the built-in loop's; see agent.yaml's on_tool_error
 
     @property
     def uses_builtin_loop(self) -> bool:
@@ -199,6 +200,7 @@ class AgentDefinition:
             params=proc.model_params,
             limits=proc.limits,
             human=human,
+            on_tool_error=proc.on_tool_error,
         )
 
 
@@ -504,6 +506,7 @@ class _AgentLoader:
             entry=entry,
             entry_fn=entry_fn,
             concurrency=concurrency.value() if (concurrency := pick("concurrency")[0]) else None,
+            on_tool_error=pick("on_tool_error")[0] or "continue",
         )
 
     def _check_budget(

@@ -482,6 +482,8 @@ function renderRun() {
   $("s-cost").title = `$${u.cost_usd || 0} exactly`;
   $("s-saved").textContent = usd(u.saved_by_replay_usd);
   $("s-inval").textContent = num(run.invalidations);
+  $("s-toolerr").textContent = num(run.tool_errors || 0);
+  $("s-toolerr").classList.toggle("bad", Boolean(run.tool_errors));
   $("s-version").textContent = run.code_version || "–";
   $("run-input").textContent = json(run.input);
   const out = $("run-output");
