@@ -182,11 +182,19 @@ def _single_name(root: Path) -> str:
 
 
 async def follow(
-    backend: Backend, run_id: str, *, resume_hint: bool = True, reach: str = ""
+    backend: Backend,
+    run_id: str,
+    *,
+    resume_hint: bool = True,
+    reach: str = "",
+    replayed_upto: int | None = None,
 ) -> int:
     """Follow a run in the live view until it ends or parks; returns the exit code.
     ``reach`` is what the printed follow-up commands need to find the run
-    (:func:`follow_up_options`)."""
+    (:func:`follow_up_options`). ``replayed_upto`` is the last seq recorded before the
+    run went on (default: the log as it is now); a caller that set the run going before
+    it follows (``toren runs retry``) reads it first, or steps that ran live in between
+    would be marked replayed."""
     console = out()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -198,8 +206,7 @@ async def follow(
     final: Run | None = None
     stalled: dict[str, Any] | None = None
     # The steps already in the log are replayed from it (free) when the run goes on here.
-    recorded = await backend.events(run_id)
-    upto = max((int(e.get("seq") or 0) for e in recorded), default=0)
+    upto = await last_seq(backend, run_id) if replayed_upto is None else replayed_upto
     try:
         with RunView(console, replayed_upto=upto) as view:
             items = backend.follow(run_id).__aiter__()
@@ -243,6 +250,12 @@ async def follow(
         for sig in installed:
             loop.remove_signal_handler(sig)
     return exit_code(final, reach)
+
+
+async def last_seq(backend: Backend, run_id: str) -> int:
+    """The seq of the run's last recorded event (0 for none)."""
+    recorded = await backend.events(run_id)
+    return max((int(e.get("seq") or 0) for e in recorded), default=0)
 
 
 def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:

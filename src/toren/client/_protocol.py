@@ -351,9 +351,15 @@ class StreamState:
         if msg.event == "delta":
             return Delta.from_json(json.loads(msg.data)) if self.deltas else None
         if msg.event == "end":
-            self.done = True
             run = json.loads(msg.data).get("run")
-            self.final = Run.from_json(run) if run else None
+            final = Run.from_json(run) if run else None
+            if final is not None and not final.terminal:
+                # Not the end: the run was retried after the terminal event an older
+                # server ended on. The connection closes; the next one reads on from
+                # ``last``, past that event.
+                return None
+            self.done = True
+            self.final = final
             return None
         if msg.event == "error":
             error = json.loads(msg.data).get("error", {})
