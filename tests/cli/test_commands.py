@@ -668,3 +668,32 @@ def test_log_lines_never_carry_a_key(
     assert "provider call failed for [redacted]" in logged and "401 Unauthorized" in logged
     assert key not in logged
     assert ("Traceback" in logged) is debug
+
+
+def test_a_name_that_is_also_a_directory_runs_where_the_rule_says(
+    runner: CliRunner, chain: Path
+) -> None:
+    """From a folder holding ``chain/`` (issue 40 item 2): with ``--agents .`` the agents
+    root wins (the run is in ./.toren, where ``toren dev`` of the folder looks); without
+    it the directory is its own project, and a warning names the other database."""
+    rooted = invoke(runner, "run", "chain", "--agents", ".")
+    assert rooted.exit_code == 0, rooted.output
+    assert "warning" not in rooted.stderr
+    assert not (chain / ".toren").exists()
+    listed = json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)
+    assert [r["agent"] for r in listed] == ["chain"]
+
+    own = invoke(runner, "run", "chain")
+    assert own.exit_code == 0, own.output
+    assert (chain / ".toren" / "toren.db").is_file()
+    warning = " ".join(own.stderr.split())
+    assert warning.startswith("warning: running the directory"), own.stderr
+    assert str(chain / ".toren" / "toren.db") in warning
+    assert "toren run chain --agents ." in warning
+    assert len(json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)) == 1
+
+    by_path = invoke(runner, "run", "./chain", "--agents", ".")  # a path to one of its agents
+    assert by_path.exit_code == 0 and "warning" not in by_path.stderr
+    assert len(json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)) == 2
+    quiet = invoke(runner, "run", "./chain")  # a path: the directory, as asked, no warning
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr

@@ -150,26 +150,83 @@ def printed_as_json(run: Run, as_json: bool) -> bool:
     return as_json
 
 
-def locate_agent(agent: str, agents_root: Path) -> tuple[Path, str | None]:
-    """AGENT as (agents root, name). A path to an agent directory (or its agent.yaml) is
-    its own root; anything else is a name under ``agents_root``. A ``None`` name means
-    "the agent of that directory"."""
+def locate_agent(
+    agent: str, agents_root: Path, *, root_given: bool = False
+) -> tuple[Path, str | None]:
+    """AGENT as (agents root, name); a ``None`` name means "the agent of that directory".
+
+    The rule (docs/cli.md, "Which agent, which database"): ``--agents`` given (flag or
+    ``TOREN_AGENTS``) always wins: AGENT is an agent of that root (a name, or a path to
+    one of its agent directories) and runs in the root's database. Without it, a path to
+    an agent directory (or its agent.yaml), also a bare name that is a directory here, is
+    its own root with its own ``.toren/``; anything else is a name under the default root.
+    (A path given with ``--agents`` that is not one of its agents is its own root too.)
+    When that directory is also an agent of the current directory, whose database exists
+    (a ``toren dev`` here reads it), a warning says where the run goes instead."""
     path = Path(agent)
     if path.name == "agent.yaml" and path.is_file():
-        return path.parent.resolve(), None
+        path = path.parent
+    bare = "/" not in agent and "\\" not in agent and not agent.startswith(".")
+    if root_given:
+        if bare:
+            return agents_root.resolve(), agent
+        dirs = _agent_dirs(agents_root)
+        mine = [name for name, where in dirs.items() if path.is_dir() and where == path.resolve()]
+        if mine:
+            return agents_root.resolve(), mine[0]
     if path.is_dir():
         if not (path / "agent.yaml").is_file():
             raise AgentConfigError(
                 f"{path.resolve()}: found a directory without agent.yaml; expected an agent "
                 "directory (create one with 'toren init') or an agent name"
             )
-        return path.resolve(), None
-    if "/" in agent or agent.startswith("."):
+        own = path.resolve()
+        if bare:
+            _warn_other_database(own, agents_root)
+        return own, None
+    if not bare:
         raise AgentConfigError(
             f"{path}: found nothing (no such file or directory); expected an agent directory "
             "or an agent name"
         )
     return agents_root.resolve(), agent
+
+
+def _warn_other_database(own: Path, agents_root: Path) -> None:
+    """``toren run NAME`` took the directory NAME as its own project: say so when the
+    agents root also has that agent and a database, whose runs these will not be."""
+    root = agents_root.resolve()
+    theirs = root / ".toren" / "toren.db"
+    if root == own or not theirs.is_file():
+        return
+    names = [name for name, where in _agent_dirs(root).items() if where == own]
+    if not names:
+        return
+    _warn(
+        f"running the directory {own} as its own project: its runs go to "
+        f"{own / '.toren' / 'toren.db'}, not to {theirs} (the database of {root}, where "
+        f"this agent is {names[0]!r}); to run it there: "
+        f"toren run {names[0]} --agents {shlex.quote(str(agents_root))}"
+    )
+
+
+def _agent_dirs(root: Path) -> dict[str, Path]:
+    """The agents of ``root`` by name (none when it is not a directory, or its agent
+    files are broken: loading the agent says what is wrong, with its file)."""
+    from toren.agents import DirectoryResolver
+
+    if not root.is_dir():
+        return {}
+    try:
+        return {
+            name: where.resolve() for name, where in DirectoryResolver(root).agent_dirs().items()
+        }
+    except AgentConfigError:
+        return {}
+
+
+def _warn(text: str) -> None:
+    err().print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
 
 
 def _single_name(root: Path) -> str:
@@ -362,7 +419,9 @@ def run(
             lambda: _run_remote(url, token, name, value, process, idempotency_key, detach, reach)
         )
     else:
-        root, name_or_none = locate_agent(agent, agents_root)
+        source = click.get_current_context().get_parameter_source("agents_root")
+        given = source not in (None, click.core.ParameterSource.DEFAULT)
+        root, name_or_none = locate_agent(agent, agents_root, root_given=given)
         code = run_async(
             lambda: _run_embedded(
                 root,
