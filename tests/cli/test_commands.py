@@ -697,3 +697,20 @@ def test_a_name_that_is_also_a_directory_runs_where_the_rule_says(
     assert len(json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)) == 2
     quiet = invoke(runner, "run", "./chain")  # a path: the directory, as asked, no warning
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_send_under_a_name_the_run_does_not_wait_for_warns_and_keeps_it(
+    runner: CliRunner, chain: Path
+) -> None:
+    """Issue 40 item 4: the message is kept (exit 0) with a warning naming the names the
+    run waits for; it does not wake the run."""
+    assert invoke(runner, "run", "chain", "--input", '{"ask": true}').exit_code == 4
+    run_id = last_run_id(runner, chain)
+    typo = invoke(runner, "runs", "send", run_id, "aproval", "yes", "--agents", "chain")
+    assert typo.exit_code == 0, typo.output
+    warning = " ".join(typo.stderr.split())
+    assert warning.startswith(f"warning: run {run_id!r} is waiting for 'approval', not 'aproval'")
+    shown = json.loads(invoke(runner, "runs", "show", run_id, "--agents", "chain", "--json").stdout)
+    assert shown["status"] == "waiting" and shown["waiting_for"] == ["approval"]
+    right = invoke(runner, "runs", "send", run_id, "approval", "yes", "--agents", "chain")
+    assert right.exit_code == 0 and "warning" not in right.stderr

@@ -11,6 +11,7 @@ import json
 import shlex
 import signal
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,8 +41,8 @@ from toren.cli._common import (
 )
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked, run_json
 from toren.cli.view import RunView, money, short
-from toren.client import Run
-from toren.core.runs import MAX_RUNS_PAGE
+from toren.client import Run, TorenMessageWarning
+from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.takeover import take_over_gone
 from toren.core.values import STATUSES, RunStatus
 from toren.errors import AgentConfigError
@@ -754,7 +755,9 @@ def events(
 
 @runs.command(
     help="Send a message to a run (it continues a run waiting in wait_for_message or the "
-    "ask_human tool). PAYLOAD is JSON if it parses, else a string; @file reads it."
+    "ask_human tool). PAYLOAD is JSON if it parses, else a string; @file reads it. A name "
+    "the run is not waiting for is kept for a later wait, with a warning naming the names "
+    "it waits for."
     + examples(
         "toren runs send RUN_ID human 'yes, refund it'",
         "toren runs send RUN_ID approval '{\"ok\": true}'",
@@ -780,10 +783,16 @@ def send(
     check_message(name, value)
 
     async def send_then_get(backend: Backend) -> Run:
-        await backend.send(run_id, name, value)
+        with warnings.catch_warnings():  # the client's warning: said below, in CLI words
+            warnings.simplefilter("ignore", TorenMessageWarning)
+            await backend.send(run_id, name, value)
         return await backend.get_run(run_id)
 
     found = on_backend(url, token, agents_root, database_url, send_then_get)
+    waits = found.waiting_for if found.status == RunStatus.WAITING else None
+    warning = unexpected_message(run_id, name, waits)
+    if warning is not None:
+        _warn(warning)
     if printed_as_json(found, as_json):
         return
     where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"

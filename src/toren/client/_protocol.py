@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -16,6 +17,7 @@ import httpx
 from toren.client._errors import (
     TorenAPIError,
     TorenConnectionError,
+    TorenMessageWarning,
     TorenResponseError,
     TorenStreamTimeout,
     TorenTokenError,
@@ -82,10 +84,18 @@ def send_message(run_id: str, name: str, payload: Any) -> Call[int]:
     return Call(
         "POST",
         _run_path(run_id, "/messages"),
-        lambda d: int(d["message_id"]),
+        _message_accepted,
         json={"name": name, "payload": payload},
         has_body=True,
     )
+
+
+def _message_accepted(data: Any) -> int:
+    """The message id; the server's ``warning`` (the run waits for other names) as a
+    :class:`TorenMessageWarning` pointing at the caller's ``send_message`` line."""
+    if data.get("warning"):
+        warnings.warn(str(data["warning"]), TorenMessageWarning, stacklevel=5)
+    return int(data["message_id"])
 
 
 def cancel(run_id: str) -> Call[Run]:
