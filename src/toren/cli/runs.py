@@ -8,6 +8,7 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import logging
 import shlex
 import signal
 import time
@@ -40,7 +41,7 @@ from toren.cli._common import (
     settings_from,
 )
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked, run_json
-from toren.cli.view import RunView, money, short
+from toren.cli.view import RunView, money, next_try, short
 from toren.client import Run, TorenMessageWarning
 from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.takeover import take_over_gone
@@ -263,6 +264,11 @@ async def follow(
             installed.append(sig)
     final: Run | None = None
     stalled: dict[str, Any] | None = None
+    # The worker's log line for this run's block says what the error line below says:
+    # one error line and one hint, nothing in between.
+    quiet = _NotThisRunsBlock(run_id)
+    tick_log = logging.getLogger("toren.tick")
+    tick_log.addFilter(quiet)
     # The steps already in the log are replayed from it (free) when the run goes on here.
     upto = await last_seq(backend, run_id) if replayed_upto is None else replayed_upto
     try:
@@ -305,9 +311,24 @@ async def follow(
             return EXIT_INTERRUPTED
         view.summary(final)
     finally:
+        tick_log.removeFilter(quiet)
         for sig in installed:
             loop.remove_signal_handler(sig)
     return exit_code(final, reach)
+
+
+class _NotThisRunsBlock(logging.Filter):
+    """Drops the worker's "run X blocked" lines of the run followed in the foreground,
+    which says the same thing itself (:func:`_stalled`)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        blocked = str(record.msg).startswith(("run %s blocked", "run %s: blocked"))
+        return not (blocked and args[:1] == (self.run_id,))
 
 
 async def last_seq(backend: Backend, run_id: str) -> int:
@@ -325,9 +346,10 @@ def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
     console.print(f"[bold red]error:[/] {escape(str(error.get('message')))}", highlight=False)
     retry = ""
     if error.get("attempts"):
+        # No clock time: the next try is due within seconds, long past when this is read.
         retry = (
-            f" (blocked, attempt {error['attempts']}; a 'toren worker' or 'toren dev' tries "
-            f"again at {_clock(error.get('retry_at'))})"
+            f" (blocked, attempt {error['attempts']}; a 'toren worker' or 'toren dev' on "
+            "this database retries it by itself)"
         )
     console.print(
         f"[dim]hint:[/] run {escape(run_id)} is kept as it is{escape(retry)}; fix the problem "
@@ -534,7 +556,7 @@ def stuck_rows(run: Run) -> list[tuple[str, str]]:
             (
                 "attempts",
                 f"{blocked.get('attempts')} since {_when(blocked.get('since'))}; next try "
-                f"{_clock(blocked.get('retry_at'))}",
+                f"{next_try(blocked.get('retry_at'))}",
             )
         )
     lease = run.lease
