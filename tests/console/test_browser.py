@@ -104,7 +104,7 @@ async def test_an_edited_prompt_shows_the_superseded_suffix_and_the_digests(
         child = page.locator('.stream[data-stream="main"] .children .stream[data-stream="main/2"]')
         await expect(child).to_contain_text("Order A-17: two items")
         await expect(page.get_by_label("Name")).to_have_value("approve")
-        await page.get_by_label("Payload (JSON)").fill('{"by": "ada"}')
+        await page.get_by_label("Payload").fill('{"by": "ada"}')
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#msg-status")).to_contain_text("Message sent")
 
@@ -161,7 +161,7 @@ async def test_send_a_message_to_a_waiting_run(sqlite_store: Store, chromium: An
         page = await page_with_token(chromium, server)
         await page.goto(f"{server.url}/runs/{run_id}")
         await expect(page.locator("#waiting-hint")).to_contain_text("waiting for “approve”")
-        payload = page.get_by_label("Payload (JSON)")
+        payload = page.get_by_label("Payload")
         await payload.fill("{approved: yes}")
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#msg-status")).to_contain_text("not valid JSON")
@@ -177,6 +177,34 @@ async def test_send_a_message_to_a_waiting_run(sqlite_store: Store, chromium: An
         await expect(received).to_contain_text("message “approve”")
         run = await server.store.get_run(run_id)
         assert run.output == {"decision": {"approved": True, "by": "ada"}}
+
+
+async def test_a_plain_text_message_is_sent_as_a_string_under_the_name_waited_for(
+    sqlite_store: Store, chromium: Any
+) -> None:
+    """Issue 40 item 7: as the start form and `toren runs send` do, text that is not JSON
+    is a string; the name is pre-filled with the one the run waits for; a name it does not
+    wait for is kept, and the page says which names it waits for."""
+    async with serve(sqlite_store) as server:
+        run_id = await server.start("approval", {"customer": "ada"})
+        await server.wait_status(run_id, "waiting")
+        page = await page_with_token(chromium, server)
+        await page.goto(f"{server.url}/runs/{run_id}")
+        name = page.get_by_label("Name")
+        await expect(name).to_have_value("approve")
+        await name.fill("aprove")
+        await page.get_by_label("Payload").fill("not yet")
+        await page.get_by_role("button", name="Send message").click()
+        await expect(page.locator("#msg-status")).to_contain_text(
+            "is waiting for 'approve', not 'aprove'"
+        )
+        await name.fill("approve")
+        await page.get_by_label("Payload").fill("Yes please")
+        await page.get_by_role("button", name="Send message").click()
+        await expect(page.locator("#msg-status")).to_contain_text("Message sent")
+        await expect(page.locator("#run-status")).to_have_text("completed")
+        run = await server.store.get_run(run_id)
+        assert run.output == {"decision": "Yes please"}
 
 
 async def test_cancel_a_run(sqlite_store: Store, chromium: Any) -> None:
@@ -457,7 +485,7 @@ async def test_a_call_cut_off_in_a_superseded_suffix_is_shown_with_it(
         await expect(main.locator("> .steps > .step.cut-off")).to_have_count(1)
 
         server.registry.add("approval", edited_approval, code_version="a2")
-        await page.get_by_label("Payload (JSON)").fill('{"by": "ada"}')
+        await page.get_by_label("Payload").fill('{"by": "ada"}')
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#run-status")).to_have_text("completed")
 
