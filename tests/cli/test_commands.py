@@ -66,6 +66,13 @@ def test_init_scaffolds_and_refuses_to_overwrite(runner: CliRunner, tmp_path: Pa
     assert "def get_weather" in (target / "tools.py").read_text()
     for name in ("Dockerfile", "compose.yaml", "README.md", "script.yaml", "prompts/system.md"):
         assert (target / name).is_file(), name
+    # Toren from an index or from a checkout: both named, and the one place that says how.
+    readme = " ".join((target / "README.md").read_text().split())
+    assert "pip install /path/to/toren" in readme and "from your package index" in readme
+    assert '"Installing Toren" of Toren\'s docs/deploy.md' in readme
+    deploy = (Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    assert "## Installing Toren: from a package index or from a checkout" in deploy
+    assert "Until `toren-run` is published" not in deploy  # it is both, said once
 
     again = invoke(runner, "init", str(target))
     assert again.exit_code == 5
