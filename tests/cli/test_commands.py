@@ -721,3 +721,18 @@ def test_send_under_a_name_the_run_does_not_wait_for_warns_and_keeps_it(
     assert shown["status"] == "waiting" and shown["waiting_for"] == ["approval"]
     right = invoke(runner, "runs", "send", run_id, "approval", "yes", "--agents", "chain")
     assert right.exit_code == 0 and "warning" not in right.stderr
+
+
+def test_runs_help_says_which_subcommands_take_url_and_json() -> None:
+    """Issue 40 item 9: `toren runs --help` claimed every subcommand takes --url and
+    --json; each one that does not is named as an exception."""
+    from toren.cli.main import cli
+
+    group = cli.commands["runs"]  # type: ignore[attr-defined]
+    text = " ".join(str(group.help).split())
+    no_url = text.partition("(--url);")[2].partition("--json")[0]
+    no_json = text.partition("--json for scripting")[2].partition(")")[0]
+    for name, command in group.commands.items():
+        options = {o for p in command.params for o in getattr(p, "opts", ())}
+        assert (name in no_url.replace(",", " ").split()) == ("--url" not in options), name
+        assert (name in no_json.replace(",", " ").split()) == ("--json" not in options), name

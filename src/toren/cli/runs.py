@@ -530,9 +530,12 @@ def _print_detached(run: Run, reach: str, *, remote: bool) -> None:
 
 
 @click.group(
-    help="Inspect and steer runs: list, show, events, send, cancel, resume. Every "
-    "subcommand works on the embedded database (default) or a server (--url), and takes "
-    "--json for scripting."
+    help="Inspect and steer runs: list, show, events, send, cancel, resume, retry, fork; "
+    "check them (verify); keep the database small (prune, export, import). The "
+    "subcommands that inspect and steer work on the embedded database (default) or a "
+    "server (--url); verify, prune, export and import work on the database itself "
+    "(--database-url, or the embedded one), like a backup. --json for scripting: every "
+    "subcommand but resume and export (which writes JSON lines already)."
     + examples(
         "toren runs list --status waiting",
         "toren runs show run_0193... --json | jq .usage",
