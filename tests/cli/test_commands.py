@@ -107,8 +107,14 @@ def test_scaffolded_agent_runs_and_is_inspectable(
     out = result.stdout
     assert "◆ model scripted:script.yaml" in out
     assert "⚙ tool get_weather" in out
-    assert "✔ completed" in out and "sunny in Paris" in out
+    assert "✔ completed" in out and "always looks up Paris" in out
     assert (tmp_path / "hello" / ".toren" / "toren.db").is_file()
+    # Asked about Lyon, it does not answer about Paris as if it were Lyon (issue 40 item 10).
+    lyon = invoke(runner, "run", "hello", "What is the weather in Lyon?")
+    assert lyon.exit_code == 0, lyon.output
+    said = " ".join(lyon.stdout.split())
+    assert "You asked: What is the weather in Lyon?" in said
+    assert "always looks up Paris" in said and "sunny in Paris" not in said
 
     run_id = last_run_id(runner, tmp_path / "hello")
     shown = invoke(runner, "runs", "show", run_id, "--agents", "hello", "--json")

@@ -312,6 +312,11 @@ def setup_logging(level: str = "error") -> None:
     server.propagate = False
 
 
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the word for that many: "1 run", "2 runs", "1 mismatch", "0 mismatches"."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(factory())
 

@@ -66,7 +66,10 @@ responses:
   - text: "Let me check the weather."
     tool_calls:
       - {name: get_weather, arguments: {city: "Paris"}}
-  - text: "It is sunny in Paris today, up to 21 °C. (get_weather said: {last_tool})"
+  # A script cannot read the question: it looks up Paris whatever the city, and says so.
+  - text: >-
+      You asked: {last_user} This scripted model (script.yaml) always looks up Paris:
+      {last_tool}. Set model: in agent.yaml to a real model to ask about any city.
 default: {text: "done"}
 latency: 0.1        # seconds per call, so the live view has something to show
 stream_chunk: 6     # characters per streamed delta

@@ -380,7 +380,9 @@ function streamBox(s, ctx) {
   const cut = s.cutoffs.length;
   return h("section", { class: "stream", "aria-label": `Stream ${s.name}`, dataset: { stream: s.name } },
     h("h3", {}, "Stream ", h("span", { class: "mono" }, s.name),
-      h("span", { class: "sub" }, `${s.steps.size} step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}${cut ? ` · ${cutOffCount(cut)}` : ""}`)),
+      // Current steps only: superseded ones sit under their invalidation, and the run's
+      // "Steps recorded" (its usage) counts those too.
+      h("span", { class: "sub" }, `${s.steps.size} current step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}${cut ? ` · ${cutOffCount(cut)}` : ""}`)),
     items.length ? h("ol", { class: "steps" }, ...items) : h("p", { class: "empty" }, "No steps yet."));
 }
 
