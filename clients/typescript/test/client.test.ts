@@ -303,7 +303,7 @@ describe("operations and auth", () => {
     const agents = await client.agents();
     const demo = agents.find((a) => a.name === "demo");
     assert.ok(demo);
-    assert.deepEqual([...demo.processes].sort(), ["approval", "gated", "main", "quick"]);
+    assert.deepEqual([...demo.processes].sort(), ["approval", "gated", "main", "mend", "quick"]);
     assert.equal(demo.error ?? null, null);
   });
 
