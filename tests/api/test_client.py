@@ -218,9 +218,12 @@ async def test_a_message_under_a_name_the_run_does_not_wait_for_is_kept_with_a_w
     body = answer.json()
     assert body["waiting_for"] == ["approve"]
     assert "waiting for 'approve', not 'aprove'" in body["warning"]
-    await _until_waiting(api, run.id)  # any message wakes the run to look; it waits again
+    # Any message wakes the run to look (then it waits again): the client's warning on
+    # a second run that has had no message yet.
+    other = await api.client.start_run("approval", {})
+    await _until_waiting(api, other.id)
     with pytest.warns(TorenMessageWarning, match="waiting for 'approve', not 'aprove'"):
-        await api.client.send_message(run.id, "aprove", "again")
+        await api.client.send_message(other.id, "aprove", "again")
     await _until_waiting(api, run.id)
     events = (await api.client.events(run.id, limit=100)).events
     assert "MessageReceived" not in [e.type for e in events], "not taken by the run"
