@@ -78,6 +78,7 @@ def runtime_providers() -> dict[str, ModelProvider]:
     return {
         "scripted": ScriptedProvider(),
         "openai": _LazyProvider("openai"),
+        "openai-responses": _LazyProvider("openai-responses"),
         "anthropic": _LazyProvider("anthropic"),
     }
 
