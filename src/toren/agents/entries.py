@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from toren.core.program import AgentFn
+from toren.core.program import AgentFn, ToolDef
 from toren.core.ports import ModelProvider
 
-__all__ = ["EntryAdapter", "EntryRefused", "entry_providers"]
+__all__ = ["EntryAdapter", "EntryRefused", "entry_providers", "entry_tools"]
 
 
 class EntryRefused(Exception):
@@ -56,3 +56,11 @@ def entry_providers(fn: AgentFn) -> Mapping[str, ModelProvider]:
     provider per provider name its requests carry. Empty for a plain agent function."""
     providers = getattr(fn, "toren_providers", None)
     return providers if isinstance(providers, Mapping) else {}
+
+
+def entry_tools(fn: AgentFn) -> Mapping[str, ToolDef] | None:
+    """The tools an adapted entry brings (``fn.toren_tools``): what the engine's tool
+    steps run and how they treat side effects (the framework's tools, called through
+    ``ctx.tool``). ``None`` for a plain agent function."""
+    tools = getattr(fn, "toren_tools", None)
+    return tools if isinstance(tools, Mapping) else None

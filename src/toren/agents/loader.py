@@ -23,6 +23,7 @@ import re
 import sys
 import traceback
 import types
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ from toren.agents.diagnostics import (
     describe_found,
     problems_from_pydantic,
 )
-from toren.agents.entries import EntryAdapter, EntryRefused, entry_providers
+from toren.agents.entries import EntryAdapter, EntryRefused, entry_providers, entry_tools
 from toren.agents.loop import LoopSpec, make_loop
 from toren.agents.pricing import PriceTable, default_table
 from toren.agents.tools import tools_from_module
@@ -163,7 +164,10 @@ class AgentDefinition:
         if proc.entry_fn is not None:
             # A framework agent's requests carry its own provider names; its adapter's
             # providers serve them, ahead of the agent's and the runtime's.
-            providers = {**(providers or {}), **entry_providers(proc.entry_fn)}
+            providers = ChainMap(entry_providers(proc.entry_fn), dict(providers or {}))  # type: ignore[arg-type]
+            framework_tools = entry_tools(proc.entry_fn)
+            if framework_tools is not None:
+                tools = ChainMap(tools, framework_tools)  # type: ignore[assignment]
         return AgentProgram(
             agent=self.name,
             process=proc.name,
@@ -172,7 +176,7 @@ class AgentDefinition:
             code_version=self.code_version,
             limits=proc.limits,
             processes=tuple(self.processes),
-            providers=dict(providers or {}),
+            providers=providers if isinstance(providers, ChainMap) else dict(providers or {}),
             pricing=self.prices.cost,
         )
 
