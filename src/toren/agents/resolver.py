@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import yaml
 
 from toren.agents.config import ProviderConfig, parse_model_ref
+from toren.agents.entries import EntryAdapter
 from toren.agents.loader import (
     AGENT_FILE,
     AgentDefinition,
@@ -118,7 +119,9 @@ class DirectoryResolver:
     ``provider_factory`` builds each agent's own providers (``AgentProgram.providers``);
     the default is :func:`default_provider_factory`, ``None`` disables agent-bound
     providers. ``code_version`` overrides the directory hash (e.g. from
-    ``TOREN_CODE_VERSION``, read by the caller).
+    ``TOREN_CODE_VERSION``, read by the caller). ``adapt_entry`` lets an ``entry:`` name a
+    framework's agent object (``toren.integrations.adapt_entry``; see
+    :mod:`toren.agents.entries`).
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class DirectoryResolver:
         code_version: str | None = None,
         provider_factory: ProviderFactory | None = default_provider_factory,
         mcp_startup_timeout: float = 30.0,
+        adapt_entry: EntryAdapter | None = None,
     ) -> None:
         if isinstance(root_or_dirs, (str, Path)):
             root_or_dirs = [root_or_dirs]
@@ -135,6 +139,7 @@ class DirectoryResolver:
         self.code_version = code_version
         self.provider_factory = provider_factory
         self.mcp_startup_timeout = mcp_startup_timeout
+        self.adapt_entry = adapt_entry
         self._lock = threading.RLock()
         self._loaded: dict[Path, AgentDefinition] = {}
         self._mcp: dict[tuple[Path, str], tuple[str, McpServer]] = {}
@@ -206,7 +211,9 @@ class DirectoryResolver:
             cached = self._loaded.get(directory)
             if cached is not None and cached.content_hash == directory_hash(directory):
                 return cached
-            definition = load_agent(directory, code_version=self.code_version)
+            definition = load_agent(
+                directory, code_version=self.code_version, adapt_entry=self.adapt_entry
+            )
             self._loaded[directory] = definition
             return definition
 
