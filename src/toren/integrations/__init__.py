@@ -85,6 +85,13 @@ ADAPTERS: tuple[FrameworkAdapter, ...] = (
         extra="toren-run[pydantic-ai]",
         kind="a pydantic_ai.Agent instance ('agent = Agent(...)')",
     ),
+    FrameworkAdapter(
+        name="openai-agents",
+        package="agents",
+        module="toren.integrations.openai_agents",
+        extra="toren-run[openai-agents]",
+        kind="an OpenAI Agents SDK agents.Agent instance ('agent = Agent(...)')",
+    ),
 )
 
 adapt_entry = FrameworkAdapters(ADAPTERS)
