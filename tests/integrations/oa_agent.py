@@ -79,9 +79,7 @@ MODELS = {
 }
 
 
-def write_agent(
-    agents: Path, api: str, url: str, outbox: Path, *, billing: str = BILLING
-) -> Path:
+def write_agent(agents: Path, api: str, url: str, outbox: Path, *, billing: str = BILLING) -> Path:
     directory = agents / "support"
     directory.mkdir(parents=True, exist_ok=True)
     model_class, model_name = MODELS[api]

@@ -5,6 +5,7 @@ and what the side-effecting tools did is counted, never assumed."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,5 +85,136 @@ async def test_an_unmodified_sdk_agent_runs_as_steps(
     assert {m.provider for m in models} == {provider}
     assert final.input_tokens == 4 * 11 and final.output_tokens == 4 * 7
     assert final.cost_usd > 0  # priced as the same OpenAI model
-    handoff = next(e.payload for e in events if e.type == "ToolCallRecorded" and e.payload.name == "transfer_to_billing")
+    handoff = next(
+        e.payload
+        for e in events
+        if e.type == "ToolCallRecorded" and e.payload.name == "transfer_to_billing"
+    )
     assert handoff.result == {"agent": "billing"}
+
+
+async def toren_plan(deps: Any, run_id: str) -> Any:
+    from toren.core.plan import plan_run
+
+    run = await deps.store.get_run(run_id)
+    return await plan_run(deps, run)
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_approval_parks_survives_a_restart_and_an_edited_handoff_target(
+    db_url: str, tmp_path: Path, fake: FakeModelServer, api: str
+) -> None:
+    """A tool that needs approval parks the run (waiting, for 'approval'); the worker
+    that parked it is gone and a new one resumes it from the log. The billing agent's
+    instructions are edited under the parked run: `toren plan` predicts the one
+    invalidation at billing's first model call (position 4), the resumed run has exactly
+    that StreamInvalidated, requests none of the triage steps again, takes the same
+    handoff, and the approved refund and the email happen once."""
+    outbox = tmp_path / "outbox.jsonl"
+    agents = tmp_path / "agents"
+    write_agent(agents, api, fake.openai_url, outbox)
+    server = endpoint(fake, api)
+    server.responder = conversation(refund=True)
+    runtime = await opened(tmp_path, db_url)
+    try:
+        run = await toren.start_run(runtime.store, runtime.resolver, "support", "Refund A-17")
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            parked = await toren.wait_for_run(runtime.store, run.id, timeout=30, until=("waiting",))
+        assert parked.status == "waiting" and parked.waiting_for == ["approval"]
+        assert server.served == 3
+        assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order"]
+
+        write_agent(agents, api, fake.openai_url, outbox, billing="You are billing. Be brief.")
+        deps = runtime.reload_deps()
+        plan = await toren_plan(deps, run.id)
+        assert [(f.stream, f.from_pos) for f in plan.findings] == [("main", 4)]
+
+        await toren.send_message(runtime.store, run.id, "approval", True)
+        async with toren.LocalWorkerRuntime(deps):
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
+        assert final.status == "completed", final.error
+        assert final.output == "Emailed you about A-17."
+        events = await runtime.store.load_events(run.id)
+    finally:
+        await close_runtime(runtime)
+    invalidated = [e for e in events if e.type == "StreamInvalidated"]
+    assert [(e.stream, e.payload.from_pos) for e in invalidated] == [("main", 4)]
+    later = [r.body for r in server.requests[3:]]
+    assert len(later) == 3 and all("Be brief." in str(b) for b in later)  # billing only
+    handoffs = [
+        e.payload.result
+        for e in events
+        if e.type == "ToolCallRecorded" and e.payload.name == "transfer_to_billing"
+    ]
+    assert handoffs == [{"agent": "billing"}]  # recorded once, replayed after the restart
+    assert [line["tool"] for line in outbox_lines(outbox)] == [
+        "lookup_order",
+        "refund",
+        "send_email",
+    ]
+
+
+@pytest.mark.parametrize(("api", "kill_during"), [("responses", 2), ("responses", 4), ("chat", 3)])
+async def test_sigkill_mid_run_pays_no_call_twice_and_takes_the_same_handoff(
+    db_url: str, tmp_path: Path, fake: FakeModelServer, api: str, kill_during: int
+) -> None:
+    """A `toren worker` process running the SDK agent is killed with SIGKILL while its
+    ``kill_during``-th model call is in flight (2: the triage turn that decides the
+    handoff; 3: billing's first turn, right after the handoff; 4: billing's last turn,
+    after the email). A new worker completes the run:
+    no recorded call is requested again, the email is sent once, and the handoff
+    recorded before the kill (or decided after it) is taken once."""
+    import dataclasses
+    import json
+    import os
+    import signal
+    import time
+
+    from tests.agents.test_example_openai_and_crash import toren_worker
+
+    outbox = tmp_path / "outbox.jsonl"
+    write_agent(tmp_path / "agents", api, fake.openai_url, outbox)
+    server = endpoint(fake, api)
+    answer = conversation()
+
+    def reply(body: dict[str, Any]) -> Any:
+        got = answer(body)
+        if server.served == kill_during:  # this request: slow, so the kill lands in it
+            return dataclasses.replace(got, delay=3.0)
+        return got
+
+    server.responder = reply
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+    runtime = await opened(tmp_path, db_url)
+    try:
+        run = await toren.start_run(runtime.store, runtime.resolver, "support", "Where is A-17?")
+        worker = toren_worker(tmp_path / "agents", db_url, env)
+        try:
+            deadline = time.monotonic() + 90
+            while server.served < kill_during:
+                assert time.monotonic() < deadline and worker.poll() is None
+                await asyncio.sleep(0.02)
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            assert (await runtime.store.get_run(run.id)).status == "running"  # type: ignore[union-attr]
+            worker = toren_worker(tmp_path / "agents", db_url, env)
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=90)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(30)
+        events = await runtime.store.load_events(run.id)
+    finally:
+        await close_runtime(runtime)
+    assert final.status == "completed", final.error
+    assert final.output == "Emailed you about A-17."
+    bodies = [json.dumps(r.body, sort_keys=True) for r in server.requests]
+    # Five requests: four model calls once each, and the one killed in flight (never
+    # recorded, so never paid for in the log) once more, right after the restart.
+    assert len(bodies) == 5 and len(set(bodies)) == 4
+    assert bodies[kill_during - 1] == bodies[kill_during]
+    assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order", "send_email"]
+    recorded = [e.payload for e in events if e.type == "ToolCallRecorded"]
+    assert [(t.name, t.result) for t in recorded if t.name.startswith("transfer")] == [
+        ("transfer_to_billing", {"agent": "billing"})
+    ]
+    assert [e.type for e in events].count("ModelCallRecorded") == 4

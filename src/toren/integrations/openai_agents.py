@@ -58,20 +58,7 @@ from toren.core.program import AgentFn, ToolDef
 from toren.errors import AgentConfigError, InvalidInput, ModelCallFailed, ToolFailed
 
 try:
-    import agents
     import openai
-    from agents import (
-        Agent,
-        FunctionTool,
-        GuardrailFunctionOutput,
-        Handoff,
-        InputGuardrail,
-        OutputGuardrail,
-        RunConfig,
-        Runner,
-    )
-    from agents import ModelResponse as SdkResponse
-    from agents import Usage as SdkUsage
     from agents.models.interface import Model
     from agents.models.multi_provider import MultiProvider
     from openai.types.responses import (
@@ -81,6 +68,19 @@ try:
         ResponseOutputText,
     )
     from pydantic import BaseModel
+
+    import agents
+    from agents import (
+        Agent,
+        FunctionTool,
+        GuardrailFunctionOutput,
+        InputGuardrail,
+        OutputGuardrail,
+        RunConfig,
+        Runner,
+    )
+    from agents import ModelResponse as SdkResponse
+    from agents import Usage as SdkUsage
 except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
     raise ModuleNotFoundError(
         "toren.integrations.openai_agents needs the OpenAI Agents SDK: "
@@ -134,7 +134,9 @@ def neutral_request(
     for raw in items:
         _add_item(messages, _as_dict(raw))
     specs = [_tool_spec(t) for t in tools]
-    specs += [ToolSpec(h.tool_name, h.tool_description or "", h.input_json_schema) for h in handoffs]
+    specs += [
+        ToolSpec(h.tool_name, h.tool_description or "", h.input_json_schema) for h in handoffs
+    ]
     return ModelRequest(
         provider=provider,
         model=model,
@@ -713,4 +715,3 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
     run.toren_tools = _Tools(declared)  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"openai_agents:{start.name or where}"
     return run
-

@@ -619,4 +619,3 @@ def _overridden(
 ) -> Iterator[None]:
     with agent.override(model=model, toolsets=toolsets, tools=[]):
         yield
-
