@@ -218,3 +218,71 @@ async def test_sigkill_mid_run_pays_no_call_twice_and_takes_the_same_handoff(
         ("transfer_to_billing", {"agent": "billing"})
     ]
     assert [e.type for e in events].count("ModelCallRecorded") == 4
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+def write_entry(agents: Path, code: str) -> None:
+    directory = agents / "support"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "app.py").write_text(code)
+    (directory / "agent.yaml").write_text("name: support\nentry: app:agent\n")
+
+
+async def refused(tmp_path: Path, db_url: str) -> str:
+    """The error a start of the agent gets; and no run was created."""
+    runtime = await opened(tmp_path, db_url)
+    try:
+        with pytest.raises(toren.AgentConfigError) as caught:
+            await toren.start_run(runtime.store, runtime.resolver, "support", "hi")
+        assert await runtime.store.list_runs() == []
+    finally:
+        await close_runtime(runtime)
+    return str(caught.value)
+
+
+async def test_a_wrong_sdk_object_is_refused_naming_what_is_expected(
+    db_url: str, tmp_path: Path
+) -> None:
+    write_entry(tmp_path / "agents", "from agents import Runner\nagent = Runner()\n")
+    message = await refused(tmp_path, db_url)
+    assert "'app:agent', which is an object of type agents.run.Runner" in message
+    assert "an OpenAI Agents SDK agents.Agent instance" in message
+
+
+async def test_a_hosted_tool_is_refused_when_the_agent_loads(db_url: str, tmp_path: Path) -> None:
+    write_entry(
+        tmp_path / "agents",
+        "from agents import Agent, WebSearchTool\n"
+        "agent = Agent(name='a', model='gpt-4.1', tools=[WebSearchTool()])\n",
+    )
+    message = await refused(tmp_path, db_url)
+    assert "WebSearchTool (a hosted tool" in message
+    assert "function tools (@function_tool)" in message
+
+
+async def test_the_sdk_missing_names_the_extra_to_install(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "agents", None)  # as if openai-agents were not installed
+    write_entry(tmp_path / "agents", "from agents import Agent\nagent = Agent(name='a')\n")
+    message = await refused(tmp_path, db_url)
+    assert "which is not installed" in message
+    assert "pip install 'toren-run[openai-agents]'" in message
+
+
+async def test_input_that_is_not_a_prompt_fails_the_run_clearly(
+    db_url: str, tmp_path: Path, fake: FakeModelServer
+) -> None:
+    write_agent(tmp_path / "agents", "responses", fake.openai_url, tmp_path / "outbox.jsonl")
+    runtime = await opened(tmp_path, db_url)
+    try:
+        final = await run_once(runtime, input=[1, 2])
+    finally:
+        await close_runtime(runtime)
+    assert final.status == "failed"
+    assert "takes a text prompt; found list [1, 2]" in final.error["message"]
+    assert fake.responses.served == 0
