@@ -6,6 +6,7 @@ and what the side-effecting tools did is counted, never assumed."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,45 @@ async def test_input_that_is_not_a_prompt_fails_the_run_clearly(
     assert final.status == "failed"
     assert "takes a text prompt; found list [1, 2]" in final.error["message"]
     assert fake.responses.served == 0
+
+
+# -- the scaffold ------------------------------------------------------------------------
+
+
+def test_the_openai_agents_scaffold_runs_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+
+    from tests.cli.conftest import invoke, last_run_id
+
+    runner = CliRunner()
+    monkeypatch.chdir(tmp_path)
+    for variable in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(variable, raising=False)  # offline: no key, no server
+    made = invoke(runner, "init", "weather", "--template", "openai-agents")
+    assert made.exit_code == 0, made.output
+    assert "entry: app:agent" in (tmp_path / "weather" / "agent.yaml").read_text()
+    result = invoke(runner, "run", "weather", "What is the weather in Paris?")
+    assert result.exit_code == 0, result.output
+    assert "⚙ tool get_weather" in result.stdout
+    assert "✔ completed" in result.stdout and "sunny in Paris" in result.stdout
+    run_id = last_run_id(runner, tmp_path / "weather")
+    shown = json.loads(
+        invoke(runner, "runs", "show", run_id, "--agents", "weather", "--json").stdout
+    )
+    assert shown["status"] == "completed" and shown["usage"]["steps"] == 3
+    # `toren runs verify` re-derives every digest from the log.
+    verified = invoke(runner, "runs", "verify", run_id, "--agents", "weather")
+    assert verified.exit_code == 0, verified.output
+
+
+def test_an_unknown_template_is_refused(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from toren.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["init", str(tmp_path / "x"), "--template", "langchain"])
+    assert result.exit_code == 2
+    assert "'langchain' is not one of 'default', 'openai-agents'" in result.output
+    assert not (tmp_path / "x").exists()

@@ -717,7 +717,9 @@ class _AgentLoader:
 
 def _a(obj: object) -> str:
     kind = type(obj)
-    name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    name = (
+        kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    )
     return f"an object of type {name}"
 
 

@@ -91,7 +91,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the e
 if TYPE_CHECKING:
     from toren.core.context import Context
 
-__all__ = ["APPROVAL_MESSAGE", "adapt", "neutral_request", "tool_options"]
+__all__ = ["APPROVAL_MESSAGE", "TorenModel", "adapt", "neutral_request", "tool_options"]
 
 APPROVAL_MESSAGE = "approval"
 DOCS = "docs/openai-agents.md"
@@ -320,12 +320,51 @@ def model_reference(model: Model) -> tuple[str, str]:
     return "openai-agents", name
 
 
+# The provider names of steps sent by the SDK's own models (see model_reference).
+SDK_PROVIDERS = frozenset({"openai-responses", "openai", "openai-agents"})
+
+
+class TorenModel(Model):
+    """An SDK model that is one of Toren's own providers, by model reference:
+    ``Agent(model=TorenModel("scripted:script.yaml"))`` runs offline on the scripted
+    model, ``TorenModel("anthropic:claude-haiku-4-5")`` on Toren's Anthropic provider (its
+    key, retries and rate limits). Only inside a Toren run; the SDK's OpenAI models
+    (``OpenAIResponsesModel``, ``OpenAIChatCompletionsModel``) are used as they are."""
+
+    def __init__(self, reference: str) -> None:
+        provider, sep, model = reference.partition(":")
+        if not sep or not provider or not model:
+            raise InvalidInput(
+                f"TorenModel({reference!r}): expected a model reference 'provider:model', "
+                "e.g. 'scripted:script.yaml'"
+            )
+        if provider in SDK_PROVIDERS:
+            raise InvalidInput(
+                f"TorenModel({reference!r}): {provider!r} steps are sent by the SDK's own "
+                "OpenAI models; use OpenAIResponsesModel (digested as 'openai-responses') "
+                "or OpenAIChatCompletionsModel ('openai') instead"
+            )
+        self.provider, self.model = provider, model
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> SdkResponse:
+        raise AgentConfigError(
+            f"TorenModel('{self.provider}:{self.model}') answers only inside a Toren run; "
+            "expected the agent to run through its agent.yaml entry"
+        )
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> Any:
+        raise AgentConfigError("TorenModel streams only inside a Toren run (Runner.run)")
+
+
 class _TorenModel(Model):
     """An SDK model whose calls are model steps of the current Toren run."""
 
     def __init__(self, wrapped: Model) -> None:
         self.wrapped = wrapped
-        self.provider, self.model = model_reference(wrapped)
+        if isinstance(wrapped, TorenModel):
+            self.provider, self.model = wrapped.provider, wrapped.model
+        else:
+            self.provider, self.model = model_reference(wrapped)
 
     async def get_response(
         self,
@@ -440,25 +479,10 @@ def _usage(usage: SdkUsage) -> Usage:
     return Usage(usage.input_tokens, usage.output_tokens)
 
 
-class _Providers(Mapping[str, Any]):
-    """Every provider name an SDK agent's requests carry is served by :class:`_Provider`."""
-
-    def __init__(self) -> None:
-        self._made: dict[str, _Provider] = {}
-
-    def __getitem__(self, name: str) -> _Provider:
-        if name not in self._made:
-            self._made[name] = _Provider(name)
-        return self._made[name]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._made)
-
-    def __len__(self) -> int:
-        return len(self._made)
+def _providers() -> dict[str, _Provider]:
+    """The providers an SDK agent brings: the names of steps its SDK models send. A
+    :class:`TorenModel`'s steps go to the agent's and the runtime's providers."""
+    return {name: _Provider(name) for name in sorted(SDK_PROVIDERS)}
 
 
 # -- tools, handoffs and guardrails: each a tool step -----------------------------------------
@@ -711,7 +735,7 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
             _ctx.reset(token)
         return _jsonable(result.final_output)
 
-    run.toren_providers = _Providers()  # type: ignore[attr-defined]
+    run.toren_providers = _providers()  # type: ignore[attr-defined]
     run.toren_tools = _Tools(declared)  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"openai_agents:{start.name or where}"
     return run
