@@ -329,3 +329,32 @@ def test_an_unknown_template_is_refused(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "'langchain' is not one of 'default', 'openai-agents'" in result.output
     assert not (tmp_path / "x").exists()
+
+
+async def test_the_example_hands_off_and_emails_once(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    example = Path(__file__).parents[2] / "examples" / "openai-agents-support"
+    shutil.copytree(example, tmp_path / "agents" / "support")
+    outbox = tmp_path / "outbox.jsonl"
+    monkeypatch.setenv("SUPPORT_AGENT_OUTBOX", str(outbox))
+    runtime = await opened(tmp_path, db_url)
+    try:
+        run = await toren.start_run(
+            runtime.store, runtime.resolver, "openai-agents-support", "Where is A-17?"
+        )
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
+        events = await runtime.store.load_events(run.id)
+    finally:
+        await close_runtime(runtime)
+    assert final.status == "completed", final.error
+    assert "shipped with DHL" in final.output
+    assert [t for kind, t in steps(events) if kind == "tool"] == [
+        "lookup_order",
+        "transfer_to_billing",
+        "send_email",
+    ]
+    assert len(outbox.read_text().splitlines()) == 1
