@@ -20,7 +20,6 @@ from agents import Agent, function_tool
 from toren.integrations.openai_agents import TorenModel, tool_options
 
 MODEL = TorenModel("scripted:script.yaml")
-OUTBOX = Path(os.environ.get("SUPPORT_AGENT_OUTBOX", "outbox.jsonl"))
 
 
 @function_tool
@@ -35,7 +34,8 @@ lookup_order = tool_options(lookup_order, side_effects=False)  # a read
 @function_tool
 def send_email(to: str, subject: str, body: str) -> str:
     """Email the customer. A side effect: Toren records it once and never repeats it."""
-    with OUTBOX.open("a", encoding="utf-8") as out:
+    outbox = Path(os.environ.get("SUPPORT_AGENT_OUTBOX", "outbox.jsonl"))
+    with outbox.open("a", encoding="utf-8") as out:
         out.write(json.dumps({"to": to, "subject": subject, "body": body}) + "\n")
     return "sent"
 
