@@ -92,9 +92,10 @@ async def plain(directory: Path, runs: int, concurrency: int) -> float:
 
 
 async def dbos(directory: Path, runs: int, concurrency: int) -> float:
-    from agents import RunConfig
     from dbos import DBOS
     from dbos_openai_agents import DBOSRunner
+
+    from agents import RunConfig
 
     agent = load_agent(directory)
     config = RunConfig(tracing_disabled=True)
