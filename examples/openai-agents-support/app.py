@@ -16,7 +16,6 @@ import os
 from pathlib import Path
 
 from agents import Agent, function_tool
-
 from toren.integrations.openai_agents import TorenModel, tool_options
 
 MODEL = TorenModel("scripted:script.yaml")
