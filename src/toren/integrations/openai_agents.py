@@ -247,7 +247,9 @@ def _from_output(output: Sequence[Any], usage: Usage, model: str) -> ModelRespon
     calls: list[ToolCall] = []
     for item in output:
         if isinstance(item, ResponseOutputMessage):
-            text += [getattr(p, "text", None) or getattr(p, "refusal", "") for p in item.content]
+            text += [
+                str(getattr(p, "text", None) or getattr(p, "refusal", "")) for p in item.content
+            ]
         elif isinstance(item, ResponseFunctionToolCall):
             args = _arguments({"arguments": item.arguments})
             calls.append(ToolCall(item.call_id, item.name, args))
