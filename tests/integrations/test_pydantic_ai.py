@@ -6,6 +6,7 @@ the side-effecting tools did is counted, never assumed."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -94,5 +95,104 @@ async def test_an_unmodified_agent_runs_as_steps(
         )
         assert names == {"lookup_order", "send_email", "refund", OUTPUT_TOOL}
         assert first["temperature"] == 0.2
+    finally:
+        await close_runtime(runtime)
+
+
+async def wait_status(runtime: Runtime, run_id: str, status: str) -> Any:
+    return await toren.wait_for_run(runtime.store, run_id, timeout=30, until=(status,))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+async def test_approval_parks_survives_a_restart_and_an_edited_prompt(
+    db_url: str, tmp_path: Path, fake: FakeModelServer, vendor: str
+) -> None:
+    """An approval-required tool parks the run (waiting, for 'approval'); a worker
+    restart while it waits loses nothing; the instructions of the steps after the first
+    tool answer are edited under it: `toren plan` predicts the one invalidation, the
+    resumed run has exactly that one StreamInvalidated, requests no earlier step again,
+    and the approved refund happens once."""
+    outbox = tmp_path / "outbox.jsonl"
+    agents = tmp_path / "agents"
+    write_agent(agents, vendor, url_of(fake, vendor), outbox)
+    server = endpoint(fake, vendor)
+    server.script(
+        call("c1", "lookup_order", order_id="A-17"),
+        call("c2", "refund", order_id="A-17", amount=12.5),
+    )
+    runtime = await opened(tmp_path, db_url)
+    try:
+        run = await toren.start_run(runtime.store, runtime.resolver, "support", "Refund A-17")
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            parked = await wait_status(runtime, run.id, "waiting")
+        assert parked.status == "waiting" and parked.waiting_for == ["approval"]
+        assert server.served == 2
+        assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order"]
+
+        # The worker that parked it is gone; a new one (below) resumes it from the log.
+        # The deploy: the follow-up instructions (sent from the second model call on) change.
+        write_agent(agents, vendor, url_of(fake, vendor), outbox, followup="Be brief.")
+        deps = runtime.reload_deps()
+        (plan,) = await toren_plan(deps, run.id)
+        assert [(f.stream, f.from_pos) for f in plan.findings] == [("main", 2)]
+
+        server.script(
+            call("c3", "refund", order_id="A-17", amount=12.5),  # the re-requested step 2
+            ticket("c4", notes=["refunded"]),
+        )
+        await toren.send_message(runtime.store, run.id, "approval", True)
+        async with toren.LocalWorkerRuntime(deps):
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
+        assert final.status == "completed", final.error
+        assert final.output == {"order": "A-17", "status": "shipped", "notes": ["refunded"]}
+        events = await runtime.store.load_events(run.id)
+        invalidated = [e for e in events if e.type == "StreamInvalidated"]
+        assert [(e.stream, e.payload.from_pos) for e in invalidated] == [("main", 2)]
+        # Requests after the deploy: step 2 again and the final one, never step 0.
+        assert server.served == 4
+        assert "Be brief." in str(server.requests[2].body)
+        assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order", "refund"]
+    finally:
+        await close_runtime(runtime)
+
+
+async def toren_plan(deps: Any, run_id: str) -> list[Any]:
+    from toren.core.plan import plan_run
+
+    run = await deps.store.get_run(run_id)
+    return [await plan_run(deps, run)]
+
+
+async def test_structured_output_round_trips_through_replay(
+    db_url: str, tmp_path: Path, fake: FakeModelServer
+) -> None:
+    """A fork past the last step replays every step of a finished run: the Ticket that
+    pydantic-ai validates from the replayed final call equals the one of the live run,
+    and nothing is requested or executed again."""
+    outbox = tmp_path / "outbox.jsonl"
+    write_agent(tmp_path / "agents", "openai", fake.openai_url, outbox)
+    fake.openai.script(
+        call("c1", "lookup_order", order_id="A-17"),
+        ticket("c2", status="delayed", notes=["a", "b"]),
+    )
+    runtime = await opened(tmp_path, db_url)
+    try:
+        live = await run_once(runtime)
+        assert live.status == "completed", live.error
+        definition = runtime.resolver.load("support")
+        ticket_type = sys.modules[f"_toren_agent_support_{definition.content_hash}.app"].Ticket
+        expected = ticket_type(order="A-17", status="delayed", notes=["a", "b"])
+        assert ticket_type.model_validate(live.output) == expected
+
+        forked = await toren.fork_run(runtime.store, runtime.resolver, live.id, at="main:3")
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            replayed = await toren.wait_for_run(runtime.store, forked.id, timeout=30)
+        assert replayed.status == "completed", replayed.error
+        assert ticket_type.model_validate(replayed.output) == expected
+        assert replayed.output == live.output
+        assert fake.openai.served == 2  # every step answered from the log
+        assert len(outbox_lines(outbox)) == 1
+        # The fork carries the source's steps with their recorded usage, paid once.
+        assert (replayed.input_tokens, replayed.cost_usd) == (live.input_tokens, live.cost_usd)
     finally:
         await close_runtime(runtime)
