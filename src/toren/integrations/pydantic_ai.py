@@ -607,6 +607,15 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
             _ctx.reset(token)
         return to_jsonable_python(result.output)
 
+    async def aclose() -> None:
+        """Close the HTTP client of the agent's model (the resolver's ``aclose``)."""
+        model = agent.model
+        client = getattr(model, "client", None) if isinstance(model, Model) else None
+        closer = getattr(client, "close", None)
+        if closer is not None:
+            await closer()
+
+    run.aclose = aclose  # type: ignore[attr-defined]
     run.toren_providers = _Providers()  # type: ignore[attr-defined]
     run.toren_tools = tools  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"pydantic_ai:{agent.name or where}"
