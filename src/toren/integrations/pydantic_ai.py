@@ -379,20 +379,31 @@ class _Provider:
                 "agent's own requests; expected ctx.model calls to name another provider"
             )
         try:
-            async with call.model.request_stream(
-                call.messages, call.settings, call.params
-            ) as streamed:
-                async for event in streamed:
-                    text = _delta_text(event)
-                    if text and on_delta is not None:
-                        on_delta(text)
-                response = streamed.get()
+            if _streams(call.model):
+                response = await _streamed(call, on_delta)
+            else:
+                response = await call.model.request(call.messages, call.settings, call.params)
         except ModelHTTPError as exc:
             raise ModelCallFailed(
                 f"{self.name} answered HTTP {exc.status_code}: {exc.body}",
                 status=exc.status_code,
             ) from None
         return _to_neutral_response(response)
+
+
+def _streams(model: Model) -> bool:
+    """Whether the model streams: a ``FunctionModel`` without a ``stream_function`` (the
+    offline scaffold's) does not, and is asked for the whole response."""
+    return getattr(model, "stream_function", True) is not None
+
+
+async def _streamed(call: _ModelCall, on_delta: DeltaCallback | None) -> pai.ModelResponse:
+    async with call.model.request_stream(call.messages, call.settings, call.params) as streamed:
+        async for event in streamed:
+            text = _delta_text(event)
+            if text and on_delta is not None:
+                on_delta(text)
+        return streamed.get()
 
 
 def _delta_text(event: Any) -> str:
