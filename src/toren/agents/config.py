@@ -247,8 +247,10 @@ class _Overridable(_Strict):
     entry: str | None = Field(
         default=None,
         pattern=ENTRY_PATTERN,
-        description="`module:function` written against the context API; replaces the "
-        "built-in loop. The module is looked up in the agent directory first.",
+        description="`module:attr` replacing the built-in loop: an async function "
+        "written against the context API, or a framework's agent object (a "
+        "`pydantic_ai.Agent` instance; see docs/pydantic-ai.md). The module is looked up "
+        "in the agent directory first.",
     )
 
     @field_validator("model")

@@ -290,6 +290,12 @@ class DirectoryResolver:
         self.close()
         with self._lock:
             cached, self._providers_cache = list(self._providers_cache.values()), {}
+            loaded = list(self._loaded.values())
+        for definition in loaded:  # a framework agent's own HTTP clients
+            for process in definition.processes.values():
+                closer = getattr(process.entry_fn, "aclose", None)
+                if closer is not None:
+                    await closer()
         for _, providers in cached:
             for provider in providers.values():
                 closer = getattr(provider, "aclose", None)

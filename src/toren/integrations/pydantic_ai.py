@@ -379,20 +379,31 @@ class _Provider:
                 "agent's own requests; expected ctx.model calls to name another provider"
             )
         try:
-            async with call.model.request_stream(
-                call.messages, call.settings, call.params
-            ) as streamed:
-                async for event in streamed:
-                    text = _delta_text(event)
-                    if text and on_delta is not None:
-                        on_delta(text)
-                response = streamed.get()
+            if _streams(call.model):
+                response = await _streamed(call, on_delta)
+            else:
+                response = await call.model.request(call.messages, call.settings, call.params)
         except ModelHTTPError as exc:
             raise ModelCallFailed(
                 f"{self.name} answered HTTP {exc.status_code}: {exc.body}",
                 status=exc.status_code,
             ) from None
         return _to_neutral_response(response)
+
+
+def _streams(model: Model) -> bool:
+    """Whether the model streams: a ``FunctionModel`` without a ``stream_function`` (the
+    offline scaffold's) does not, and is asked for the whole response."""
+    return getattr(model, "stream_function", True) is not None
+
+
+async def _streamed(call: _ModelCall, on_delta: DeltaCallback | None) -> pai.ModelResponse:
+    async with call.model.request_stream(call.messages, call.settings, call.params) as streamed:
+        async for event in streamed:
+            text = _delta_text(event)
+            if text and on_delta is not None:
+                on_delta(text)
+        return streamed.get()
 
 
 def _delta_text(event: Any) -> str:
@@ -607,6 +618,15 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
             _ctx.reset(token)
         return to_jsonable_python(result.output)
 
+    async def aclose() -> None:
+        """Close the HTTP client of the agent's model (the resolver's ``aclose``)."""
+        model = agent.model
+        client = getattr(model, "client", None) if isinstance(model, Model) else None
+        closer = getattr(client, "close", None)
+        if closer is not None:
+            await closer()
+
+    run.aclose = aclose  # type: ignore[attr-defined]
     run.toren_providers = _Providers()  # type: ignore[attr-defined]
     run.toren_tools = tools  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"pydantic_ai:{agent.name or where}"
