@@ -17,7 +17,7 @@ Two scenarios per system, each in a fresh process on a fresh database:
 A third column runs the agent with no durability at all (``plain``): what pydantic-ai
 itself costs per step, subtracted to give each engine's own CPU per step.
 
-    python -m bench.pydantic_ai_dbos [--runs 20] [--tools 10] [--json bench/pydantic-ai-results.json]
+    python -m bench.pydantic_ai_dbos [--runs 20] [--json bench/pydantic-ai-results.json]
 
 Needs ``pip install -e '.[bench]'`` (pydantic-ai-slim with its dbos extra).
 """
@@ -179,9 +179,7 @@ def _dbos(scenario: str, runs: int, tmp: Path) -> dict[str, Any]:
 
     try:
         wall, cpu = asyncio.run(main())
-        steps = sum(
-            len(DBOS.list_workflow_steps(w.workflow_id)) for w in DBOS.list_workflows()
-        )
+        steps = sum(len(DBOS.list_workflow_steps(w.workflow_id)) for w in DBOS.list_workflows())
         # Each run: its model requests and tool calls as steps (plus DBOS's own bookkeeping
         # steps, if any, counted here too and reported).
         out = _result(runs, wall, cpu)

@@ -4,7 +4,7 @@ every supported release has, so the same file runs under each release CI tests."
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic_ai.messages import (
@@ -24,7 +24,7 @@ from toren.core.digest import model_digest
 from toren.integrations.pydantic_ai import neutral_request
 
 # Timestamps differ run to run; they must not reach the digest.
-WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 LOOKUP = ToolDefinition(
     name="lookup_order",

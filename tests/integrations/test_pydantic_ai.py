@@ -5,7 +5,6 @@ the side-effecting tools did is counted, never assumed."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Iterator
 from pathlib import Path

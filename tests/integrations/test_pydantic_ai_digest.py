@@ -13,9 +13,11 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
-from tests.integrations.pyai_vectors import cases, digests, forms  # noqa: E402
-from toren.core.digest import model_digest  # noqa: E402
-from toren.integrations.pydantic_ai import neutral_request  # noqa: E402
+from datetime import UTC
+
+from tests.integrations.pyai_vectors import cases, digests, forms
+from toren.core.digest import model_digest
+from toren.integrations.pydantic_ai import neutral_request
 
 VECTORS = json.loads(
     (Path(__file__).parents[1] / "fixtures" / "pydantic_ai" / "digest_vectors.json").read_text()
@@ -32,11 +34,11 @@ def test_every_case_has_a_vector() -> None:
 
 
 def test_timestamps_and_transport_settings_stay_out_of_the_digest() -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     messages, settings, params, model = cases()["tools-and-output-tool"]
     later = [
-        type(m)(**{**m.__dict__, "timestamp": datetime(2030, 1, 1, tzinfo=timezone.utc)})
+        type(m)(**{**m.__dict__, "timestamp": datetime(2030, 1, 1, tzinfo=UTC)})
         if hasattr(m, "timestamp") and type(m).__name__ == "ModelResponse"
         else m
         for m in messages

@@ -43,7 +43,9 @@ async def test_mcp_tool_calls_are_tool_steps(db_url: str, tmp_path: Path) -> Non
             Completion(tool_calls=(FakeToolCall("c1", "add", {"a": 2, "b": 3}),)),
             Completion(text="2 + 3 = 5"),
         )
-        runtime = await open_runtime(tmp_path / "agents", db_url, toren.Settings(poll_interval=0.05))
+        runtime = await open_runtime(
+            tmp_path / "agents", db_url, toren.Settings(poll_interval=0.05)
+        )
         try:
             run = await toren.start_run(runtime.store, runtime.resolver, "calc", "2+3?")
             async with toren.LocalWorkerRuntime(runtime.deps):

@@ -26,9 +26,7 @@ def test_the_extra_names_the_oldest_release() -> None:
 
 def test_the_oldest_supported_release(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = venv / "bin" / "python"
     installed = subprocess.run(
         [

@@ -43,9 +43,7 @@ TEXT = "Your order A-17 has shipped and is confirmed."
 
 
 @pytest.mark.parametrize("vendor", sorted(VENDORS))
-async def test_token_deltas_reach_the_runs_stream(
-    db_url: str, tmp_path: Path, vendor: str
-) -> None:
+async def test_token_deltas_reach_the_runs_stream(db_url: str, tmp_path: Path, vendor: str) -> None:
     module, cls, provider, model = VENDORS[vendor]
     directory = tmp_path / "agents" / "streamer"
     directory.mkdir(parents=True)

@@ -296,7 +296,7 @@ def from_neutral_response(response: ModelResponse, *, provider: str) -> pai.Mode
         ),
         model_name=response.model or None,
         provider_name=provider,
-        finish_reason=_FINISH_FROM_NEUTRAL.get(response.finish_reason),  # type: ignore[arg-type]
+        finish_reason=_FINISH_FROM_NEUTRAL.get(response.finish_reason),
     )
 
 
@@ -357,7 +357,8 @@ class _TorenModel(WrapperModel):
 def _http_error(exc: ModelCallFailed, model: str) -> Exception:
     status = exc.details.get("status")
     if isinstance(status, int) and status >= 400:
-        return ModelHTTPError(status_code=status, model_name=model, body=str(exc))
+        error: Exception = ModelHTTPError(status_code=status, model_name=model, body=str(exc))
+        return error
     return exc
 
 
@@ -408,9 +409,9 @@ async def _streamed(call: _ModelCall, on_delta: DeltaCallback | None) -> pai.Mod
 
 def _delta_text(event: Any) -> str:
     if isinstance(event, pai.PartStartEvent) and isinstance(event.part, pai.TextPart):
-        return event.part.content
+        return str(event.part.content)
     if isinstance(event, pai.PartDeltaEvent) and isinstance(event.delta, pai.TextPartDelta):
-        return event.delta.content_delta
+        return str(event.delta.content_delta)
     return ""
 
 
@@ -460,11 +461,14 @@ class _TorenToolset(WrapperToolset[Any]):
 
 
 def _control(kind: str, args: Mapping[str, Any]) -> Exception:
+    error: Exception
     if kind == "ModelRetry":
-        return ModelRetry(str(args.get("message", "")))
-    if kind == "ApprovalRequired":
-        return ApprovalRequired(metadata=args.get("metadata"))
-    return CallDeferred(metadata=args.get("metadata"))
+        error = ModelRetry(str(args.get("message", "")))
+    elif kind == "ApprovalRequired":
+        error = ApprovalRequired(metadata=args.get("metadata"))
+    else:
+        error = CallDeferred(metadata=args.get("metadata"))
+    return error
 
 
 async def _run_tool(**_: Any) -> Any:
@@ -602,7 +606,7 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
         prompt = _prompt(input)
         from pydantic_ai.models import infer_model
 
-        model = infer_model(agent.model)  # type: ignore[arg-type]
+        model = infer_model(agent.model)
         toren_model = _TorenModel(model, model.system)
         toolsets = [_TorenToolset(t) for t in agent.toolsets]
         token = _ctx.set(ctx)
@@ -639,4 +643,3 @@ def _overridden(
 ) -> Iterator[None]:
     with agent.override(model=model, toolsets=toolsets, tools=[]):
         yield
-
