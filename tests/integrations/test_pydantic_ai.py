@@ -195,3 +195,34 @@ async def test_structured_output_round_trips_through_replay(
         assert (replayed.input_tokens, replayed.cost_usd) == (live.input_tokens, live.cost_usd)
     finally:
         await close_runtime(runtime)
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ("max_steps: 2", "max_steps"),
+        ("max_cost_usd: 0.000001", "max_cost_usd"),
+    ],
+)
+async def test_limits_stop_a_pydantic_ai_run(
+    db_url: str, tmp_path: Path, fake: FakeModelServer, limits: str, reason: str
+) -> None:
+    """agent.yaml's limits apply to a pydantic-ai run as to any other: it fails with the
+    reason, after the step that reached the limit, and no further call is made."""
+    outbox = tmp_path / "outbox.jsonl"
+    directory = write_agent(tmp_path / "agents", "openai", fake.openai_url, outbox)
+    (directory / "agent.yaml").write_text(f"name: support\nentry: app:agent\nlimits:\n  {limits}\n")
+    fake.openai.script(
+        call("c1", "lookup_order", order_id="A-17"),
+        call("c2", "send_email", to="c@example.com", body="A-17 shipped"),
+        ticket("c3"),
+    )
+    runtime = await opened(tmp_path, db_url)
+    try:
+        final = await run_once(runtime)
+        assert final.status == "failed"
+        assert final.error["type"] == "LimitExceeded" and reason in final.error["message"]
+        assert fake.openai.served == 1  # the limit stopped the run before a second call
+        assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order"]
+    finally:
+        await close_runtime(runtime)

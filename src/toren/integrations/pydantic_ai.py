@@ -45,8 +45,14 @@ from toren.core.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.core.program import AgentFn, ToolDef
-from toren.errors import AgentConfigError, InvalidInput, ModelCallFailed, ToolFailed
+from toren.core.program import AgentFn, ToolDef, raised
+from toren.errors import (
+    AgentConfigError,
+    InvalidInput,
+    LimitExceeded,
+    ModelCallFailed,
+    ToolFailed,
+)
 
 try:
     import pydantic_ai
@@ -317,6 +323,7 @@ class _TorenModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> pai.ModelResponse:
         ctx = _current()
+        _check_steps(ctx, "model request")
         # The request as the wrapped model will send it: its settings merged and its
         # parameters resolved (output mode, tool schemas customised for the provider).
         settings, params = self.wrapped.prepare_request(model_settings, model_request_parameters)
@@ -447,6 +454,7 @@ class _TorenToolset(WrapperToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any
     ) -> Any:
         toren_ctx = _current()
+        _check_steps(toren_ctx, f"call of the tool {name!r}")
         token = _tool_call.set(_ToolCall(self.wrapped, name, tool_args, ctx, tool))
         try:
             result = await toren_ctx.tool(name, to_jsonable_python(tool_args))
@@ -544,6 +552,25 @@ def _current() -> Context:
             "it to run through its agent.yaml entry (toren run, toren worker, the API)"
         )
     return ctx
+
+
+def _check_steps(ctx: Context, what: str) -> None:
+    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
+    the run's steps: every model request and tool call is one. Checked before the step is
+    taken, from positions the replay takes the same way, so a replay stops where the live
+    run did."""
+    limits = raised(ctx.program.limits, ctx.raised_limits)
+    taken = ctx.positions_taken
+    if limits.max_steps is not None and taken >= limits.max_steps:
+        raise LimitExceeded(
+            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
+            f"max_steps={limits.max_steps}: {taken} steps taken and the pydantic-ai agent "
+            f"asked for one more ({what}). Raise limits.max_steps in agent.yaml if the task "
+            "needs more steps.",
+            limit="max_steps",
+            value=limits.max_steps,
+            steps=taken,
+        )
 
 
 def _prompt(input: Any) -> str:
