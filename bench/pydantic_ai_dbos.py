@@ -17,8 +17,7 @@ Two scenarios per system, each in a fresh process on a fresh database:
 A third column runs the agent with no durability at all (``plain``): what pydantic-ai
 itself costs per step, subtracted to give each engine's own CPU per step.
 
-    python -m bench.pydantic_ai_dbos [--runs 20] [--tools 10] \
-        [--json bench/pydantic-ai-results.json]
+    python -m bench.pydantic_ai_dbos [--runs 20] [--json bench/pydantic-ai-results.json]
 
 Needs ``pip install -e '.[bench]'`` (pydantic-ai-slim with its dbos extra).
 """

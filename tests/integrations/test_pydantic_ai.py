@@ -20,7 +20,7 @@ from tests.integrations.pyai_agent import (
     ticket,
     write_agent,
 )
-from tests.providers.fakes import FakeModelServer, serve_fake_models
+from tests.providers.fakes import Failure, FakeModelServer, serve_fake_models
 from toren.runtime import Runtime, close_runtime, open_runtime
 
 pytest.importorskip("pydantic_ai")
@@ -193,5 +193,64 @@ async def test_structured_output_round_trips_through_replay(
         assert len(outbox_lines(outbox)) == 1
         # The fork carries the source's steps with their recorded usage, paid once.
         assert (replayed.input_tokens, replayed.cost_usd) == (live.input_tokens, live.cost_usd)
+    finally:
+        await close_runtime(runtime)
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        ("max_steps: 2", "max_steps"),
+        ("max_cost_usd: 0.000001", "max_cost_usd"),
+    ],
+)
+async def test_limits_stop_a_pydantic_ai_run(
+    db_url: str, tmp_path: Path, fake: FakeModelServer, limits: str, reason: str
+) -> None:
+    """agent.yaml's limits apply to a pydantic-ai run as to any other: it fails with the
+    reason, after the step that reached the limit, and no further call is made."""
+    outbox = tmp_path / "outbox.jsonl"
+    directory = write_agent(tmp_path / "agents", "openai", fake.openai_url, outbox)
+    (directory / "agent.yaml").write_text(f"name: support\nentry: app:agent\nlimits:\n  {limits}\n")
+    fake.openai.script(
+        call("c1", "lookup_order", order_id="A-17"),
+        call("c2", "send_email", to="c@example.com", body="A-17 shipped"),
+        ticket("c3"),
+    )
+    runtime = await opened(tmp_path, db_url)
+    try:
+        final = await run_once(runtime)
+        assert final.status == "failed"
+        assert final.error["type"] == "LimitExceeded" and reason in final.error["message"]
+        assert fake.openai.served == 1  # the limit stopped the run before a second call
+        assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order"]
+    finally:
+        await close_runtime(runtime)
+
+
+async def test_a_failed_pydantic_ai_run_is_retried_from_its_log(
+    db_url: str, tmp_path: Path, fake: FakeModelServer
+) -> None:
+    """A model call the provider refuses fails the run (recorded, with the status); a
+    retry replays the steps before it from the log and runs that call again."""
+    outbox = tmp_path / "outbox.jsonl"
+    write_agent(tmp_path / "agents", "openai", fake.openai_url, outbox)
+    fake.openai.script(
+        call("c1", "lookup_order", order_id="A-17"),
+        Failure(400, "the request was refused"),
+    )
+    runtime = await opened(tmp_path, db_url)
+    try:
+        failed = await run_once(runtime)
+        assert failed.status == "failed"
+        assert "400" in failed.error["message"]
+        fake.openai.script(ticket("c2"))
+        await toren.retry_run(runtime.store, runtime.resolver, failed.id)
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            final = await toren.wait_for_run(runtime.store, failed.id, timeout=30)
+        assert final.status == "completed", final.error
+        assert final.output == {"order": "A-17", "status": "shipped", "notes": []}
+        assert fake.openai.served == 3  # step 0 once; the refused call, then its retry
+        assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order"]
     finally:
         await close_runtime(runtime)

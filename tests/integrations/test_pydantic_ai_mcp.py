@@ -23,7 +23,9 @@ from pydantic_ai.mcp import MCPToolset, StdioTransport
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
-tools = MCPToolset(StdioTransport(command={python!r}, args=[{server!r}]), id="calc")
+tools = MCPToolset(
+    StdioTransport(command={python!r}, args=[{server!r}]), id="calc", init_timeout=60
+)
 agent = Agent(
     OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url={url!r}, api_key={key!r})),
     toolsets=[tools],

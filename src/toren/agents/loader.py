@@ -27,7 +27,7 @@ from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -161,22 +161,28 @@ class AgentDefinition:
                         key=f"mcp_servers.{server}",
                     )
                 tools[name] = tool
+        program_tools: Mapping[str, ToolDef] = tools
+        program_providers: Mapping[str, ModelProvider] = dict(providers or {})
         if proc.entry_fn is not None:
-            # A framework agent's requests carry its own provider names; its adapter's
-            # providers serve them, ahead of the agent's and the runtime's.
-            providers = ChainMap(entry_providers(proc.entry_fn), dict(providers or {}))  # type: ignore[arg-type]
+            # A framework agent's requests carry its own provider names, and its tool
+            # calls its own tool names: its adapter's providers and tools serve them (the
+            # adapter's mappings answer names known only at run time, such as MCP tools).
+            program_providers = ChainMap(
+                cast("dict[str, ModelProvider]", entry_providers(proc.entry_fn)),
+                dict(program_providers),
+            )
             framework_tools = entry_tools(proc.entry_fn)
             if framework_tools is not None:
-                tools = ChainMap(tools, framework_tools)  # type: ignore[assignment]
+                program_tools = ChainMap(tools, cast("dict[str, ToolDef]", framework_tools))
         return AgentProgram(
             agent=self.name,
             process=proc.name,
             fn=proc.entry_fn or make_loop(self._loop_spec(proc, tools)),
-            tools=tools,
+            tools=program_tools,
             code_version=self.code_version,
             limits=proc.limits,
             processes=tuple(self.processes),
-            providers=providers if isinstance(providers, ChainMap) else dict(providers or {}),
+            providers=program_providers,
             pricing=self.prices.cost,
         )
 

@@ -45,8 +45,14 @@ from toren.core.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.core.program import AgentFn, ToolDef
-from toren.errors import AgentConfigError, InvalidInput, ModelCallFailed, ToolFailed
+from toren.core.program import AgentFn, ToolDef, raised
+from toren.errors import (
+    AgentConfigError,
+    InvalidInput,
+    LimitExceeded,
+    ModelCallFailed,
+    ToolFailed,
+)
 
 try:
     import pydantic_ai
@@ -296,7 +302,7 @@ def from_neutral_response(response: ModelResponse, *, provider: str) -> pai.Mode
         ),
         model_name=response.model or None,
         provider_name=provider,
-        finish_reason=_FINISH_FROM_NEUTRAL.get(response.finish_reason),  # type: ignore[arg-type]
+        finish_reason=_FINISH_FROM_NEUTRAL.get(response.finish_reason),
     )
 
 
@@ -317,6 +323,7 @@ class _TorenModel(WrapperModel):
         model_request_parameters: ModelRequestParameters,
     ) -> pai.ModelResponse:
         ctx = _current()
+        _check_steps(ctx, "model request")
         # The request as the wrapped model will send it: its settings merged and its
         # parameters resolved (output mode, tool schemas customised for the provider).
         settings, params = self.wrapped.prepare_request(model_settings, model_request_parameters)
@@ -357,7 +364,8 @@ class _TorenModel(WrapperModel):
 def _http_error(exc: ModelCallFailed, model: str) -> Exception:
     status = exc.details.get("status")
     if isinstance(status, int) and status >= 400:
-        return ModelHTTPError(status_code=status, model_name=model, body=str(exc))
+        error: Exception = ModelHTTPError(status_code=status, model_name=model, body=str(exc))
+        return error
     return exc
 
 
@@ -408,9 +416,9 @@ async def _streamed(call: _ModelCall, on_delta: DeltaCallback | None) -> pai.Mod
 
 def _delta_text(event: Any) -> str:
     if isinstance(event, pai.PartStartEvent) and isinstance(event.part, pai.TextPart):
-        return event.part.content
+        return str(event.part.content)
     if isinstance(event, pai.PartDeltaEvent) and isinstance(event.delta, pai.TextPartDelta):
-        return event.delta.content_delta
+        return str(event.delta.content_delta)
     return ""
 
 
@@ -446,6 +454,7 @@ class _TorenToolset(WrapperToolset[Any]):
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any
     ) -> Any:
         toren_ctx = _current()
+        _check_steps(toren_ctx, f"call of the tool {name!r}")
         token = _tool_call.set(_ToolCall(self.wrapped, name, tool_args, ctx, tool))
         try:
             result = await toren_ctx.tool(name, to_jsonable_python(tool_args))
@@ -460,11 +469,14 @@ class _TorenToolset(WrapperToolset[Any]):
 
 
 def _control(kind: str, args: Mapping[str, Any]) -> Exception:
+    error: Exception
     if kind == "ModelRetry":
-        return ModelRetry(str(args.get("message", "")))
-    if kind == "ApprovalRequired":
-        return ApprovalRequired(metadata=args.get("metadata"))
-    return CallDeferred(metadata=args.get("metadata"))
+        error = ModelRetry(str(args.get("message", "")))
+    elif kind == "ApprovalRequired":
+        error = ApprovalRequired(metadata=args.get("metadata"))
+    else:
+        error = CallDeferred(metadata=args.get("metadata"))
+    return error
 
 
 async def _run_tool(**_: Any) -> Any:
@@ -542,6 +554,25 @@ def _current() -> Context:
     return ctx
 
 
+def _check_steps(ctx: Context, what: str) -> None:
+    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
+    the run's steps: every model request and tool call is one. Checked before the step is
+    taken, from positions the replay takes the same way, so a replay stops where the live
+    run did."""
+    limits = raised(ctx.program.limits, ctx.raised_limits)
+    taken = ctx.positions_taken
+    if limits.max_steps is not None and taken >= limits.max_steps:
+        raise LimitExceeded(
+            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
+            f"max_steps={limits.max_steps}: {taken} steps taken and the pydantic-ai agent "
+            f"asked for one more ({what}). Raise limits.max_steps in agent.yaml if the task "
+            "needs more steps.",
+            limit="max_steps",
+            value=limits.max_steps,
+            steps=taken,
+        )
+
+
 def _prompt(input: Any) -> str:
     if isinstance(input, str):
         return input
@@ -602,7 +633,7 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
         prompt = _prompt(input)
         from pydantic_ai.models import infer_model
 
-        model = infer_model(agent.model)  # type: ignore[arg-type]
+        model = infer_model(agent.model)
         toren_model = _TorenModel(model, model.system)
         toolsets = [_TorenToolset(t) for t in agent.toolsets]
         token = _ctx.set(ctx)
