@@ -358,3 +358,34 @@ async def test_the_example_hands_off_and_emails_once(
         "send_email",
     ]
     assert len(outbox.read_text().splitlines()) == 1
+
+
+# -- budgets -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limits", "served", "message"),
+    [
+        ("max_steps: 3", 2, "stopped at max_steps=3: 3 steps taken"),
+        # The first call costs $0.000078 (11 in, 7 out at gpt-4.1's price): over budget.
+        ("max_cost_usd: 0.00005", 1, "max_cost_usd"),
+    ],
+    ids=["max_steps", "max_cost_usd"],
+)
+async def test_agent_yaml_limits_stop_an_sdk_agent(
+    db_url: str, tmp_path: Path, fake: FakeModelServer, limits: str, served: int, message: str
+) -> None:
+    directory = write_agent(tmp_path / "agents", "responses", fake.openai_url, tmp_path / "o")
+    (directory / "agent.yaml").write_text(
+        f"name: support\nentry: app:agent\nlimits: {{{limits}}}\n"
+    )
+    fake.responses.responder = conversation()
+    runtime = await opened(tmp_path, db_url)
+    try:
+        final = await run_once(runtime)
+    finally:
+        await close_runtime(runtime)
+    assert final.status == "failed"
+    assert final.error["code"] == "limit_exceeded", final.error
+    assert message in final.error["message"]
+    assert fake.responses.served == served

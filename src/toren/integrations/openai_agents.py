@@ -54,8 +54,8 @@ from toren.core.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.core.program import AgentFn, ToolDef
-from toren.errors import AgentConfigError, InvalidInput, ModelCallFailed, ToolFailed
+from toren.core.program import AgentFn, ToolDef, raised
+from toren.errors import AgentConfigError, InvalidInput, LimitExceeded, ModelCallFailed, ToolFailed
 
 try:
     import openai
@@ -390,6 +390,7 @@ class _TorenModel(Model):
         if prompt is not None:
             raise _unsupported("a prompt template (prompt=)", "instructions")
         ctx = _current()
+        _check_steps(ctx, "model call")
         request = neutral_request(
             system_instructions,
             input,
@@ -505,6 +506,7 @@ async def _run_pending(**_: Any) -> Any:
 
 async def _step(name: str, args: Mapping[str, Any], run: Callable[[], Awaitable[Any]]) -> Any:
     ctx = _current()
+    _check_steps(ctx, f"step {name!r}")
     token = _pending_tool.set(run)
     try:
         return await ctx.tool(name, args)
@@ -672,6 +674,25 @@ def _current() -> Context:
             "expected it to run through its agent.yaml entry (toren run, worker, the API)"
         )
     return ctx
+
+
+def _check_steps(ctx: Context, what: str) -> None:
+    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
+    the run's steps: every model call, tool call, handoff and guardrail is one. Checked
+    before the step, from positions a replay takes the same way, so a replay stops where
+    the live run did."""
+    limits = raised(ctx.program.limits, ctx.raised_limits)
+    taken = ctx.positions_taken
+    if limits.max_steps is not None and taken >= limits.max_steps:
+        raise LimitExceeded(
+            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
+            f"max_steps={limits.max_steps}: {taken} steps taken and the OpenAI Agents SDK "
+            f"agent asked for one more ({what}). Raise limits.max_steps in agent.yaml if "
+            "the task needs more steps.",
+            limit="max_steps",
+            value=limits.max_steps,
+            steps=taken,
+        )
 
 
 def _prompt(input: Any) -> str:
