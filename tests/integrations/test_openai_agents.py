@@ -15,7 +15,7 @@ import pytest
 
 import toren
 from tests.integrations.oa_agent import conversation, outbox_lines, write_agent
-from tests.providers.fakes import FakeEndpoint, FakeModelServer, serve_fake_models
+from tests.providers.fakes import Completion, FakeEndpoint, FakeModelServer, serve_fake_models
 from toren.runtime import Runtime, close_runtime, open_runtime
 
 pytest.importorskip("agents")
@@ -389,3 +389,114 @@ async def test_agent_yaml_limits_stop_an_sdk_agent(
     assert final.error["code"] == "limit_exceeded", final.error
     assert message in final.error["message"]
     assert fake.responses.served == served
+
+
+# -- guardrails ----------------------------------------------------------------------------
+
+GUARDED = """
+from agents import GuardrailFunctionOutput, RunConfig, Runner, input_guardrail
+
+guard = Agent(name="guard", instructions="You are a guard. Answer ok or stop.", model=model)
+
+
+@input_guardrail
+async def screen(context, agent, input):
+    verdict = await Runner.run(guard, input, run_config=RunConfig(tracing_disabled=True))
+    _did("guardrail", verdict=verdict.final_output)
+    return GuardrailFunctionOutput(
+        output_info={"verdict": verdict.final_output},
+        tripwire_triggered=verdict.final_output == "stop",
+    )
+
+
+agent = agent.clone(input_guardrails=[screen])
+"""
+
+
+def guarded(verdict: str) -> Any:
+    rest = conversation(refund=True)
+
+    def reply(body: dict[str, Any]) -> Any:
+        if "You are a guard" in json.dumps(body):
+            return Completion(text=verdict)
+        return rest(body)
+
+    return reply
+
+
+async def test_a_guardrail_that_calls_a_model_is_a_step_not_repeated_on_resume(
+    db_url: str, tmp_path: Path, fake: FakeModelServer
+) -> None:
+    outbox = tmp_path / "outbox.jsonl"
+    directory = write_agent(tmp_path / "agents", "responses", fake.openai_url, outbox)
+    (directory / "app.py").write_text((directory / "app.py").read_text() + GUARDED)
+    fake.responses.responder = guarded("ok")
+    runtime = await opened(tmp_path, db_url)
+    try:
+        run = await toren.start_run(runtime.store, runtime.resolver, "support", "Refund A-17")
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            parked = await toren.wait_for_run(runtime.store, run.id, timeout=30, until=("waiting",))
+        assert parked.status == "waiting"
+        await toren.send_message(runtime.store, run.id, "approval", True)
+        async with toren.LocalWorkerRuntime(runtime.deps):  # a new worker replays it all
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
+        events = await runtime.store.load_events(run.id)
+    finally:
+        await close_runtime(runtime)
+    assert final.status == "completed", final.error
+    guard_requests = [r for r in fake.responses.requests if "You are a guard" in json.dumps(r.body)]
+    assert len(guard_requests) == 1  # the guardrail's model call: once, not on the resume
+    assert [line["tool"] for line in outbox_lines(outbox)] == [
+        "guardrail",
+        "lookup_order",
+        "refund",
+        "send_email",
+    ]
+    first = steps(events)[0]
+    assert first == ("tool", "guardrail:screen")  # before the agent's first model call
+    verdict = next(e.payload for e in events if e.type == "ToolCallRecorded")
+    assert verdict.result == {"tripwire_triggered": False, "output_info": {"verdict": "ok"}}
+
+
+async def test_a_tripped_guardrail_fails_the_run_before_the_agent_pays(
+    db_url: str, tmp_path: Path, fake: FakeModelServer
+) -> None:
+    outbox = tmp_path / "outbox.jsonl"
+    directory = write_agent(tmp_path / "agents", "responses", fake.openai_url, outbox)
+    (directory / "app.py").write_text((directory / "app.py").read_text() + GUARDED)
+    fake.responses.responder = guarded("stop")
+    runtime = await opened(tmp_path, db_url)
+    try:
+        final = await run_once(runtime)
+    finally:
+        await close_runtime(runtime)
+    assert final.status == "failed"
+    assert "InputGuardrailTripwireTriggered" in final.error["message"] + final.error["type"]
+    assert fake.responses.served == 1  # the guard's call only: triage never asked
+
+
+# -- fork and retry ------------------------------------------------------------------------
+
+
+async def test_a_fork_replays_the_handoff_and_the_tools_from_the_log(
+    db_url: str, tmp_path: Path, fake: FakeModelServer
+) -> None:
+    """A fork of a finished run past its last step answers every step from the log: the
+    same output, the same handoff, nothing requested or executed again."""
+    outbox = tmp_path / "outbox.jsonl"
+    write_agent(tmp_path / "agents", "responses", fake.openai_url, outbox)
+    fake.responses.responder = conversation()
+    runtime = await opened(tmp_path, db_url)
+    try:
+        live = await run_once(runtime)
+        assert live.status == "completed", live.error
+        forked = await toren.fork_run(runtime.store, runtime.resolver, live.id, at="main:7")
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            replayed = await toren.wait_for_run(runtime.store, forked.id, timeout=30)
+    finally:
+        await close_runtime(runtime)
+    assert replayed.status == "completed", replayed.error
+    assert replayed.output == live.output
+    assert fake.responses.served == 4  # the live run's four calls, none for the fork
+    assert [line["tool"] for line in outbox_lines(outbox)] == ["lookup_order", "send_email"]
+    assert (replayed.input_tokens, replayed.cost_usd) == (live.input_tokens, live.cost_usd)
