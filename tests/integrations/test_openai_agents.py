@@ -63,12 +63,25 @@ async def test_an_unmodified_sdk_agent_runs_as_steps(
     server.responder = conversation()
     runtime = await opened(tmp_path, db_url)
     try:
-        final = await run_once(runtime)
+        run = await toren.start_run(runtime.store, runtime.resolver, "support", "Where is A-17?")
+        live = runtime.live.subscribe(run.id)  # before any worker runs it: no delta missed
+        async with toren.LocalWorkerRuntime(runtime.deps):
+            final = await toren.wait_for_run(runtime.store, run.id, timeout=30)
         assert final.status == "completed", final.error
         assert final.output == "Emailed you about A-17."
         events = await runtime.store.load_events(final.id)
+        verified = await toren.verify_run(runtime.store, final.id)  # digests re-derived
+        assert verified.ok, verified.to_dict()
     finally:
         await close_runtime(runtime)
+    deltas = []
+    while not live.empty():
+        item = live.get_nowait()
+        if item.get("type") == "delta":
+            deltas.append((item["position"], item["text"]))
+    # The last model call's text reached the live feed (SSE) in pieces, as streamed.
+    assert "".join(text for pos, text in deltas if pos == 6) == "Emailed you about A-17."
+    assert len([d for d in deltas if d[0] == 6]) > 1
     model = "gpt-4.1" if api == "responses" else "gpt-4o-mini"
     assert steps(events) == [
         ("model", model),
