@@ -219,7 +219,7 @@ _TRANSPORT_SETTINGS = frozenset(
 def _params(settings: Any, output_schema: Any) -> dict[str, Any]:
     data = settings.to_json_dict() if settings is not None else {}
     out = {
-        k: v
+        k: _set(v)
         for k, v in sorted(data.items())
         if v is not None and k not in TRANSPORT_PARAMS and k not in _TRANSPORT_SETTINGS
     }
@@ -230,6 +230,17 @@ def _params(settings: Any, output_schema: Any) -> dict[str, Any]:
             "strict": output_schema.is_strict_json_schema(),
         }
     return out
+
+
+def _set(value: Any) -> Any:
+    """``value`` without its unset (``None``) members, at every depth: an SDK release that
+    adds an optional field (``Reasoning.mode``) sends the same request, so it must keep
+    the same digest."""
+    if isinstance(value, Mapping):
+        return {k: _set(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_set(v) for v in value]
+    return value
 
 
 def _unsupported(found: str, expected: str) -> AgentConfigError:
