@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -25,7 +27,6 @@ from tests.agents.test_example_openai_and_crash import (
     copy_example,
     emails,
     run_example,
-    toren_worker,
 )
 from tests.providers.fakes import (
     FAKE_KEY,
@@ -40,6 +41,36 @@ from toren.client import AsyncTorenClient, Delta, Event
 from toren.runtime import close_runtime, open_runtime
 
 TOKEN = "tok-responses-0123456789"
+
+
+def toren_worker(agents: Path, db_url: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A `toren worker` process; its stderr goes to agents/../worker.err (quoted by the
+    assertions, so a worker that exits early says why)."""
+    with (agents.parent / "worker.err").open("ab") as err:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from toren.cli.main import main; main()",
+                "worker",
+                "--agents",
+                str(agents),
+                "--worker-id",
+                "crash-test-worker",
+                "--log-level",
+                "warning",
+            ],
+            env={**env, "TOREN_DATABASE_URL": db_url},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+
+
+def worker_err(agents: Path) -> str:
+    path = agents.parent / "worker.err"
+    return path.read_text(errors="replace")[-3000:] if path.exists() else ""
+
+
 EMAIL = {"to": "c@example.com", "subject": "A-17", "body": "shipped"}
 ANSWER = "Your order A-17 has shipped."
 
@@ -159,7 +190,8 @@ async def test_sigkill_mid_responses_stream_pays_no_recorded_call_twice(
             try:
                 deadline = time.monotonic() + 60
                 while fake.responses.served < 3:  # the third call is in flight
-                    assert time.monotonic() < deadline and worker.poll() is None
+                    assert time.monotonic() < deadline, worker_err(tmp_path / "agents")
+                    assert worker.poll() is None, worker_err(tmp_path / "agents")
                     await asyncio.sleep(0.02)
                 worker.send_signal(signal.SIGKILL)
                 worker.wait()
