@@ -42,4 +42,4 @@ def test_the_pydantic_ai_scaffold_runs_offline_and_verifies(
 def test_an_unknown_template_is_refused(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["init", str(tmp_path / "x"), "--template", "langchain"])
     assert result.exit_code == 2
-    assert "'langchain' is not one of 'default', 'pydantic-ai'" in result.output
+    assert "'langchain' is not one of 'default', 'openai-agents', 'pydantic-ai'" in result.output

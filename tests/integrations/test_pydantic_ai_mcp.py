@@ -7,13 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 import toren
 from tests.providers.fakes import FAKE_KEY, Completion, FakeToolCall, serve_fake_models
 from toren.runtime import close_runtime, open_runtime
-
-pytest.importorskip("pydantic_ai.mcp")
 
 SERVER = Path(__file__).parents[1] / "agents" / "mcp_server.py"
 
