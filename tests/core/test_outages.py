@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.core.stall_worker import registry
 from tests.core.test_stalled_worker import ROOT, Ledger, effects_of, until
 from tests.providers.fakes import serve_fake_models
@@ -35,7 +35,7 @@ EXAMPLE = ROOT / "examples" / "support-agent"
 @pytest.fixture
 def pg() -> object:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     try:
         yield pg_url(name)
     finally:

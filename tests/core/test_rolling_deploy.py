@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.core.deploy_worker import CHANGED_STEP, CHILD_STEPS, MAIN_STEPS, registry
 from toren.config import LeaseSettings
 from toren.providers.scripted import ScriptedProvider, read_ledger
@@ -62,7 +62,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 @pytest.fixture
 def pg_db() -> Any:
     require_pg()
-    name = create_pg_database("toren_deploy")
+    name = clone_pg_database("toren_deploy")
     try:
         yield pg_url(name)
     finally:
