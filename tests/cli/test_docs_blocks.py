@@ -67,7 +67,8 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        shown = self.path.relative_to(ROOT) if self.path.is_relative_to(ROOT) else self.path
+        return f"{shown}:{self.line}"
 
     @property
     def runs(self) -> bool:
@@ -98,9 +99,10 @@ def read_blocks(path: Path) -> list[Block]:
 BLOCKS = [block for path in DOCS for block in read_blocks(path)]
 
 
-def test_every_block_is_tagged_and_runs_or_says_why_not() -> None:
+def problems(blocks: list[Block]) -> list[str]:
+    """What is wrong with the blocks' tags and marks, one line each, naming file:line."""
     problems = []
-    for block in BLOCKS:
+    for block in blocks:
         if not block.tag:
             problems.append(
                 f"{block.where}: a code block without a language tag: tag it `sh`, `python` "
@@ -113,7 +115,13 @@ def test_every_block_is_tagged_and_runs_or_says_why_not() -> None:
             problems.append(f"{block.where}: `<!-- not-runnable: -->` without a reason")
         elif block.not_runnable is not None and block.tag in NOT_COMMANDS:
             problems.append(f"{block.where}: a {block.tag} block never runs: drop its mark")
-    assert not problems, "\n".join(problems)
+    return problems
+
+
+def test_every_block_is_tagged_and_runs_or_says_why_not() -> None:
+    assert BLOCKS, "no code blocks found in README.md and docs/*.md"
+    found = problems(BLOCKS)
+    assert not found, "\n".join(found)
 
 
 def test_the_parser_finds_tags_marks_and_lines(tmp_path: Path) -> None:
@@ -125,13 +133,15 @@ def test_the_parser_finds_tags_marks_and_lines(tmp_path: Path) -> None:
         "\n```\nuntagged\n```\n",
         encoding="utf-8",
     )
-    found = [(b.line, b.tag, b.text, b.not_runnable) for b in read_blocks(doc)]
-    assert found == [
-        (3, "sh", "toren version\n", None),
-        (8, "sh", "docker compose up -d\n", "needs Docker"),
-        (14, "python", "print(1)\n", None),
-        (18, "", "untagged\n", None),
+    blocks = read_blocks(doc)
+    assert [(b.line, b.tag, b.text, b.not_runnable, b.runs) for b in blocks] == [
+        (3, "sh", "toren version\n", None, True),
+        (8, "sh", "docker compose up -d\n", "needs Docker", False),
+        (14, "python", "print(1)\n", None, True),
+        (18, "", "untagged\n", None, False),
     ]
+    (untagged,) = problems(blocks)
+    assert untagged.startswith(f"{blocks[-1].where}: a code block without a language tag")
 
 
 # -- running the blocks -------------------------------------------------------------------

@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,8 @@ def terminate_backends(admin_url: str, application: str) -> int:
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND datname = current_database()",
             (application,),
         ).fetchall()
     return len(rows)
@@ -56,7 +58,8 @@ def terminate_backends(admin_url: str, application: str) -> int:
 async def test_runs_continue_at_once_after_the_workers_connections_are_killed(
     pg: str, tmp_path: Path
 ) -> None:
-    app = "toren-outage-test"
+    # Its own name and database: other tests run on the same server at the same time.
+    app = f"toren-outage-{uuid.uuid4().hex[:8]}"
     worker_url = f"{pg}?application_name={app}"
     effects = tmp_path / "outbox.jsonl"
     store = await toren.connect(pg)
