@@ -172,6 +172,16 @@ def require_pg() -> None:
         pytest.skip(_PG_PROBLEM)
 
 
+@pytest.fixture(autouse=True)
+def _output_as_into_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI sizes its output to ``COLUMNS`` when it is set, and to whole lines in a pipe
+    otherwise (toren.cli._common). pytest-xdist's workers run with ``COLUMNS=80`` and
+    ``LINES=24`` in their environment: without this, a table would wrap under xdist and not
+    in one process. A test that wants a width sets it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database URL on each backend, with no rows: on SQLite a new file, which
