@@ -51,6 +51,7 @@ from toren.agents.diagnostics import (
 from toren.agents.loop import LoopSpec, make_loop
 from toren.agents.pricing import PriceTable, default_table
 from toren.agents.tools import tools_from_module
+from toren.core.flow import Concurrency
 from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef, usd
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelProvider
@@ -115,6 +116,7 @@ class ProcessDefinition:
     limits: Limits
     entry: str | None
     entry_fn: AgentFn | None = None
+    concurrency: Concurrency | None = None
 
     @property
     def uses_builtin_loop(self) -> bool:
@@ -169,6 +171,8 @@ class AgentDefinition:
             processes=tuple(self.processes),
             providers=dict(providers or {}),
             pricing=self.prices.cost,
+            schedules=tuple(s.definition(self.name) for s in self.config.schedules),
+            concurrency=proc.concurrency,
         )
 
     def process(self, name: str) -> ProcessDefinition:
@@ -499,6 +503,7 @@ class _AgentLoader:
             limits=_merge_limits(config.limits, proc.limits),
             entry=entry,
             entry_fn=entry_fn,
+            concurrency=concurrency.value() if (concurrency := pick("concurrency")[0]) else None,
         )
 
     def _check_budget(

@@ -464,6 +464,9 @@ def stuck_rows(run: Run) -> list[tuple[str, str]]:
                 f"{_clock(blocked.get('retry_at'))}",
             )
         )
+    queue = run.queue
+    if queue and run.status == "queued":
+        rows.append(("queued", escape(str(queue.get("reason")))))
     lease = run.lease
     if lease and not run.terminal:
         rows.append(

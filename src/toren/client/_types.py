@@ -59,6 +59,10 @@ class Run:
     invalidations: int = 0
     retries: int = 0
     forked_from: dict[str, Any] | None = None  # {"run_id": ..., "at": "main:5"}
+    schedule: dict[str, Any] | None = None  # {"id": "agent/name", "nominal": ISO time}
+    concurrency: dict[str, Any] | None = None  # {"key", "limit", "priority"}
+    # A queued run of a concurrency key: {"key", "limit", "holding", "position", "reason"}.
+    queue: dict[str, Any] | None = None
     # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
     # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.
     blocked: dict[str, Any] | None = None

@@ -76,6 +76,9 @@ class RunStarted(Payload):
     agent: str = ""
     process: str = "main"
     input: Any = None
+    # A scheduled run's origin, {"id": ..., "nominal": "2026-12-04T09:00:00Z"}; absent
+    # (None) for other runs and in logs written before 0.2.
+    schedule: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
 from toren.core.events import Event
+from toren.core.flow import Queued
 from toren.core.model_types import DeltaCallback, ModelRequest, ModelResponse
 from toren.core.records import (
     InboxMessage,
@@ -32,6 +33,7 @@ from toren.core.records import (
     RunRecord,
     WorkerInfo,
 )
+from toren.core.schedule import ScheduleStore
 from toren.core.values import RunStatus
 
 __all__ = ["BlobStore", "JournalStore", "ModelProvider", "RunStore", "Store", "Telemetry"]
@@ -89,6 +91,11 @@ class JournalStore(BlobStore, Protocol):
     async def live_workers(self, *, now: float, ttl: float) -> list[WorkerInfo]: ...
     async def wait_for_work(self, timeout: float) -> bool: ...
     async def next_due(self, *, now: float) -> float | None: ...
+    @property
+    def schedules(self) -> ScheduleStore: ...
+    async def set_concurrency_limits(
+        self, limits: Sequence[tuple[str, str, int | None]]
+    ) -> int: ...
 
     async def prune_finished(self, *, before: float, limit: int) -> int: ...
     async def sweep_blobs(self) -> int: ...
@@ -101,6 +108,7 @@ class RunStore(BlobStore, Protocol):
 
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]: ...
     async def get_run(self, run_id: str) -> RunRecord | None: ...
+    async def queued_because(self, run: RunRecord) -> Queued | None: ...
     async def list_runs(
         self,
         *,

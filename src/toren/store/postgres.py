@@ -24,6 +24,7 @@ from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
+from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
@@ -270,7 +271,7 @@ CLAIM = (
     "status = 'running', "
     "lease_recoveries = runs.lease_recoveries + "
     "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
-    f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "
+    f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} {UNKEYED}"
     "{only}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
     "FOR UPDATE SKIP LOCKED) c "
     "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status"
@@ -621,8 +622,14 @@ class PostgresStore(SqlStore, Pruning):
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
         """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a fork, or
         a run that already exists (its id or idempotency key was used), takes the generic
-        path (:meth:`_create_run_in_transaction`)."""
-        if run.events or run.forked_from is not None:
+        path (:meth:`_create_run_in_transaction`), and so does a run with a concurrency key
+        or a schedule (their columns, and a start's conflict policy)."""
+        if (
+            run.events
+            or run.forked_from is not None
+            or run.concurrency_key is not None
+            or run.schedule_id is not None
+        ):
             return await self._create_run_in_transaction(run)
         params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
@@ -632,8 +639,9 @@ class PostgresStore(SqlStore, Pruning):
 
     async def _create_run_in_transaction(self, run: NewRun) -> tuple[RunRecord, bool]:
         """Fallback to the generic path (``SqlStore.create_run``) for what the one-statement
-        CTE does not express: a fork (its copied events and lineage), and a run whose id or
-        idempotency key exists (returned as it is, or named as a conflict)."""
+        CTE does not express: a fork (its copied events and lineage), a run of a concurrency
+        key or a schedule, and a run whose id or idempotency key exists (returned as it
+        is, or named as a conflict)."""
         return await super().create_run(run)
 
     async def renew(
@@ -729,7 +737,33 @@ class PostgresStore(SqlStore, Pruning):
             return []
         sql, params = _claim_statement(worker_id, limit, now, ttl, only)
         rows = await self._fetch_async(sql, params)
-        return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in rows]
+        leases = [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in rows]
+        if len(leases) < limit and await self._keyed_waiting(now, only):
+            rest = limit - len(leases)
+            leases += await self._run(
+                lambda cur: claim_keyed(
+                    self,
+                    cur,
+                    dialect="postgres",
+                    worker_id=worker_id,
+                    limit=rest,
+                    now=now,
+                    ttl=ttl,
+                    only=only,
+                )
+            )
+        return leases
+
+    async def _keyed_waiting(self, now: float, only: str | None) -> bool:
+        """Any queued run of a concurrency key that could start now (one index probe on
+        the loop: a worker with no keyed runs pays no transaction for them)."""
+        only_sql, only_params = ("AND id = %s ", (only,)) if only else ("", ())
+        rows = await self._fetch_async(
+            "SELECT 1 FROM runs WHERE status = 'queued' AND concurrency_key IS NOT NULL "
+            f"AND (not_before IS NULL OR not_before <= %s) {only_sql}LIMIT 1",
+            (now, *only_params),
+        )
+        return bool(rows)
 
     async def next_due(self, *, now: float) -> float | None:
         """See ``SqlStore.next_due``; on the loop (an idle worker asks after each claim

@@ -20,9 +20,11 @@ from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
 from toren.core.events import Event, parse_payload
+from toren.core.flow import Queued
 from toren.core.jsontext import dumps
 from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import (
+    ConcurrencyConflict,
     CorruptEventLog,
     IdempotencyConflict,
     LeaseLost,
@@ -41,6 +43,8 @@ from toren.store.base import (
     WorkerInfo,
     read_json,
 )
+from toren.store.flow import queued_because, set_limits, unfinished_of
+from toren.store.schedules import SqlSchedules
 from toren.store.schema import LIST_COLUMNS, summary_expressions
 
 T = TypeVar("T")
@@ -63,7 +67,8 @@ RUN_COLUMNS = (
     "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
-    "blocked_error, blocked_attempts, blocked_since"
+    "blocked_error, blocked_attempts, blocked_since, schedule_id, scheduled_for, "
+    "concurrency_key, concurrency_limit, priority"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -157,6 +162,11 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         blocked_error=read_json(row[27], "runs", "blocked_error", id=run_id),
         blocked_attempts=row[28],
         blocked_since=row[29],
+        schedule_id=row[30],
+        scheduled_for=row[31],
+        concurrency_key=row[32],
+        concurrency_limit=row[33],
+        priority=row[34],
     )
 
 
@@ -321,13 +331,7 @@ class SqlStore:
                             "use a new key for a different run"
                         )
                     return existing, False
-            self._x(
-                cur,
-                "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
-                "created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                new_run_values(run),
-            )
-            self._x(cur, INSERT_EVENT, event_params(run.started_event))
+            self._insert_new_run(cur, run)
             if run.events or run.forked_from is not None:
                 self._insert_events(cur, run.events)
                 self._x(
@@ -348,6 +352,56 @@ class SqlStore:
         if result[1]:
             await self.notify()
         return result
+
+    def _insert_new_run(self, cur: Cursor, run: NewRun) -> None:
+        """A new run's row and its ``RunStarted`` (no idempotency check: the caller's)."""
+        if run.concurrency_key is not None and run.on_conflict != "enqueue":
+            unfinished = unfinished_of(self, cur, run.concurrency_key)
+            if unfinished and run.on_conflict == "reject":
+                raise ConcurrencyConflict(
+                    f"run {unfinished[0]!r} of concurrency key {run.concurrency_key!r} is "
+                    "not finished, and this agent refuses a second start meanwhile "
+                    "(concurrency.on_conflict: reject); wait for it, or cancel it",
+                    runs=unfinished,
+                )
+            for other in unfinished:  # cancel_previous: their slots free as they end
+                self._cancel_in(cur, other, now=run.created_at)
+        self._x(
+            cur,
+            "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
+            "created_at, updated_at, schedule_id, scheduled_for, concurrency_key, "
+            "concurrency_limit, priority) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                *new_run_values(run),
+                run.schedule_id,
+                run.scheduled_for,
+                run.concurrency_key,
+                run.concurrency_limit,
+                run.priority,
+            ),
+        )
+        self._x(cur, INSERT_EVENT, event_params(run.started_event))
+
+    @functools.cached_property
+    def schedules(self) -> SqlSchedules:
+        """The schedules' statements (toren.store.schedules)."""
+        return SqlSchedules(self)
+
+    async def queued_because(self, run: RunRecord) -> Queued | None:
+        """Why a queued run of a concurrency key waits (None for any other run)."""
+        if run.status != "queued" or run.concurrency_key is None:
+            return None
+        key, limit = run.concurrency_key, run.concurrency_limit or 1
+        return await self._run(
+            lambda cur: queued_because(self, cur, run.id, key, limit), write=False
+        )
+
+    async def set_concurrency_limits(self, limits: Sequence[tuple[str, str, int | None]]) -> int:
+        """A deploy's concurrency limits, applied to the runs still queued (toren.store.flow)."""
+        changed = await self._run(lambda cur: set_limits(self, cur, limits))
+        if changed:
+            await self.notify()
+        return changed
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         def tx(cur: Cursor) -> RunRecord | None:
@@ -828,15 +882,18 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
+    def _cancel_in(self, cur: Cursor, run_id: str, *, now: float) -> None:
+        self._x(
+            cur,
+            "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
+            "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
+            "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+            (now, now, run_id),
+        )
+
     async def request_cancel(self, run_id: str, *, now: float) -> RunRecord:
         def tx(cur: Cursor) -> RunRecord:
-            self._x(
-                cur,
-                "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
-                "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
-                "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
-                (now, now, run_id),
-            )
+            self._cancel_in(cur, run_id, now=now)
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
             found = row.fetchone()
             if found is None:

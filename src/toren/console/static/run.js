@@ -470,6 +470,9 @@ function renderRun() {
         blocked.retry_at ? ` · next try ${clock(blocked.retry_at)}` : "",
         blocked.since ? ` · since ${stamp(blocked.since)}` : ""));
   }
+  const queue = run.status === "queued" && run.queue ? run.queue : null;
+  $("run-queued").hidden = !queue;
+  if (queue) $("run-queued").textContent = queue.reason;
   const lease = run.lease && !TERMINAL.has(run.status) ? run.lease : null;
   $("run-lease").hidden = !lease;
   if (lease) $("run-lease").textContent = `held by worker ${lease.worker} until ${clock(lease.expires_at)}`;
