@@ -35,11 +35,11 @@ from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
 from toren.core.recorded import load_blobs
-from toren.core.runs import MAX_RUNS_PAGE
+from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
-from toren.core.verify import verify_events
+from toren.core.verify import verify_run as verify_run_report
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, secrets_from_env
@@ -520,10 +520,12 @@ async def _event_page(
 async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     """Per step: `verified` (the digest re-derives byte for byte from the log),
     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
-    step's seq, stream and position). The rules are docs/digest.md."""
+    step's seq, stream and position); `response`: whether the recorded answer and usage
+    match the step's response digest (`not covered` for events of an earlier version).
+    `chain`: the run's hash chain, with each break's seq and position. `ok` is false on
+    any mismatch or break. The rules are docs/digest.md."""
     await _run_or_404(state, run_id)
-    events = await state.store.load_events(run_id)
-    report = verify_events(run_id, events, await load_blobs(state.store, events))
+    report = await verify_run_report(state.store, run_id)
     return cast(dict[str, Any], state.redact(report.to_dict()))
 
 
@@ -618,7 +620,13 @@ async def send_message(
     if run.terminal:
         raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
     message_id = await core_send_message(state.store, run_id, body.name, body.payload)
-    return {"run_id": run_id, "message_id": message_id}
+    waits = list(run.waiting_for or []) if run.status == RunStatus.WAITING else None
+    return {
+        "run_id": run_id,
+        "message_id": message_id,
+        "waiting_for": waits,
+        "warning": unexpected_message(run_id, body.name, waits),
+    }
 
 
 @_route(

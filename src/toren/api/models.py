@@ -211,6 +211,12 @@ class Run(BaseModel):
     lease_recoveries: int
     invalidations: int
     retries: int = Field(default=0, description="How many times the run was retried.")
+    tool_errors: int = Field(
+        default=0,
+        description="Tool calls that failed (recorded with an error). The built-in loop shows "
+        "the model the error and goes on, unless the agent sets `on_tool_error: fail` "
+        "(docs/agent-yaml.md). 0 on runs recorded before 0.2.",
+    )
     forked_from: Lineage | None = Field(
         default=None, description="The run and step this run was forked from, if forked."
     )
@@ -327,6 +333,11 @@ class Event(BaseModel):
     worker_id: str
     created_at: float
     format_version: int
+    chain: str | None = Field(
+        default=None,
+        description="The event's link in its run's hash chain (docs/digest.md §7); null on "
+        "events written before 0.2.",
+    )
     payload: dict[str, Any]
 
 
@@ -372,6 +383,15 @@ class SendMessageRequest(BaseModel):
 class MessageAccepted(BaseModel):
     run_id: str
     message_id: int
+    waiting_for: list[str] | None = Field(
+        default=None,
+        description="The message names the run waits for now (null when it is not waiting).",
+    )
+    warning: str | None = Field(
+        default=None,
+        description="Set when the run waits for other names: the message is kept (a later "
+        "`wait_for_message` of its name takes it) but does not wake the run.",
+    )
 
 
 class AgentInfo(BaseModel):
@@ -477,15 +497,47 @@ class StepCheck(BaseModel):
     note: str | None = Field(
         description="Why it cannot be verified, what does not match, or how a 0.1 log was read."
     )
+    response: Literal["verified", "mismatch", "not covered", "none"] = Field(
+        default="none",
+        description="The recorded answer, error and usage against the step's response "
+        "digest (docs/digest.md §6): `not covered` when an earlier version recorded it, "
+        "`none` for a step kind without one.",
+    )
+    response_note: str | None = None
+
+
+class ResponseCounts(BaseModel):
+    verified: int
+    mismatch: int
+    not_covered: int
+
+
+class ChainBreakOut(BaseModel):
+    seq: int
+    stream: str
+    position: int | None
+    event_type: str
+    note: str
+
+
+class ChainOut(BaseModel):
+    """The run's hash chain (docs/digest.md §7)."""
+
+    linked: int = Field(description="Events whose chain re-derives.")
+    not_covered: int = Field(description="Events written without a chain (an earlier version).")
+    breaks: list[ChainBreakOut]
+    head: str | None = Field(description="The last event's chain.")
 
 
 class RunVerification(BaseModel):
     run_id: str
-    ok: bool = Field(description="No mismatch.")
+    ok: bool = Field(description="No mismatch of a request or a response, no break of the chain.")
     steps: int
     verified: int
     unverifiable: int
     mismatch: int
+    responses: ResponseCounts
+    chain: ChainOut
     checks: list[StepCheck]
 
 

@@ -84,6 +84,10 @@ class RunRecord:
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     priority: int = 0
+    # Tool calls that failed (recorded with an error), counted as they are written: a
+    # built-in loop shows the model the error and may still complete (docs/agent-yaml.md,
+    # on_tool_error). 0 on runs recorded before 0.2.
+    tool_errors: int = 0
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
     # large to list whole; the value itself is then None.
     summaries: Mapping[str, ValueSummary] | None = None
@@ -127,6 +131,7 @@ class RunRecord:
             "lease_recoveries": self.lease_recoveries,
             "invalidations": self.invalidations,
             "retries": self.retries,
+            "tool_errors": self.tool_errors,
             "forked_from": (
                 None
                 if self.forked_from is None
@@ -216,6 +221,7 @@ class RunDelta:
     steps: int = 0
     invalidations: int = 0
     code_version: str | None = None
+    tool_errors: int = 0  # set by the store, from the events it writes
 
 
 @dataclass(frozen=True)

@@ -275,6 +275,10 @@ SCHEMA: tuple[Migration, ...] = (
     AddColumn("runs", _c("concurrency_limit", "int")),
     AddColumn("runs", _c("priority", "int", not_null=True, default="0")),
     CreateIndex("runs_concurrency", "runs", ("concurrency_key", "status")),
+    # Since 0.2: each event's link in its run's hash chain (docs/digest.md §7), NULL on
+    # events written before; and the tool errors a run recorded (docs/agent-yaml.md).
+    AddColumn("events", _c("chain", "text")),
+    AddColumn("runs", _c("tool_errors", "int", not_null=True, default="0")),
 )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
+from toren.core.audit import chain
 from toren.core.events import Event, parse_payload
 from toren.core.flow import Queued
 from toren.core.jsontext import dumps
@@ -68,22 +69,22 @@ RUN_COLUMNS = (
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
     "blocked_error, blocked_attempts, blocked_since, schedule_id, scheduled_for, "
-    "concurrency_key, concurrency_limit, priority"
+    "concurrency_key, concurrency_limit, priority, tool_errors"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
-    "worker_id, created_at, format_version, payload"
+    "worker_id, created_at, format_version, payload, chain"
 )
 INSERT_EVENT = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "code_version, worker_id, created_at, format_version, payload, chain) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # The same insert, guarded by the lease: it inserts nothing unless the lease still holds.
 INSERT_EVENT_FENCED = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
-    "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
+    "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
     "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock})"
 )
 # A body another run stored first is counted as shared (``shares``), never left as it is:
@@ -167,10 +168,14 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         concurrency_key=row[32],
         concurrency_limit=row[33],
         priority=row[34],
+        tool_errors=row[35],
     )
 
 
-_LISTED_NAMES = tuple(c.strip() for c in LIST_COLUMNS.split(","))  # RunRecord fields
+# What a list reads: the columns of the covering index runs_list, then the columns added
+# since (read from the table: one lookup by rowid per listed row on SQLite).
+LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors"
+_LISTED_NAMES = tuple(c.strip() for c in LISTED_COLUMNS.split(","))  # RunRecord fields
 _LISTED = len(_LISTED_NAMES)  # the summary expressions follow these columns
 _RUN_DEFAULTS = {
     f.name: f.default for f in dataclasses.fields(RunRecord) if f.default is not dataclasses.MISSING
@@ -256,6 +261,8 @@ def event_from_row(row: Sequence[Any]) -> Event:
     values = event.__dict__
     values.update(zip(_ENVELOPE_COLUMNS, row, strict=False))  # the payload column left out
     values["payload"] = parse_payload(type_, row[12], run_id=run_id, seq=seq)
+    # A row of the 0.1 column list (no ``chain``) reads as an event written before 0.2.
+    values["chain"] = row[13] if len(row) > 13 else None
     return event
 
 
@@ -277,6 +284,7 @@ def event_params(event: Event) -> tuple[Any, ...]:
         event.created_at,
         event.format_version,
         event.payload_json(),
+        event.chain,
     )
 
 
@@ -380,6 +388,7 @@ class SqlStore:
                 run.priority,
             ),
         )
+        chain(None, [run.started_event, *run.events])  # a run's first links (digest.md §7)
         self._x(cur, INSERT_EVENT, event_params(run.started_event))
 
     @functools.cached_property
@@ -446,7 +455,7 @@ class SqlStore:
             params.append(updated_after)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         if summary:
-            columns = f"{LIST_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
+            columns = f"{LISTED_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
             source = "runs INDEXED BY runs_list" if self.dialect == "sqlite" else "runs"
         else:
             columns, source = RUN_COLUMNS, "runs"
@@ -538,6 +547,14 @@ class SqlStore:
             if paused:
                 gc.enable()
 
+    async def payload_texts(self, run_id: str) -> dict[int, str]:
+        """Each event's payload exactly as stored, by seq: what its chain hashes
+        (``toren runs verify``; a tick reads parsed events only)."""
+        rows = await self._event_rows(
+            "SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        return {int(seq): text for seq, text in rows if isinstance(text, str)}
+
     async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
         def tx(cur: Cursor) -> list[Any]:
             return list(self._x(cur, sql, params).fetchall())
@@ -587,7 +604,8 @@ class SqlStore:
             "UPDATE runs SET updated_at = ?, input_tokens = input_tokens + ?, "
             "output_tokens = output_tokens + ?, cost_nanousd = cost_nanousd + ?, "
             "saved_nanousd = saved_nanousd + ?, steps = steps + ?, "
-            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version) "
+            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version), "
+            "tool_errors = tool_errors + ? "
             "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
             (
                 now,
@@ -598,6 +616,7 @@ class SqlStore:
                 d.steps,
                 d.invalidations,
                 d.code_version,
+                d.tool_errors,
                 lease.run_id,
                 lease.worker_id,
                 lease.epoch,
@@ -649,6 +668,7 @@ class SqlStore:
         lease moved says so even if its message is gone too), ``MessageConsumed`` when the
         lease holds but ``consume_inbox`` is no longer an unconsumed message of the run;
         either way nothing is written."""
+        delta = with_tool_errors(events, delta)
 
         def tx(cur: Cursor) -> list[Event]:
             fenced = delta is None and bool(events)
@@ -928,6 +948,14 @@ class SqlStore:
                     run_id=run_id,
                     status=row[0],
                 )
+            # Nobody holds the run (checked above, under the row's lock): the log's last
+            # event is the one this follows (docs/event-log.md#the-chain).
+            last = self._x(
+                cur,
+                "SELECT chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                (run_id,),
+            ).fetchone()
+            chain(None if last is None else last[0], [event])
             self._insert_events(cur, [event])
             found = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
             return run_from_row(found.fetchone())
@@ -1108,10 +1136,25 @@ _SEQ = "seq"
 assert _SEQ in {f.name for f in fields(Event)}
 
 
+def with_tool_errors(events: Sequence[Event], delta: RunDelta | None) -> RunDelta | None:
+    """``delta`` plus the failed tool calls among ``events``: counted on the run row in
+    the transaction that writes them (a step with a tool error then writes the totals
+    with it; other steps are untouched)."""
+    failed = 0
+    for event in events:
+        if event.type == "ToolCallRecorded" and event.payload.error is not None:  # type: ignore[attr-defined]
+            failed += 1
+    if not failed:
+        return delta
+    base = delta or RunDelta()
+    return dataclasses.replace(base, tool_errors=base.tool_errors + failed)
+
+
 def with_seq(event: Event, seq: int) -> Event:
     """``event`` as stored: a copy carrying the sequence the database gave it."""
     copy = object.__new__(Event)
     values = copy.__dict__
     values.update(event.__dict__)
+    values.pop("_payload_text", None)  # written: a journal keeps stored events
     values[_SEQ] = int(seq)
     return copy

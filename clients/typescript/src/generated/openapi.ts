@@ -73,7 +73,10 @@ export interface paths {
          * Re-derive every digest of a run from its stored events and blobs
          * @description Per step: `verified` (the digest re-derives byte for byte from the log),
          *     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
-         *     step's seq, stream and position). The rules are docs/digest.md.
+         *     step's seq, stream and position); `response`: whether the recorded answer and usage
+         *     match the step's response digest (`not covered` for events of an earlier version).
+         *     `chain`: the run's hash chain, with each break's seq and position. `ok` is false on
+         *     any mismatch or break. The rules are docs/digest.md.
          */
         get: operations["verify_run"];
         put?: never;
@@ -466,6 +469,60 @@ export interface components {
              */
             retry_at?: number | null;
         };
+        /** ChainBreakOut */
+        ChainBreakOut: {
+            /** Seq */
+            seq: number;
+            /** Stream */
+            stream: string;
+            /** Position */
+            position: number | null;
+            /** Event Type */
+            event_type: string;
+            /** Note */
+            note: string;
+        };
+        /**
+         * ChainOut
+         * @description The run's hash chain (docs/digest.md §7).
+         */
+        ChainOut: {
+            /**
+             * Linked
+             * @description Events whose chain re-derives.
+             */
+            linked: number;
+            /**
+             * Not Covered
+             * @description Events written without a chain (an earlier version).
+             */
+            not_covered: number;
+            /** Breaks */
+            breaks: components["schemas"]["ChainBreakOut"][];
+            /**
+             * Head
+             * @description The last event's chain.
+             */
+            head: string | null;
+        };
+        /** Concurrency */
+        Concurrency: {
+            /**
+             * Key
+             * @description The concurrency key the run counts against.
+             */
+            key: string;
+            /**
+             * Limit
+             * @description Runs of the key that may run or wait at once.
+             */
+            limit: number | null;
+            /**
+             * Priority
+             * @description Its priority in the key's queue (higher first).
+             */
+            priority: number;
+        };
         /**
          * CreateSchedule
          * @description A schedule made at run time: ``agent`` plus the keys of an agent.yaml schedule.
@@ -595,6 +652,11 @@ export interface components {
             created_at: number;
             /** Format Version */
             format_version: number;
+            /**
+             * Chain
+             * @description The event's link in its run's hash chain (docs/digest.md §7); null on events written before 0.2.
+             */
+            chain?: string | null;
             /** Payload */
             payload: {
                 [key: string]: unknown;
@@ -691,6 +753,16 @@ export interface components {
             run_id: string;
             /** Message Id */
             message_id: number;
+            /**
+             * Waiting For
+             * @description The message names the run waits for now (null when it is not waiting).
+             */
+            waiting_for?: string[] | null;
+            /**
+             * Warning
+             * @description Set when the run waits for other names: the message is kept (a later `wait_for_message` of its name takes it) but does not wake the run.
+             */
+            warning?: string | null;
         };
         /** Note */
         Note: {
@@ -726,6 +798,28 @@ export interface components {
              * @default false
              */
             more: boolean;
+        };
+        /** QueuePlace */
+        QueuePlace: {
+            /** Key */
+            key: string;
+            /** Limit */
+            limit: number;
+            /**
+             * Holding
+             * @description Runs of the key running or waiting now.
+             */
+            holding: number;
+            /**
+             * Position
+             * @description 1: the next of the key to start.
+             */
+            position: number;
+            /**
+             * Reason
+             * @description The same, in words.
+             */
+            reason: string;
         };
         /** Ready */
         Ready: {
@@ -770,6 +864,15 @@ export interface components {
              * @description The new value.
              */
             new: unknown;
+        };
+        /** ResponseCounts */
+        ResponseCounts: {
+            /** Verified */
+            verified: number;
+            /** Mismatch */
+            mismatch: number;
+            /** Not Covered */
+            not_covered: number;
         };
         /**
          * RetryRunRequest
@@ -839,8 +942,18 @@ export interface components {
              * @default 0
              */
             retries: number;
+            /**
+             * Tool Errors
+             * @description Tool calls that failed (recorded with an error). The built-in loop shows the model the error and goes on, unless the agent sets `on_tool_error: fail` (docs/agent-yaml.md). 0 on runs recorded before 0.2.
+             * @default 0
+             */
+            tool_errors: number;
             /** @description The run and step this run was forked from, if forked. */
             forked_from?: components["schemas"]["Lineage"] | null;
+            /** @description The run's concurrency key, limit and priority, if any. */
+            concurrency?: components["schemas"]["Concurrency"] | null;
+            /** @description Why a queued run of a concurrency key waits, and its place (on a run's own endpoint; null otherwise). */
+            queue?: components["schemas"]["QueuePlace"] | null;
             /** @description The schedule and nominal time that started this run, if a schedule did (on a run's own endpoint; lists leave it null). */
             schedule?: components["schemas"]["ScheduleOrigin"] | null;
             /** @description Set while the run's ticks fail on an infrastructure error (no API key, provider unreachable, database error, agent not deployed): what failed and when it is tried again. Null otherwise. */
@@ -907,7 +1020,7 @@ export interface components {
             run_id: string;
             /**
              * Ok
-             * @description No mismatch.
+             * @description No mismatch of a request or a response, no break of the chain.
              */
             ok: boolean;
             /** Steps */
@@ -918,6 +1031,8 @@ export interface components {
             unverifiable: number;
             /** Mismatch */
             mismatch: number;
+            responses: components["schemas"]["ResponseCounts"];
+            chain: components["schemas"]["ChainOut"];
             /** Checks */
             checks: components["schemas"]["StepCheck"][];
         };
@@ -1057,6 +1172,22 @@ export interface components {
              * @description Deprecated spelling of `idempotency_key`, accepted until 0.3.0; the response then carries `Deprecation: true` and a `Warning` header.
              */
             idempotencyKey?: string | null;
+            /**
+             * Concurrency Key
+             * @description A concurrency key for this run (a queue name, a tenant, a ticket): at most `concurrency_limit` runs of one key run or wait at once; the others stay queued. Overrides the agent's `concurrency:` key (docs/flow-control.md).
+             */
+            concurrency_key?: string | null;
+            /**
+             * Concurrency Limit
+             * @description The limit of `concurrency_key` (required with a key, unless the agent declares `concurrency:`).
+             */
+            concurrency_limit?: number | null;
+            /**
+             * Priority
+             * @description Within a concurrency key's queue, higher starts first; then FIFO.
+             * @default 0
+             */
+            priority: number;
         };
         /**
          * StepCheck
@@ -1089,6 +1220,15 @@ export interface components {
              * @description Why it cannot be verified, what does not match, or how a 0.1 log was read.
              */
             note: string | null;
+            /**
+             * Response
+             * @description The recorded answer, error and usage against the step's response digest (docs/digest.md §6): `not covered` when an earlier version recorded it, `none` for a step kind without one.
+             * @default none
+             * @enum {string}
+             */
+            response: "verified" | "mismatch" | "not covered" | "none";
+            /** Response Note */
+            response_note?: string | null;
         };
         /**
          * StreamFinding
