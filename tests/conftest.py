@@ -3,19 +3,38 @@
 PostgreSQL comes from ``TOREN_TEST_PG`` (default: the local server at 127.0.0.1:5432,
 user postgres). When it is unreachable the PostgreSQL half is skipped, except under
 ``CI=true``, where a missing PostgreSQL is a failure.
+
+A PostgreSQL test database is a copy of a migrated template (``CREATE DATABASE ...
+TEMPLATE``), not a new database migrated again for each test: the copy is a file copy on
+the server, where the migration is some fifty DDL transactions, each with its own commit.
+The template is named after a hash of the schema's DDL, so a changed schema gets a new one;
+it is made once per machine and schema by whichever test process gets there first (the
+others wait on an advisory lock), and no session ever connects to it (``ALLOW_CONNECTIONS
+false``), since a copy fails while anyone is connected to its source. Tests that need an
+empty database (the schema's own tests, the 0.1 fixtures) take ``empty_db_url`` or
+``create_pg_database``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import hashlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from toren.store import Store, connect
+from toren.store.schema import SCHEMA, Migration, applies, render
+
+if TYPE_CHECKING:
+    import psycopg
 
 PG_ADMIN = os.environ.get("TOREN_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -48,6 +67,97 @@ def create_pg_database(prefix: str = "toren_t") -> str:
     return name
 
 
+def clone_pg_database(prefix: str = "toren_t") -> str:
+    """A new database holding today's schema and no rows: a copy of the template."""
+    import psycopg
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template()}"')
+    return name
+
+
+TEMPLATE_PREFIX = "toren_tmpl_"
+# The advisory lock (on the admin database) under which a template is made or dropped.
+_TEMPLATE_LOCK = 0x746F72656E5F74  # "toren_t"
+# A template of another schema (another branch, an older checkout) that no test session
+# has used for this long is dropped; a session in progress touches its own at its start.
+TEMPLATE_UNUSED_FOR = 24 * 3600
+_template: str | None = None
+
+
+def template_name(schema: tuple[Migration, ...] = SCHEMA) -> str:
+    """The template's name: a hash of the PostgreSQL DDL, in order."""
+    ddl = "\n".join(render(m, "postgres") for m in schema if applies(m, "postgres"))
+    return TEMPLATE_PREFIX + hashlib.sha256(ddl.encode()).hexdigest()[:16]
+
+
+def pg_template() -> str:
+    """The migrated template of this schema, made by the first test process that needs it."""
+    global _template
+    if _template is None:
+        _template = _ensure_template(template_name())
+    return _template
+
+
+def _ensure_template(name: str) -> str:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
+        try:
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                _make_template(conn, name)
+            # The last use, read by the clean-up below (of other schemas' templates).
+            conn.execute(
+                sql.SQL("COMMENT ON DATABASE {} IS {}").format(
+                    sql.Identifier(name),
+                    sql.Literal(f"toren test template, used {time.time():.0f}"),
+                )
+            )
+            _drop_unused_templates(conn, keep=name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
+    return name
+
+
+def _make_template(conn: psycopg.Connection[Any], name: str) -> None:
+    """Migrate a scratch database with the store's own ``migrate`` (so the template is
+    exactly what ``connect`` makes), then publish it under its name in one rename: a
+    session killed half-way leaves only a scratch database, dropped by the next."""
+    building = f"{name}_b"
+    run = conn.execute
+    run(f'DROP DATABASE IF EXISTS "{building}" WITH (FORCE)')
+    run(f'CREATE DATABASE "{building}"')
+
+    async def migrate() -> None:
+        store = await connect(pg_url(building))
+        await store.close()
+
+    # A thread of its own: this may be called from a test already inside an event loop.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, migrate()).result()
+    run(f'ALTER DATABASE "{building}" RENAME TO "{name}"')
+    run(f'ALTER DATABASE "{name}" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false')
+
+
+def _drop_unused_templates(conn: psycopg.Connection[Any], keep: str) -> None:
+    rows = conn.execute(
+        "SELECT datname, coalesce(shobj_description(oid, 'pg_database'), '') FROM pg_database "
+        "WHERE starts_with(datname, %s) AND datname <> %s",
+        (TEMPLATE_PREFIX, keep),
+    ).fetchall()
+    for other, comment in rows:
+        _, _, used = comment.rpartition("used ")
+        # No mark: a scratch database or one whose session died before marking it (both
+        # are made and marked under the lock this session holds, so neither is in use).
+        if used.isdigit() and time.time() - int(used) < TEMPLATE_UNUSED_FOR:
+            continue
+        conn.execute(f'ALTER DATABASE "{other}" WITH IS_TEMPLATE false')
+        conn.execute(f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)')
+
+
 def drop_pg_database(name: str) -> None:
     import psycopg
 
@@ -62,9 +172,35 @@ def require_pg() -> None:
         pytest.skip(_PG_PROBLEM)
 
 
+@pytest.fixture(autouse=True)
+def _output_as_into_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI sizes its output to ``COLUMNS`` when it is set, and to whole lines in a pipe
+    otherwise (toren.cli._common). pytest-xdist's workers run with ``COLUMNS=80`` and
+    ``LINES=24`` in their environment: without this, a table would wrap under xdist and not
+    in one process. A test that wants a width sets it."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh, empty database URL on each backend."""
+    """A fresh database URL on each backend, with no rows: on SQLite a new file, which
+    the first ``connect`` migrates; on PostgreSQL a copy of the migrated template."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/toren.db"
+        return
+    require_pg()
+    name = clone_pg_database()
+    try:
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database URL on each backend with no schema at all: for the tests of the
+    migration itself."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/toren.db"
         return

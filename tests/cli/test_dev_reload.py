@@ -31,7 +31,7 @@ import pytest
 
 from tests.cli.conftest import free_port, sub_env, toren_exe
 from tests.cli.test_processes import wait_until
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.providers.fakes import (
     FAKE_KEY,
     Completion,
@@ -113,7 +113,7 @@ def database(request: pytest.FixtureRequest) -> Iterator[str | None]:
         yield None
         return
     require_pg()
-    name = create_pg_database("toren_d_devreload")
+    name = clone_pg_database("toren_d_devreload")
     try:
         yield pg_url(name)
     finally:

@@ -25,6 +25,10 @@ from toren.api import create_app, running_server
 from toren.store import Store, connect
 
 PAGE = PACKAGE / "examples" / "browser.html"
+# Both files build the package in clients/typescript (dist/, .build/, node_modules/):
+# one process, one after the other, under pytest-xdist.
+pytestmark = pytest.mark.xdist_group("clients_typescript")
+
 MIME = {".js": "text/javascript", ".html": "text/html"}
 
 

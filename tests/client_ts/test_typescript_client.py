@@ -16,6 +16,10 @@ import pytest
 from tests.client_ts.openapi import DOCUMENT, current_document, render
 from tests.client_ts.support import ensure_installed, npm
 
+# Both files build the package in clients/typescript (dist/, .build/, node_modules/):
+# one process, one after the other, under pytest-xdist.
+pytestmark = pytest.mark.xdist_group("clients_typescript")
+
 
 def test_openapi_document_is_current() -> None:
     """The document the TypeScript types are generated from is the API's, as served now."""

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import toren
@@ -55,8 +57,16 @@ def settings() -> toren.Settings:
     )
 
 
-async def main(url: str, version: str, ledger: str, latency: str) -> int:
+async def main(url: str, version: str, ledger: str, latency: str, go: str = "") -> int:
+    """With ``go``: once imported and connected, say so (``go + ".ready.<pid>"``) and wait
+    for the file ``go`` before claiming anything: a test starts the new version's workers
+    the moment it wants them, not after their imports, which on a loaded machine can take
+    longer than the old version needs to finish every run."""
     store = await toren.connect(url)
+    if go:
+        Path(f"{go}.ready.{os.getpid()}").touch()
+        while not Path(go).exists():
+            await asyncio.sleep(0.01)
     provider = ScriptedProvider(
         {"default": {"text": "ok {last_user}"}, "latency": float(latency)}, ledger_path=ledger
     )
@@ -72,4 +82,4 @@ async def main(url: str, version: str, ledger: str, latency: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(*sys.argv[1:5])))
+    sys.exit(asyncio.run(main(*sys.argv[1:6])))

@@ -636,10 +636,23 @@ async def test_a_finished_tick_frees_its_log_without_the_cycle_collector(store: 
     """A tick holds its run's whole log. Nothing may point back at the tick when it ends
     (the agent task, a per-step helper): its events must be freed by reference counting
     at once, not linger until the cycle collector's next full pass (a long replay would
-    otherwise leave hundreds of thousands of objects for every later collection)."""
+    otherwise leave hundreds of thousands of objects for every later collection).
+
+    With the collector off, events caught in a cycle would stay for good; events that are
+    merely still referenced go when the reference does. One such reference outlives the
+    tick by a moment on PostgreSQL: a transaction runs on a thread of the store's executor,
+    and that thread drops its work item (the function and arguments, which hold the
+    events) only after it has handed the result to the loop (``concurrent.futures``'
+    worker: ``work_item.run()``, then ``del work_item``). The loop may resume the tick and
+    this test before that thread runs again, which on a loaded machine takes a while. So
+    the test waits, with a deadline, for the events to go, rather than looking once."""
     import gc
+    import time
 
     from toren.core.events import Event
+
+    def alive(run_id: str) -> int:
+        return sum(1 for o in gc.get_objects() if isinstance(o, Event) and o.run_id == run_id)
 
     async def then_wait(ctx: toren.Context, input: Any) -> Any:
         await chain_agent(20)(ctx, input)
@@ -655,10 +668,10 @@ async def test_a_finished_tick_frees_its_log_without_the_cycle_collector(store: 
         result = await toren.tick(run.id, deps)
         assert result.status == "waiting"
         del result
-        for _ in range(3):  # callbacks the last commit scheduled run
-            await asyncio.sleep(0)
-        alive = [o for o in gc.get_objects() if isinstance(o, Event) and o.run_id == run.id]
-        assert alive == [], f"{len(alive)} events of the finished tick are still alive"
+        deadline = time.monotonic() + 10
+        while (left := alive(run.id)) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # callbacks the last commit scheduled, other threads run
+        assert left == 0, f"{left} events of the finished tick are still alive"
     finally:
         gc.enable()
 

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.core.flow_worker import registry
 
 ROOT = Path(__file__).parents[2]
@@ -90,7 +90,7 @@ def _wait_or_gone(conn: socket.socket, seconds: float) -> bool:
 @pytest.fixture
 def pg() -> Iterator[str]:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     try:
         yield pg_url(name)
     finally:

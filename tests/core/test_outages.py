@@ -18,12 +18,13 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.core.stall_worker import registry
 from tests.core.test_stalled_worker import ROOT, Ledger, effects_of, until
 from tests.providers.fakes import serve_fake_models
@@ -35,7 +36,7 @@ EXAMPLE = ROOT / "examples" / "support-agent"
 @pytest.fixture
 def pg() -> object:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     try:
         yield pg_url(name)
     finally:
@@ -47,7 +48,8 @@ def terminate_backends(admin_url: str, application: str) -> int:
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE application_name = %s AND datname = current_database()",
             (application,),
         ).fetchall()
     return len(rows)
@@ -56,7 +58,8 @@ def terminate_backends(admin_url: str, application: str) -> int:
 async def test_runs_continue_at_once_after_the_workers_connections_are_killed(
     pg: str, tmp_path: Path
 ) -> None:
-    app = "toren-outage-test"
+    # Its own name and database: other tests run on the same server at the same time.
+    app = f"toren-outage-{uuid.uuid4().hex[:8]}"
     worker_url = f"{pg}?application_name={app}"
     effects = tmp_path / "outbox.jsonl"
     store = await toren.connect(pg)

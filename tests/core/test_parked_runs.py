@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from toren.store import Release, Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ async def test_a_parked_run_holds_nothing_in_the_worker(store: Store) -> None:
 
 async def test_postgres_a_message_wakes_a_parked_run_through_notify() -> None:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     url = pg_url(name)
     store, sender = await toren.connect(url), await toren.connect(url)
     try:

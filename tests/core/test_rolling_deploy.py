@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.core.deploy_worker import CHANGED_STEP, CHILD_STEPS, MAIN_STEPS, registry
 from toren.config import LeaseSettings
 from toren.providers.scripted import ScriptedProvider, read_ledger
@@ -28,11 +28,14 @@ ROOT = Path(__file__).parents[2]
 RUNS = 20
 
 
-def spawn_worker(url: str, version: str, ledger: Path) -> subprocess.Popen[bytes]:
+def spawn_worker(
+    url: str, version: str, ledger: Path, go: Path | None = None
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "tests.core.deploy_worker", url, version, str(ledger), "0.15"]
     with open(ledger.with_suffix(".log"), "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.core.deploy_worker", url, version, str(ledger), "0.15"],
+            [*argv, *([str(go)] if go else [])],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -62,7 +65,7 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 @pytest.fixture
 def pg_db() -> Any:
     require_pg()
-    name = create_pg_database("toren_deploy")
+    name = clone_pg_database("toren_deploy")
     try:
         yield pg_url(name)
     finally:
@@ -78,9 +81,18 @@ async def test_rolling_deploy(pg_db: str, tmp_path: Path, old: str, new: str) ->
         ]
         old_ledgers = [tmp_path / f"{old}{i}.jsonl" for i in range(2)]
         new_ledgers = [tmp_path / f"{new}{i}.jsonl" for i in range(2)]
-        olds = [spawn_worker(pg_db, old, path) for path in old_ledgers]
-        news: list[subprocess.Popen[bytes]] = []
+        # The new version's processes start first and wait, imported and connected, for
+        # `go`: their start-up time must not decide whether the two versions overlap.
+        go = tmp_path / "go"
+        news = [spawn_worker(pg_db, new, path, go) for path in new_ledgers]
+        olds: list[subprocess.Popen[bytes]] = []
         try:
+            await wait_for(
+                lambda: len(list(tmp_path.glob("go.ready.*"))) == len(news),
+                120,
+                "the new version's workers to be ready",
+            )
+            olds = [spawn_worker(pg_db, old, path) for path in old_ledgers]
             # The old version gets half the runs past the step the new version changes...
             await wait_for(
                 lambda: (
@@ -92,7 +104,7 @@ async def test_rolling_deploy(pg_db: str, tmp_path: Path, old: str, new: str) ->
                 60,
                 "old workers to get going",
             )
-            news = [spawn_worker(pg_db, new, path) for path in new_ledgers]
+            go.touch()
             # ...both versions overlap for a while, then the old one is drained.
             await wait_for(
                 lambda: sum(served(new_ledgers).values()) >= 20, 60, "new workers to take over"

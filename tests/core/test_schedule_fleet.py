@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from toren.store import connect
 
 ROOT = Path(__file__).parents[2]
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture
 def pg() -> Iterator[str]:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     try:
         yield pg_url(name)
     finally:

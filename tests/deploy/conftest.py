@@ -4,7 +4,10 @@ and starts all three."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,11 +30,21 @@ def compose_cmd() -> list[str]:
         raise
 
 
+@contextmanager
+def _building_images() -> Iterator[None]:
+    """One process at a time builds the stand-in images (pytest-xdist runs the Compose
+    tests side by side): the others wait, then find them built."""
+    with open(dockerkit.cache_dir() / "images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def base_image(compose_cmd: list[str]) -> str:
     """The stand-in for python:3.11-slim-bookworm: Debian's python3 (pip refuses, PEP 668)."""
     try:
-        return dockerkit.ensure_base_image()
+        with _building_images():
+            return dockerkit.ensure_base_image()
     except dockerkit.DockerUnavailable as exc:
         _unavailable(str(exc))
         raise
@@ -40,4 +53,5 @@ def base_image(compose_cmd: list[str]) -> str:
 @pytest.fixture(scope="session")
 def postgres_image(base_image: str) -> str:
     """The stand-in for postgres:15."""
-    return dockerkit.ensure_postgres_image(base_image)
+    with _building_images():
+        return dockerkit.ensure_postgres_image(base_image)

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.store.steps import value_event
 from tests.store.test_park_and_open import _new_run
 from toren.errors import LeaseLost, MessageConsumed
@@ -149,7 +149,7 @@ async def test_postgres_a_step_that_loses_its_message_meanwhile_writes_no_totals
     statement arrives and consumes the message before it lets go. The statement has
     passed its lease check by then, and waits on the message row inside it."""
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     store = await toren.connect(pg_url(name))
     try:
         run_id = await _new_run(store)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.store.steps import value_event
 from toren.core.events import ValueRecorded
 from toren.errors import LeaseLost, StorageError
@@ -54,7 +54,7 @@ async def _open_lane(store: PostgresStore) -> None:
 @pytest.fixture
 async def pg() -> AsyncIterator[tuple[PostgresStore, str]]:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     store = await toren.connect(pg_url(name))
     assert isinstance(store, PostgresStore)
     try:

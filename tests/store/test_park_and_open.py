@@ -25,7 +25,7 @@ import psycopg
 import pytest
 
 import toren
-from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from toren.errors import SchemaError, StorageError
 from toren.store import Store
 from toren.store.base import Release
@@ -69,7 +69,7 @@ async def test_a_run_parked_without_a_cancel_stays_parked(store: Store) -> None:
 
 async def test_postgres_a_message_sent_while_the_run_parks_wakes_it() -> None:
     require_pg()
-    name = create_pg_database()
+    name = clone_pg_database()
     store = await toren.connect(pg_url(name))
     try:
         run_id = await _new_run(store)

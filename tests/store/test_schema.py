@@ -75,8 +75,8 @@ async def _columns(store: Any, table: str) -> list[tuple[str, str]]:
     return sorted((r[0], r[1]) for r in rows)
 
 
-async def test_applying_the_ddl_twice_is_a_no_op(db_url: str) -> None:
-    store = await connect(db_url)
+async def test_applying_the_ddl_twice_is_a_no_op(empty_db_url: str) -> None:
+    store = await connect(empty_db_url)
     try:
         before = {
             t: await _columns(store, t) for t in ("runs", "events", "blobs", "inbox", "workers")
@@ -90,10 +90,10 @@ async def test_applying_the_ddl_twice_is_a_no_op(db_url: str) -> None:
         await store.close()
 
 
-async def test_concurrent_starts_migrate_safely(db_url: str) -> None:
+async def test_concurrent_starts_migrate_safely(empty_db_url: str) -> None:
     import asyncio
 
-    stores = [open_store(db_url) for _ in range(4)]
+    stores = [open_store(empty_db_url) for _ in range(4)]
     try:
         await asyncio.gather(*(s.migrate() for s in stores))
     finally:
@@ -101,10 +101,10 @@ async def test_concurrent_starts_migrate_safely(db_url: str) -> None:
             await s.close()
 
 
-async def test_first_schema_database_upgrades_in_place(db_url: str) -> None:
+async def test_first_schema_database_upgrades_in_place(empty_db_url: str) -> None:
     """A database created by the frozen first schema, with rows, is upgraded by a normal
     start: rows intact, new columns defaulted (every old run becomes process 'main')."""
-    store = open_store(db_url)
+    store = open_store(empty_db_url)
     dialect = store.dialect  # type: ignore[attr-defined]
     statements = [s.rstrip(";") for s in frozen_statements(dialect)]
 
