@@ -24,7 +24,7 @@ from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
-from toren.store.pruning import Pruning
+from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,
@@ -32,7 +32,7 @@ from toren.store.sql import (
     RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
     UNBLOCK,
-    SqlStore,
+    Cursor,
     event_params,
     lease_lost,
     loop_is_idle,
@@ -386,8 +386,11 @@ def _claim_statement(
     return CLAIM_ONE, (worker_id, now + ttl, now, now, now, only, limit)
 
 
-class PostgresStore(SqlStore, Pruning):
+class PostgresStore(RetentionSql):
     dialect = "postgres"
+    # Workers pruning at once split the work instead of queueing on each other's rows;
+    # the delete re-checks the same bounds regardless.
+    prune_lock = " FOR UPDATE SKIP LOCKED"
     lease_check_lock = " FOR SHARE"
     run_row_lock = " FOR UPDATE"
 
@@ -713,6 +716,31 @@ class PostgresStore(SqlStore, Pruning):
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, self._psycopg.errors.UniqueViolation)
+
+    # -- retention hooks (see toren.store.pruning) --------------------------------------
+
+    def _in(self, values: Sequence[str]) -> tuple[str, list[Any]]:
+        # One array parameter: one statement shape whatever the number of values.
+        return "= ANY(?)", [list(values)]
+
+    def _lock_owned_blobs(self, cur: Cursor, clause: str, params: Sequence[Any]) -> None:
+        # Every body the deleted runs stored first, locked at once in hash order (the
+        # order in which steps lock the rows they store again), so the statements that
+        # follow take no further lock and cannot deadlock with a step. A step that counted
+        # a body as shared meanwhile has committed when the lock is granted.
+        self._x(
+            cur, f"SELECT hash FROM blobs WHERE run_id {clause} ORDER BY hash FOR UPDATE", params
+        )
+
+    def _advance_sequences(self, cur: Cursor, seq: int, inbox_id: int) -> None:
+        # Rows inserted with their own ids do not move PostgreSQL's sequences.
+        for table, column, top in (("events", "seq", seq), ("inbox", "id", inbox_id)):
+            self._x(
+                cur,
+                "SELECT setval(pg_get_serial_sequence(?, ?), ?) WHERE ? > COALESCE("
+                "pg_sequence_last_value(pg_get_serial_sequence(?, ?)::regclass), 0)",
+                (table, column, top, top, table, column),
+            )
 
     def _claim(
         self, cur: Any, worker_id: str, limit: int, now: float, ttl: float, only: str | None

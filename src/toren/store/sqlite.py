@@ -29,9 +29,9 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
-from toren.store.pruning import Pruning
+from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
-from toren.store.sql import CLAIMABLE, Cursor, InlineGate, SqlStore, settle
+from toren.store.sql import CLAIMABLE, Cursor, InlineGate, settle
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
@@ -67,7 +67,7 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
     return path, options
 
 
-class SQLiteStore(SqlStore, Pruning):
+class SQLiteStore(RetentionSql):
     dialect = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -272,6 +272,15 @@ class SQLiteStore(SqlStore, Pruning):
         except sqlite3.IntegrityError:
             raise
         except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
+            raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    async def _bulk(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
+        # Never the group commit on the loop (``_run``): the database thread runs it.
+        try:
+            return await self._on_thread(fn, write=write)
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
             raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
 
     async def _on_thread(self, fn: Callable[[Cursor], T], *, write: bool) -> T:
