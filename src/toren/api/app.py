@@ -26,7 +26,7 @@ from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
 from toren.api.sse import RunStream, StreamSettings, resume_problem
-from toren.api.state import ApiState
+from toren.api.state import ApiState, InProcessWorker
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
 from toren.core.fixforward import fork_run as core_fork_run
@@ -40,7 +40,6 @@ from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
 from toren.core.verify import verify_events
-from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, secrets_from_env
 from toren.store.base import RunRecord, Store
@@ -59,7 +58,7 @@ def create_app(
     *,
     tokens: Sequence[str] = (),
     live: LiveHub | None = None,
-    runtime: LocalWorkerRuntime | None = None,
+    runtime: InProcessWorker | None = None,
     console: bool = True,
     max_body_bytes: int = 1_000_000,
     heartbeat: float = 15.0,

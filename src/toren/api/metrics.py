@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from toren.core.worker import LocalWorkerRuntime
+from toren.api.state import InProcessWorker
 from toren.store.base import STATUSES, from_nano
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render(stats: Mapping[str, Any], runtime: LocalWorkerRuntime | None = None) -> str:
+def render(stats: Mapping[str, Any], runtime: InProcessWorker | None = None) -> str:
     lines: list[str] = []
 
     def metric(name: str, kind: str, help: str, samples: list[tuple[str, Any]]) -> None:

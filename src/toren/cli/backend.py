@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeAlias
 from toren.cli._common import RunFinished
 from toren.client import Run
 from toren.core.fixforward import fork_run, retry_run
-from toren.core.ports import RunStore, Store
+from toren.core.ports import RunStore
 from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
 from toren.core.values import RunStatus
@@ -116,23 +116,6 @@ class Backend(Protocol):
 # -- embedded ---------------------------------------------------------------------------
 
 
-class _OneRunStore:
-    """A store view whose ``claim`` only ever claims one run: the in-process worker of
-    ``toren run`` and ``toren runs resume`` must not pick up other runs of the database."""
-
-    def __init__(self, store: Store, run_id: str) -> None:
-        self._store = store
-        self._run_id = run_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def claim(
-        self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
-    ) -> list[Lease]:
-        return await self._store.claim(worker_id, limit, now=now, ttl=ttl, only=self._run_id)
-
-
 class EmbeddedBackend:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -215,10 +198,10 @@ class EmbeddedBackend:
 
     async def start_worker(self, run_id: str) -> LocalWorkerRuntime:
         """A worker in this process that runs only ``run_id``."""
-        deps = self.runtime.deps
         self._run_id = run_id
-        scoped = dataclasses.replace(deps, store=_OneRunStore(self.store, run_id))
-        self.worker = LocalWorkerRuntime(scoped, concurrency=1)
+        # A copy: the worker stamps its id on the deps it is given.
+        deps = dataclasses.replace(self.runtime.deps)
+        self.worker = LocalWorkerRuntime(deps, concurrency=1, only=run_id)
         await self.worker.start()
         return self.worker
 
