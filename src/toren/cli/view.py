@@ -23,7 +23,7 @@ from rich.text import Text
 
 from toren.cli.backend import LocalRun
 from toren.client import Run
-from toren.core.values import RunStatus
+from toren.core.values import RunStatus, from_nano, retry_limits
 
 RESULT_WIDTH = 160
 
@@ -245,7 +245,11 @@ class RunView:
     def _on_RunRetried(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
         retried = len(p.get("retried_seqs") or ())
         what = f"{retried} failed step{'s' if retried != 1 else ''} run again" if retried else ""
-        raised = ", ".join(f"{k}={v}" for k, v in (p.get("raise_limits") or {}).items())
+        limits = retry_limits(p.get("raise_limits") or {})
+        cost = limits.pop("max_cost_nanousd", None)
+        shown = [f"{k}={v}" for k, v in limits.items()]
+        shown += [f"max_cost_usd={from_nano(cost)}"] if cost is not None else []
+        raised = ", ".join(shown)
         detail = "; ".join(x for x in (what, f"limits raised: {raised}" if raised else "") if x)
         self.print(
             f"[bold cyan]↻ retry {p.get('attempt', 1)}[/] under code version "
