@@ -111,7 +111,7 @@ class ProcessDefinition:
     instructions: str
     tools: tuple[str, ...]  # from tools.py, plus built-ins
     mcp_servers: tuple[str, ...]
-    model_params: Mapping[str, Any]
+    model_params: Mapping[str, object]
     limits: Limits
     entry: str | None
     entry_fn: AgentFn | None = None
@@ -676,7 +676,7 @@ class _AgentLoader:
         return fn  # type: ignore[no-any-return]
 
 
-def _merge_params(config: AgentConfig, proc: ProcessConfig) -> dict[str, Any]:
+def _merge_params(config: AgentConfig, proc: ProcessConfig) -> dict[str, object]:
     params = config.model_params.as_params() if config.model_params else {}
     if proc.model_params is not None:
         params.update(proc.model_params.as_params())

@@ -16,7 +16,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def render(stats: Mapping[str, Any], runtime: InProcessWorker | None = None) -> str:
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help: str, samples: list[tuple[str, Any]]) -> None:
+    def metric(name: str, kind: str, help: str, samples: list[tuple[str, object]]) -> None:
         lines.append(f"# HELP {name} {help}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:

@@ -37,7 +37,7 @@ from toren.store.base import Lease, Release, RunRecord
 from toren.store.urls import shown_url
 
 Item: TypeAlias = tuple[str, "dict[str, Any] | Run"]
-UNSET: Any = object()  # a fork without --input: the source run's input
+UNSET: object = object()  # a fork without --input: the source run's input
 
 # A run waiting for a message whose timeout is further away than this is "parked":
 # ``toren run`` stops following it and says how to send the message.
@@ -56,7 +56,7 @@ class LocalRun(Run):
     foreign_lease: bool = False
 
 
-def run_json(run: Run) -> dict[str, Any]:
+def run_json(run: Run) -> dict[str, object]:
     """A run as ``--json`` prints it: the API's shape (``RunRecord.to_dict()``), plus the
     lease fields of a :class:`LocalRun`."""
     data = asdict(run)
@@ -96,19 +96,19 @@ log = logging.getLogger("toren.cli")
 
 class Backend(Protocol):
     async def start_run(
-        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+        self, agent: str, input: object, *, process: str, idempotency_key: str | None
     ) -> Run: ...
     async def get_run(self, run_id: str) -> Run: ...
     async def list_runs(
         self, *, status: str | None, agent: str | None, limit: int
     ) -> list[Run]: ...
     async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]: ...
-    async def send(self, run_id: str, name: str, payload: Any) -> None: ...
+    async def send(self, run_id: str, name: str, payload: object) -> None: ...
     async def cancel(self, run_id: str) -> Run: ...
     async def retry(
         self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
     ) -> Run: ...
-    async def fork(self, run_id: str, *, at: str, input: Any) -> Run: ...
+    async def fork(self, run_id: str, *, at: str, input: object) -> Run: ...
     def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]: ...
     async def close(self) -> None: ...
 
@@ -124,7 +124,7 @@ class EmbeddedBackend:
         self._run_id: str | None = None
 
     async def start_run(
-        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+        self, agent: str, input: object, *, process: str, idempotency_key: str | None
     ) -> Run:
         run = await start_run(
             self.store,
@@ -161,11 +161,11 @@ class EmbeddedBackend:
         runs = await self.store.list_runs(status=status, agent=agent, limit=limit)
         return [Run.from_json(r.to_dict()) for r in runs]
 
-    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, object]]:
         await self._run(run_id)
         return [e.to_dict() for e in await self.store.load_events(run_id, after_seq=after)]
 
-    async def send(self, run_id: str, name: str, payload: Any) -> None:
+    async def send(self, run_id: str, name: str, payload: object) -> None:
         run = await self._run(run_id)
         if run.terminal:  # as the HTTP API answers (409 run_finished)
             raise RunFinished(f"run {run_id!r} is {run.status}; it takes no more messages")
@@ -280,7 +280,7 @@ class RemoteBackend:
         self.client = AsyncTorenClient(url, token=token)
 
     async def start_run(
-        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+        self, agent: str, input: object, *, process: str, idempotency_key: str | None
     ) -> Run:
         return await self.client.start_run(
             agent, input, process=process, idempotency_key=idempotency_key
@@ -293,8 +293,8 @@ class RemoteBackend:
         page = await self.client.list_runs(status=status, agent=agent, limit=limit)
         return page.runs
 
-    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, object]]:
+        found: list[dict[str, object]] = []
         cursor: int | None = after
         while cursor is not None:
             page = await self.client.events(run_id, after=cursor, limit=500)
@@ -302,7 +302,7 @@ class RemoteBackend:
             cursor = page.next_after if page.events else None
         return found
 
-    async def send(self, run_id: str, name: str, payload: Any) -> None:
+    async def send(self, run_id: str, name: str, payload: object) -> None:
         await self.client.send_message(run_id, name, payload)
 
     async def cancel(self, run_id: str) -> Run:
@@ -311,7 +311,7 @@ class RemoteBackend:
     async def retry(self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None) -> Run:
         return await self.client.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
 
-    async def fork(self, run_id: str, *, at: str, input: Any) -> Run:
+    async def fork(self, run_id: str, *, at: str, input: object) -> Run:
         extra = {} if input is UNSET else {"input": input}
         return await self.client.fork(run_id, at=at, **extra)
 

@@ -124,8 +124,8 @@ class PlanPool:
     async def plan(
         self,
         runs: Sequence[RunRecord],
-        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, Any]]]],
-    ) -> list[dict[str, Any]]:
+        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, object]]]],
+    ) -> list[dict[str, object]]:
         if not self._workers or sum(max(r.steps, 1) for r in runs) < self.min_shared_steps:
             return await here(runs)
         shares = share_out(runs, len(self._workers) + 1)
@@ -161,14 +161,14 @@ def share_out(runs: Sequence[RunRecord], n: int) -> list[list[RunRecord]]:
     return [[run for _, run in sorted(share, key=lambda item: item[0])] for share in shares]
 
 
-def _answer(process: Any, conn: Connection) -> list[dict[str, Any]]:
+def _answer(process: object, conn: Connection) -> list[dict[str, object]]:
     try:
         kind, value = conn.recv()
     except (EOFError, OSError):
         raise _died(process) from None
     if kind == "error":
         raise PlanWorkerFailed(f"a plan worker failed: {value}")
-    plans: list[dict[str, Any]] = value
+    plans: list[dict[str, object]] = value
     return plans
 
 

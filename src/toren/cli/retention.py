@@ -152,7 +152,7 @@ def prune_command(
     before = _cutoff(age)
     chosen = statuses or tuple(FINISHED)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> dict[str, object]:
         async with _store(agents_root, database_url) as store:
             if dry_run:
                 runs, events = await count_finished(store, before=before, statuses=chosen)

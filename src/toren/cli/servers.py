@@ -42,7 +42,7 @@ from toren.store.urls import shown_url
 if TYPE_CHECKING:
     from toren.api.state import InProcessWorker
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 log = logging.getLogger("toren.cli")
 
@@ -626,7 +626,7 @@ class _EarlyStop:
                 signal.signal(sig, early._note)
         return early
 
-    def _note(self, signum: int, frame: Any) -> None:
+    def _note(self, signum: int, frame: object) -> None:
         self.requested = True
 
 
@@ -645,7 +645,7 @@ def _queue_metric(runtime: Runtime) -> Any:
 
 
 async def _worker(
-    root: Path, settings: Any, worker_id: str | None = None, early: _EarlyStop | None = None
+    root: Path, settings: object, worker_id: str | None = None, early: _EarlyStop | None = None
 ) -> None:
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)

@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import (
@@ -51,7 +50,7 @@ from toren.core.runs import new_run_id
 from toren.core.values import RunStatus, usd_to_nano, whole
 from toren.errors import ForkPointNotFound, InvalidInput, RunNotFound, RunNotRetryable
 
-_UNSET: Any = object()
+_UNSET: object = object()
 RETRY_LIMITS = ("max_steps", "max_cost_usd")
 
 
@@ -95,7 +94,7 @@ async def retry_run(
     return await store.retry_run(run_id, event, now=now)
 
 
-def retried_failures(log: RunLog, failure: Any) -> list[int]:
+def retried_failures(log: RunLog, failure: object) -> list[int]:
     """The recorded failures a retry takes out of the views: those ``RunFailed`` names,
     and for a failed child whose own failure it does not name (a run that failed while
     replaying the child's recorded failure), the child stream's latest failure."""
@@ -195,7 +194,7 @@ async def fork_run(
     run_id: str,
     *,
     at: str,
-    input: Any = _UNSET,
+    input: object = _UNSET,
     clock: Clock | None = None,
 ) -> RunRecord:
     """A new run (queued) forked from ``run_id`` at ``at`` (``STREAM:POSITION``): the

@@ -42,7 +42,7 @@ async def start_run(
     store: RunStore,
     agents: AgentResolver,
     agent: str,
-    input: Any = None,
+    input: object = None,
     *,
     process: str = "main",
     idempotency_key: str | None = None,
@@ -100,7 +100,7 @@ async def start(
 
 
 async def send_message(
-    store: RunStore, run_id: str, name: str, payload: Any = None, *, clock: Clock | None = None
+    store: RunStore, run_id: str, name: str, payload: object = None, *, clock: Clock | None = None
 ) -> int:
     """Send the message ``name`` to run ``run_id`` (a run waiting in
     ``ctx.wait_for_message(name)`` continues); the id of the stored message. The checks of

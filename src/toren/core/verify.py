@@ -98,7 +98,7 @@ class RunVerification:
 
 
 def verify_events(
-    run_id: str, events: Sequence[Event], blobs: Mapping[str, Any]
+    run_id: str, events: Sequence[Event], blobs: Mapping[str, object]
 ) -> RunVerification:
     """The verdict on every step of ``events`` (one run's log, superseded steps included),
     given the blobs they reference. Pure: no I/O."""
@@ -122,7 +122,7 @@ async def verify_runs(store: RunStore, run_ids: Iterable[str]) -> list[RunVerifi
 
 
 def _check_step(
-    step: RecordedStep, blobs: Mapping[str, Any], names: Sequence[str]
+    step: RecordedStep, blobs: Mapping[str, object], names: Sequence[str]
 ) -> list[StepCheck]:
     first = step.first
 

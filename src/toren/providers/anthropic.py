@@ -73,7 +73,7 @@ _FINISH_REASONS = {
     "max_tokens": "length",
 }
 
-Block = dict[str, Any]
+Block = dict[str, object]
 
 
 # --- wire format: Toren -> Anthropic -------------------------------------------------
@@ -116,7 +116,7 @@ def _turn(message: MessageLike) -> tuple[str, list[Block]]:
     return str(role), _text_blocks(message.get("content"))
 
 
-def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[dict[str, Any]]]:
+def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[dict[str, object]]]:
     """Split out the system prompt and merge same-role neighbours into alternating turns."""
     system = [content_text(m.get("content")) for m in messages if m.get("role") == "system"]
     turns: list[dict[str, Any]] = []
@@ -131,7 +131,7 @@ def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[d
     return ("\n\n".join(system) if system else None), turns
 
 
-def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+def wire_tool(tool: ToolSpec) -> dict[str, object]:
     return {
         "name": tool.name,
         "description": tool.description,
@@ -139,7 +139,7 @@ def wire_tool(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def _params(request: ModelRequest) -> dict[str, Any]:
+def _params(request: ModelRequest) -> dict[str, object]:
     params = sampling_params(request)
     if "stop" in params:
         stop = params.pop("stop")
@@ -147,10 +147,10 @@ def _params(request: ModelRequest) -> dict[str, Any]:
     return params
 
 
-def wire_request(request: ModelRequest) -> dict[str, Any]:
+def wire_request(request: ModelRequest) -> dict[str, object]:
     system, turns = wire_messages(request.messages)
     params = _params(request)
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "model": request.model,
         "messages": turns,
         "max_tokens": params.pop("max_tokens", DEFAULT_MAX_TOKENS),

@@ -46,7 +46,7 @@ _PLACEHOLDER_KEY = "no-key"
 # --- wire format: Toren -> OpenAI ----------------------------------------------------
 
 
-def wire_message(message: MessageLike) -> dict[str, Any]:
+def wire_message(message: MessageLike) -> dict[str, object]:
     role = require(message, "role")
     if role == "assistant":
         return _wire_assistant(message)
@@ -59,9 +59,9 @@ def wire_message(message: MessageLike) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k in ("role", "content", "name")}
 
 
-def _wire_assistant(message: MessageLike) -> dict[str, Any]:
+def _wire_assistant(message: MessageLike) -> dict[str, object]:
     calls = [ToolCall.from_dict(c) for c in message.get("tool_calls") or ()]
-    wire: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+    wire: dict[str, object] = {"role": "assistant", "content": message.get("content") or None}
     if calls:
         wire["tool_calls"] = [
             {
@@ -74,12 +74,12 @@ def _wire_assistant(message: MessageLike) -> dict[str, Any]:
     return wire
 
 
-def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+def wire_tool(tool: ToolSpec) -> dict[str, object]:
     return {"type": "function", "function": tool.to_dict()}
 
 
-def wire_request(request: ModelRequest) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
+def wire_request(request: ModelRequest) -> dict[str, object]:
+    kwargs: dict[str, object] = {
         "model": request.model,
         "messages": [wire_message(m) for m in request.messages],
     }
@@ -92,7 +92,7 @@ def wire_request(request: ModelRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _check_n(model: str, params: Mapping[str, Any]) -> None:
+def _check_n(model: str, params: Mapping[str, object]) -> None:
     """Refuse ``n`` other than 1 before anything is sent. The server would generate (and
     bill) ``n`` answers, and a model call records one: keeping the first would silently
     pay for the rest."""

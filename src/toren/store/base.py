@@ -43,7 +43,7 @@ def read_json(
     table: str,
     column: str,
     error: type[CorruptRow] = CorruptRow,
-    **row: Any,
+    **row: object,
 ) -> Any:
     """The value of a stored JSON column (None for NULL). Unreadable text is ``error``
     naming the table, the row (``row``: its key columns) and the column: a bare decode

@@ -72,11 +72,11 @@ class RetentionSql(SqlStore):
         worker's loop must keep stepping its runs meanwhile."""
         return await self._run(fn, write=write)
 
-    def _in(self, values: Sequence[str]) -> tuple[str, list[Any]]:
+    def _in(self, values: Sequence[str]) -> tuple[str, list[object]]:
         """``IN (...)`` for a list of values, and its parameters."""
         return f"IN ({', '.join('?' for _ in values)})", list(values)
 
-    def _lock_owned_blobs(self, cur: Cursor, clause: str, params: Sequence[Any]) -> None:
+    def _lock_owned_blobs(self, cur: Cursor, clause: str, params: Sequence[object]) -> None:
         """Lock the bodies the runs being deleted stored first (a no-op where a write
         transaction already excludes every other writer)."""
 
@@ -253,7 +253,7 @@ class RetentionSql(SqlStore):
             out.update((str(h), str(b)) for h, b in rows.fetchall())
         return out
 
-    def _run_blobs(self, cur: Cursor, events: Sequence[Sequence[Any]]) -> dict[str, str]:
+    def _run_blobs(self, cur: Cursor, events: Sequence[Sequence[object]]) -> dict[str, str]:
         """Every body the events reference: list nodes (walking ``prev``), their messages
         and tool specs. A missing one is an error: an export would not import as a whole
         log, and a sweep would delete what is still in use."""

@@ -47,7 +47,7 @@ class _Job:
     ) -> None:
         self.fn, self.write, self.future, self.loop = fn, write, future, loop
 
-    def finish(self, result: Any, error: BaseException | None) -> None:
+    def finish(self, result: object, error: BaseException | None) -> None:
         self.loop.call_soon_threadsafe(settle, self.future, result, error)
 
 
@@ -231,13 +231,13 @@ class SQLiteStore(RetentionSql):
 
     @staticmethod
     def _run_group(
-        cur: Cursor, fns: list[Callable[[Cursor], Any]]
+        cur: Cursor, fns: list[Callable[[Cursor], object]]
     ) -> list[tuple[Any, BaseException | None]]:
         """Run each write in its own savepoint of the open transaction, then commit once.
         One write failing (a lease conflict) does not undo the others. A write alone needs
         no savepoint: the transaction is its own."""
         alone = len(fns) == 1
-        outcomes: list[tuple[Any, BaseException | None]] = []
+        outcomes: list[tuple[object, BaseException | None]] = []
         try:
             for fn in fns:
                 if alone:
