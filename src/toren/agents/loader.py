@@ -631,8 +631,15 @@ class _AgentLoader:
         )
         try:
             module = importlib.import_module(target)
-        except ModuleNotFoundError as exc:
-            if local or exc.name != module_name.split(".")[0]:
+        except Exception as exc:
+            # Only the module itself not existing is a config problem; anything else
+            # (including a module it imports that is missing) is the code's.
+            absent = (
+                isinstance(exc, ModuleNotFoundError)
+                and not local
+                and exc.name == module_name.split(".")[0]
+            )
+            if not absent:
                 raise _code_problem(
                     self.root / rel.with_suffix(".py"),
                     exc,
@@ -646,13 +653,6 @@ class _AgentLoader:
                 "'module:function' naming a module in the agent directory",
             )
             return None
-        except Exception as exc:
-            raise _code_problem(
-                self.root / rel.with_suffix(".py"),
-                exc,
-                f"importing {entry!r}",
-                "a module that imports cleanly",
-            ) from None
         fn = getattr(module, attr, None)
         if fn is None:
             self.problem(

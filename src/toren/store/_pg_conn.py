@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from toren.errors import StorageError
-from toren.store.sql import InlineGate, loop_is_idle
+from toren.store.sql import InlineGate, loop_is_idle, woken
 from toren.store.urls import shown_url, without_secrets
 
 T = TypeVar("T")
@@ -309,13 +309,7 @@ class Lanes:
             self._wakeup = asyncio.Event()
         if self._listen_task is None:
             self._listen_task = asyncio.create_task(self._listen())
-        woken = True
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except TimeoutError:
-            woken = False
-        self._wakeup.clear()
-        return woken
+        return await woken(self._wakeup, timeout)
 
     async def close(self) -> None:
         self._closed = True

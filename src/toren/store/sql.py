@@ -990,6 +990,18 @@ def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
     return not getattr(loop, "_ready", True)
 
 
+async def woken(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for ``event`` (True) or ``timeout`` seconds (False), then clear it: how both
+    dialects' ``wait_for_work`` sleep until work is signalled or the poll is due."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        event.clear()
+        return False
+    event.clear()
+    return True
+
+
 INLINE_FOR = 0.005  # s: the longest a store works inline without the loop taking a turn
 
 

@@ -31,7 +31,7 @@ from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
 from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
-from toren.store.sql import CLAIMABLE, Cursor, InlineGate, settle
+from toren.store.sql import CLAIMABLE, Cursor, InlineGate, settle, woken
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
@@ -349,13 +349,7 @@ class SQLiteStore(RetentionSql):
         False)."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
-        woken = True
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except TimeoutError:
-            woken = False
-        self._wakeup.clear()
-        return woken
+        return await woken(self._wakeup, timeout)
 
     def _close_conn(self) -> None:
         if self._conn is not None:
