@@ -45,7 +45,7 @@ from toren.redact import Redactor, secrets_from_env
 from toren.store.base import RunRecord, Store
 
 log = logging.getLogger("toren.api")
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 # Run ids the store hands out are ``run_<hex>``; anything far from that is not a run, and
 # is answered without a query (a NUL byte would even make PostgreSQL fail the query).
@@ -140,7 +140,7 @@ def _mount_console(app: FastAPI, state: ApiState) -> None:
     mount(app, state)
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
+def _openapi(app: FastAPI) -> dict[str, object]:
     if app.openapi_schema is None:
         schema = get_openapi(
             title=app.title,
@@ -160,10 +160,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, Any]:
+def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, object]:
     """One SSE message as schemathesis (and OpenAPI 3.1's reading of an event stream's
     ``schema``) sees it: ``{event, id?, data}``, ``data`` being JSON of ``data``'s schema."""
-    properties: dict[str, Any] = {
+    properties: dict[str, object] = {
         "event": {"const": event},
         "data": {
             "type": "string",
@@ -225,7 +225,7 @@ async def get_state(request: Request) -> ApiState:
 State = Annotated[ApiState, Depends(get_state)]
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def _errors(*statuses: int) -> dict[int | str, dict[str, object]]:
     always = (401, 413, 500)
     return {
         s: {"model": models.ErrorBody, "description": STATUS_CODES.get(s, "internal_error")}
@@ -240,14 +240,14 @@ async def _run_or_404(state: ApiState, run_id: str) -> RunRecord:
     return run
 
 
-def _run(state: ApiState, run: RunRecord) -> dict[str, Any]:
-    return cast(dict[str, Any], state.redact(run.to_dict()))
+def _run(state: ApiState, run: RunRecord) -> dict[str, object]:
+    return cast(dict[str, object], state.redact(run.to_dict()))
 
 
 _ROUTES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
 
 
-def _route(method: str, path: str, **options: Any) -> Callable[[F], F]:
+def _route(method: str, path: str, **options: object) -> Callable[[F], F]:
     """Collect a ``/v1`` route; ``create_app`` adds them all to each app it builds (so
     ``app.routes`` lists every route, and two apps in one process share nothing)."""
 
@@ -280,7 +280,7 @@ async def start_run(
     idempotency_key_header: Annotated[
         str | None, Header(alias="Idempotency-Key", pattern=models.KEY_PATTERN)
     ] = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     key = body.idempotency_key
     if body.idempotencyKey is not None:
         key = _deprecated_key(response, key, body.idempotencyKey)
@@ -388,7 +388,7 @@ async def list_runs(
             description="The `ETag` of a page this client has: `304` if it is unchanged.",
         ),
     ] = None,
-) -> Any:
+) -> object:
     runs = await state.store.list_runs(
         status=status,
         agent=agent,
@@ -423,7 +423,7 @@ async def list_runs(
     summary="Get a run",
     responses=_errors(404),
 )
-async def get_run(run_id: str, state: State) -> dict[str, Any]:
+async def get_run(run_id: str, state: State) -> dict[str, object]:
     return _run(state, await _run_or_404(state, run_id))
 
 
@@ -521,14 +521,14 @@ async def _event_page(
     summary="Re-derive every digest of a run from its stored events and blobs",
     responses=_errors(404, 422),
 )
-async def verify_run(run_id: str, state: State) -> dict[str, Any]:
+async def verify_run(run_id: str, state: State) -> dict[str, object]:
     """Per step: `verified` (the digest re-derives byte for byte from the log),
     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
     step's seq, stream and position). The rules are docs/digest.md."""
     await _run_or_404(state, run_id)
     events = await state.store.load_events(run_id)
     report = verify_events(run_id, events, await load_blobs(state.store, events))
-    return cast(dict[str, Any], state.redact(report.to_dict()))
+    return cast(dict[str, object], state.redact(report.to_dict()))
 
 
 @_route(
@@ -539,7 +539,7 @@ async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     summary="What changed at each invalidation of a run",
     responses=_errors(404, 422),
 )
-async def list_invalidations(run_id: str, state: State) -> dict[str, Any]:
+async def list_invalidations(run_id: str, state: State) -> dict[str, object]:
     """For every `StreamInvalidated` of the run, which parts of the request differ
     between the superseded step and the step recorded at its position afterwards
     (message 0 changed; tool `x`'s spec changed; parameter `temperature` 0.2 -> 0.7)."""
@@ -551,7 +551,7 @@ async def list_invalidations(run_id: str, state: State) -> dict[str, Any]:
     }
     involved = [e for e in events if (e.stream, e.position) in at]
     found = explain_invalidations(events, await load_blobs(state.store, involved))
-    return cast(dict[str, Any], state.redact({"invalidations": found}))
+    return cast(dict[str, object], state.redact({"invalidations": found}))
 
 
 @_route(
@@ -617,7 +617,7 @@ async def stream_events(
 )
 async def send_message(
     run_id: str, body: models.SendMessageRequest, state: State
-) -> dict[str, Any]:
+) -> dict[str, object]:
     run = await _run_or_404(state, run_id)
     if run.terminal:
         raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
@@ -634,7 +634,7 @@ async def send_message(
     summary="Request cancellation of a run",
     responses=_errors(404),
 )
-async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
+async def cancel_run(run_id: str, state: State) -> dict[str, object]:
     await _run_or_404(state, run_id)
     run = await state.store.request_cancel(run_id, now=time.time())
     if state.runtime is not None:
@@ -658,7 +658,7 @@ async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
 )
 async def retry_run(
     run_id: str, state: State, body: models.RetryRunRequest | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     await _run_or_404(state, run_id)
     limits = body or models.RetryRunRequest()
     run = await core_retry_run(
@@ -684,7 +684,7 @@ async def retry_run(
     "409 `fork_point_not_found` for a point the run does not have.",
     responses=_errors(404, 409, 415, 422),
 )
-async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> dict[str, Any]:
+async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> dict[str, object]:
     await _run_or_404(state, run_id)
     extra = {"input": body.input} if "input" in body.model_fields_set else {}
     run = await core_fork_run(state.store, state.agents, run_id, at=body.at, **extra)
@@ -702,14 +702,14 @@ async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> di
     summary="List agents and their processes",
     responses=_errors(),
 )
-async def list_agents(state: State) -> dict[str, Any]:
+async def list_agents(state: State) -> dict[str, object]:
     # An agent that fails to load says why, and that message may quote a key (an
     # exception raised while importing its tools.py, say).
     agents = [_agent_info(state.agents, name) for name in state.agents.names()]
-    return cast(dict[str, Any], state.redact({"agents": agents}))
+    return cast(dict[str, object], state.redact({"agents": agents}))
 
 
-def _agent_info(agents: AgentResolver, name: str) -> dict[str, Any]:
+def _agent_info(agents: AgentResolver, name: str) -> dict[str, object]:
     programs = getattr(agents, "programs", None)  # toren.Registry knows every process
     if isinstance(programs, dict):
         return {"name": name, "processes": sorted(p for a, p in programs if a == name)}
@@ -720,7 +720,7 @@ def _agent_info(agents: AgentResolver, name: str) -> dict[str, Any]:
 
 
 @_route("GET", "/health", response_model=models.Health, tags=["operations"], summary="Liveness")
-async def health() -> dict[str, Any]:
+async def health() -> dict[str, object]:
     return {"status": "ok", "version": toren.__version__}
 
 
@@ -732,7 +732,7 @@ async def health() -> dict[str, Any]:
     summary="Readiness: the database answers",
     responses=_errors(503),
 )
-async def ready(state: State) -> dict[str, Any]:
+async def ready(state: State) -> dict[str, object]:
     try:
         await state.store.get_run("run_readiness_probe")
     except Exception as exc:
@@ -751,7 +751,7 @@ async def ready(state: State) -> dict[str, Any]:
 async def plan(
     state: State,
     limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT), models.ASCII_INT] = PLAN_LIMIT,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Replay every in-flight run (queued, running, waiting) against the code this server
     resolves, executing nothing live, and report per run and stream whether it replays
     cleanly or would be invalidated, from which step, with which digests, and the recorded
@@ -759,7 +759,7 @@ async def plan(
     runtime = state.runtime
     version = runtime.deps.code_version if runtime is not None else None
     report = await plan_report(state.store, state.agents, code_version=version, limit=limit)
-    return cast(dict[str, Any], state.redact(report))
+    return cast(dict[str, object], state.redact(report))
 
 
 async def get_metrics(state: State) -> PlainTextResponse:

@@ -72,7 +72,7 @@ class JournalStore(BlobStore, Protocol):
     async def block(
         self,
         lease: Lease,
-        error: dict[str, Any],
+        error: dict[str, object],
         *,
         status: RunStatus,
         retry_at: float,
@@ -117,7 +117,7 @@ class RunStore(BlobStore, Protocol):
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]: ...
 
-    async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int: ...
+    async def send_message(self, run_id: str, name: str, payload: object, *, now: float) -> int: ...
     async def request_cancel(self, run_id: str, *, now: float) -> RunRecord: ...
     async def retry_run(self, run_id: str, event: Event, *, now: float) -> RunRecord: ...
 
