@@ -18,9 +18,20 @@ import pytest
 
 import toren
 from tests.cli.conftest import CHAIN
-from toren.cli.plan_pool import PlanPool, PlanWorkerFailed, _one_version_per_agent, share_out
+from toren.cli import plan_pool
+from toren.cli._common import NoDatabase
+from toren.cli.plan_pool import (
+    DEFAULT_MAX_JOBS,
+    PlanPool,
+    PlanWorkerFailed,
+    _one_version_per_agent,
+    _portable,
+    default_jobs,
+    share_out,
+)
 from toren.core.plan import plan_report
 from toren.core.records import RunRecord
+from toren.errors import AgentNotFound, TorenError
 from toren.runtime import close_runtime, open_runtime
 
 RUNS = 7
@@ -106,9 +117,75 @@ def test_a_worker_that_cannot_open_the_database_says_why(
     missing = f"sqlite:///{tmp_path}/nowhere/toren.db"
     with (
         PlanPool(2, root, missing, None, min_shared_steps=1) as pool,
-        pytest.raises(PlanWorkerFailed, match="a plan worker failed: .*nowhere"),
+        pytest.raises(TorenError, match="nowhere") as raised,
     ):
         _report(root, url, pool)
+    # The worker's own error, of its own class (not folded into PlanWorkerFailed), with
+    # a note naming the worker process it came from.
+    assert type(raised.value) is NoDatabase
+    assert any("worker process" in note for note in raised.value.__notes__)
+
+
+def test_an_unpicklable_worker_error_is_said_in_text() -> None:
+    class Odd(Exception):
+        def __init__(self, a: int, b: int) -> None:
+            super().__init__(f"odd {a} {b}")
+
+    said = _portable(Odd(1, 2))
+    assert said == "Odd: odd 1 2"
+    kept = _portable(AgentNotFound("nope"))
+    assert type(kept) is AgentNotFound
+
+
+def test_shares_stream_in_chunks(
+    project: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A share larger than one chunk reaches the worker over several messages and is
+    planned whole: the plan equals one process's."""
+    root, url = project
+    alone = _report(root, url, None)
+    monkeypatch.setattr(plan_pool, "CHUNK", 1)
+    with PlanPool(2, root, url, None, min_shared_steps=1, method="fork") as pool:
+        assert _report(root, url, pool) == alone
+    assert sum(pool.planned) == RUNS and min(pool.planned) >= 3  # several chunks each
+
+
+def _cgroup(tmp_path: Path, own: str, limits: dict[str, str], v1: bool = False) -> int:
+    root = tmp_path / "cgroup"
+    for where, text in limits.items():
+        directory = root / where
+        directory.mkdir(parents=True, exist_ok=True)
+        if v1:
+            quota, period = text.split()
+            (directory / "cpu.cfs_quota_us").write_text(quota + "\n")
+            (directory / "cpu.cfs_period_us").write_text(period + "\n")
+        else:
+            (directory / "cpu.max").write_text(text + "\n")
+    proc = tmp_path / "proc-cgroup"
+    line = f"4:cpu,cpuacct:{own}" if v1 else f"0::{own}"
+    proc.write_text(f"{line}\n")
+    return default_jobs(cgroup_root=root, proc_cgroup=proc)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux affinity")
+def test_default_jobs_respects_a_cgroup_cpu_quota(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    assert _cgroup(tmp_path / "a", "/", {"": "max 100000"}) == DEFAULT_MAX_JOBS
+    assert _cgroup(tmp_path / "b", "/", {"": "150000 100000"}) == 2  # 1.5 cores: 2
+    assert _cgroup(tmp_path / "c", "/", {"": "50000 100000"}) == 1
+    # A limit on an ancestor binds its descendants; the smallest along the path wins.
+    assert _cgroup(tmp_path / "d", "/k/pod", {"k": "300000 100000", "k/pod": "max 100000"}) == 3
+    assert _cgroup(tmp_path / "e", "/k/pod", {"k": "300000 100000", "k/pod": "100000 100000"}) == 1
+    # Inside a container the own path may not exist under the mount: its root is read.
+    assert _cgroup(tmp_path / "f", "/system.slice/x", {"": "200000 100000"}) == 2
+    # cgroup v1.
+    assert _cgroup(tmp_path / "g", "/", {"cpu,cpuacct": "200000 100000"}, v1=True) == 2
+    assert _cgroup(tmp_path / "h", "/", {"cpu,cpuacct": "-1 100000"}, v1=True) == 4
+    # Nothing readable: the affinity alone.
+    missing = default_jobs(cgroup_root=tmp_path / "none", proc_cgroup=tmp_path / "none")
+    assert missing == DEFAULT_MAX_JOBS
 
 
 def _run(run_id: str, steps: int) -> RunRecord:

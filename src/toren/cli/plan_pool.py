@@ -9,22 +9,30 @@ imported; where forking is not safe (another thread already runs, or the platfor
 not fork) they are spawned, which costs an interpreter start and the imports. Each opens
 its runtime at once, while the parent lists the runs, then waits for its share.
 
-Shares are balanced by the runs' recorded step counts (replay time grows with them). A
+Shares are balanced by the runs' recorded step counts (replay time grows with them), and
+streamed to each worker in chunks of :data:`CHUNK` runs: a worker starts replaying its
+first runs while the rest of its share is still being sent, instead of waiting for one
+pickle of the whole share (runs with large inputs make that pickle large). A
 plan too small to gain from it (fewer than :data:`MIN_SHARED_STEPS` steps in all) is
 planned by the parent alone, and the workers are told to stop. Every worker's answer is
 checked: the plans of one agent must name one code version (a file saved while the
-workers loaded the agents would otherwise mix two versions into one report).
+workers loaded the agents would otherwise mix two versions into one report). A worker's
+error reaches the caller as its own class (an unknown agent stays ``AgentNotFound``, a
+database failure a ``StorageError``), with a note naming the worker; only an error that
+cannot cross a process boundary (it does not pickle) becomes :class:`PlanWorkerFailed`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing
 import os
+import pickle
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -41,19 +49,87 @@ MAX_JOBS = 16
 # The default: each process opens its own connections (a PostgreSQL worker process holds
 # a few), so the default stays small whatever the machine; --jobs asks for more.
 DEFAULT_MAX_JOBS = 4
+# Runs per message to a worker: small enough that a worker starts at once, large enough
+# that the pipe's per-message cost stays negligible.
+CHUNK = 64
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class PlanWorkerFailed(TorenError):
     """A plan worker process failed or died: the plan is incomplete."""
 
 
-def default_jobs() -> int:
-    """The cores this process may run on, at most :data:`DEFAULT_MAX_JOBS`."""
+def default_jobs(*, cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path | None = None) -> int:
+    """The cores this process may use, at most :data:`DEFAULT_MAX_JOBS`: the CPUs it may
+    run on (its affinity), capped by a CPU quota of its cgroup (a container limited to
+    ``--cpus 2`` on a 64-core host plans with 2 processes, not 4 fighting over 2 cores)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
+    quota = cgroup_cpu_limit(cgroup_root, proc_cgroup or Path("/proc/self/cgroup"))
+    if quota is not None:
+        cores = min(cores, quota)
     return max(1, min(cores, DEFAULT_MAX_JOBS))
+
+
+def cgroup_cpu_limit(cgroup_root: Path, proc_cgroup: Path) -> int | None:
+    """The CPU quota of this process's cgroup in whole cores (rounded up), or None when
+    there is none or it cannot be read. cgroup v2 (``cpu.max``: ``"max 100000"`` or
+    ``"<quota> <period>"``) is read at the process's own cgroup and every ancestor, the
+    smallest limit winning; cgroup v1 (``cpu.cfs_quota_us``, -1 for none) likewise."""
+    try:
+        lines = proc_cgroup.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":  # v2, the unified hierarchy
+            limits += _limits_along(cgroup_root, path, _v2_limit)
+        elif "cpu" in controllers.split(","):  # v1, mounted as cpu,cpuacct or cpu
+            for mount in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+                if (cgroup_root / mount).is_dir():
+                    limits += _limits_along(cgroup_root / mount, path, _v1_limit)
+                    break
+    return min(limits) if limits else None
+
+
+def _limits_along(mount: Path, path: str, read: Callable[[Path], int | None]) -> list[int]:
+    """The limits set on the cgroup at ``path`` and each of its ancestors (inside a
+    container the process's own path often does not exist under the mount: its
+    namespace's root is then the mount itself, which is read)."""
+    found: list[int] = []
+    parts = [part for part in path.strip("/").split("/") if part]
+    for depth in range(len(parts), -1, -1):
+        directory = mount.joinpath(*parts[:depth])
+        if directory.is_dir():
+            limit = read(directory)
+            if limit is not None:
+                found.append(limit)
+    return found
+
+
+def _v2_limit(directory: Path) -> int | None:
+    try:
+        quota, _, period = (directory / "cpu.max").read_text(encoding="utf-8").partition(" ")
+        if quota.strip() == "max":
+            return None
+        return max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def _v1_limit(directory: Path) -> int | None:
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text(encoding="utf-8"))
+        period = int((directory / "cpu.cfs_period_us").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if quota <= 0 or period <= 0:  # -1: no quota
+        return None
+    return max(1, math.ceil(quota / period))
 
 
 class PlanPool:
@@ -124,18 +200,16 @@ class PlanPool:
     async def plan(
         self,
         runs: Sequence[RunRecord],
-        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, object]]]],
-    ) -> list[dict[str, object]]:
+        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, Any]]]],
+    ) -> list[dict[str, Any]]:
         if not self._workers or sum(max(r.steps, 1) for r in runs) < self.min_shared_steps:
             return await here(runs)
         shares = share_out(runs, len(self._workers) + 1)
         try:
-            for (process, conn), share in zip(self._workers, shares[1:], strict=True):
-                try:
-                    conn.send(list(share))
-                except OSError:  # BrokenPipeError: it died before its share was sent
-                    raise _died(process) from None
-            answers = [asyncio.to_thread(_answer, p, c) for p, c in self._workers]
+            answers = [
+                asyncio.to_thread(_send_and_answer, process, conn, share)
+                for (process, conn), share in zip(self._workers, shares[1:], strict=True)
+            ]
             found = await asyncio.gather(here(shares[0]), *answers)
         except BaseException:
             # The plan is lost: stop the workers now (their pipes close, so the threads
@@ -161,15 +235,34 @@ def share_out(runs: Sequence[RunRecord], n: int) -> list[list[RunRecord]]:
     return [[run for _, run in sorted(share, key=lambda item: item[0])] for share in shares]
 
 
-def _answer(process: object, conn: Connection) -> list[dict[str, object]]:
+def _send_and_answer(
+    process: Any, conn: Connection, share: Sequence[RunRecord]
+) -> list[dict[str, Any]]:
+    """Stream ``share`` to one worker in chunks (it plans them as they arrive), then wait
+    for its plans. Runs in a thread: the parent plans its own share meanwhile."""
+    try:
+        for start in range(0, len(share), CHUNK):
+            conn.send(("runs", list(share[start : start + CHUNK])))
+        conn.send(("end", None))
+    except OSError:  # BrokenPipeError: it died before its share was sent
+        raise _died(process) from None
     try:
         kind, value = conn.recv()
     except (EOFError, OSError):
         raise _died(process) from None
     if kind == "error":
-        raise PlanWorkerFailed(f"a plan worker failed: {value}")
-    plans: list[dict[str, object]] = value
+        raise _raised_by(process, value)
+    plans: list[dict[str, Any]] = value
     return plans
+
+
+def _raised_by(process: Any, value: object) -> BaseException:
+    """The worker's error as its own class, noted with the worker it came from; its text
+    alone (an error that did not pickle) as :class:`PlanWorkerFailed`."""
+    if isinstance(value, BaseException):
+        value.add_note(f"(raised in toren plan's worker process {process.pid})")
+        return value
+    return PlanWorkerFailed(f"a plan worker failed: {value}")
 
 
 def _died(process: Any) -> PlanWorkerFailed:
@@ -226,21 +319,24 @@ async def _worker(
         failure = None
     try:
         while True:
-            runs = await asyncio.to_thread(_receive, conn)
-            if runs is None:
+            first = await asyncio.to_thread(_receive, conn)
+            if first is None:
                 return
             if failure is not None:
-                conn.send(("error", _said(failure)))
+                await asyncio.to_thread(_drain, conn, first)
+                conn.send(("error", _portable(failure)))
                 continue
+            share = _Share(conn, first)
             try:
                 deps = TickDeps(
                     store=runtime.store,
                     agents=runtime.resolver,
                     code_version=runtime.deps.code_version,
                 )
-                plans = [p.to_dict() for p in await plan_listed(deps, runs)]
+                plans = [p.to_dict() for p in await plan_listed(deps, share.runs())]
             except Exception as exc:
-                conn.send(("error", _said(exc)))
+                await asyncio.to_thread(share.drain)
+                conn.send(("error", _portable(exc)))
             else:
                 conn.send(("ok", plans))
     finally:
@@ -248,14 +344,58 @@ async def _worker(
             await close_runtime(runtime)
 
 
-def _receive(conn: Connection) -> list[RunRecord] | None:
+Message = tuple[str, list[RunRecord] | None]
+
+
+def _receive(conn: Connection) -> Message | None:
+    """The parent's next message: ``("runs", chunk)``, ``("end", None)``, or None when it
+    is told to stop or the parent is gone."""
     try:
-        runs: list[RunRecord] | None = conn.recv()
+        message: Message | None = conn.recv()
     except (EOFError, OSError):  # the parent is gone
         return None
-    return runs
+    return message
 
 
-def _said(exc: BaseException) -> str:
+class _Share:
+    """One share's runs as the parent streams them, up to its ``end``."""
+
+    def __init__(self, conn: Connection, first: Message) -> None:
+        self._conn = conn
+        self._next: Message | None = first
+        self.ended = first[0] != "runs"
+
+    async def runs(self) -> AsyncIterator[RunRecord]:
+        while not self.ended:
+            message = self._next
+            if message is None:
+                raise PlanWorkerFailed("the parent stopped sending this worker's share")
+            for run in message[1] or ():
+                yield run
+            self._next = await asyncio.to_thread(_receive, self._conn)
+            self.ended = self._next is None or self._next[0] != "runs"
+        if self._next is None:
+            raise PlanWorkerFailed("the parent stopped sending this worker's share")
+
+    def drain(self) -> None:
+        """Read the rest of a share that will not be planned (up to its ``end``), so the
+        parent's sending thread is not left blocked on a full pipe."""
+        while not self.ended:
+            self._next = _receive(self._conn)
+            self.ended = self._next is None or self._next[0] != "runs"
+
+
+def _drain(conn: Connection, first: Message) -> None:
+    _Share(conn, first).drain()
+
+
+def _portable(exc: BaseException) -> BaseException | str:
+    """``exc`` itself when it survives a trip through pickle as the same class (so the
+    parent raises what was raised here), else its class and text."""
+    try:
+        if type(pickle.loads(pickle.dumps(exc))) is type(exc):
+            return exc
+    except Exception:  # an exception whose __init__ takes other arguments than its args
+        pass
     message = exc.message if isinstance(exc, TorenError) else str(exc)
     return f"{type(exc).__name__}: {message}"
