@@ -19,13 +19,12 @@ ROOT = Path(__file__).resolve().parents[1] / "src"
 
 def any_uses(source: str, name: str = "<src>") -> int:
     """The uses of ``Any`` in one module's source."""
-    count = 0
-    for node in ast.walk(ast.parse(source, name)):
-        if isinstance(node, ast.Name) and node.id == "Any":
-            count += 1
-        elif isinstance(node, ast.Attribute) and node.attr == "Any":
-            count += 1
-    return count
+    return sum(
+        1
+        for node in ast.walk(ast.parse(source, name))
+        if (isinstance(node, ast.Name) and node.id == "Any")
+        or (isinstance(node, ast.Attribute) and node.attr == "Any")
+    )
 
 
 def measure(root: Path) -> tuple[int, int, dict[str, int]]:
