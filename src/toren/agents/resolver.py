@@ -19,6 +19,7 @@ import yaml
 from toren.agents.config import ProviderConfig, parse_model_ref
 from toren.agents.loader import (
     AGENT_FILE,
+    IGNORED_DIRS,
     AgentDefinition,
     directory_hash,
     is_code_path,
@@ -183,6 +184,11 @@ class DirectoryResolver:
                 continue
             rel = path.relative_to(root)
             if not (root / AGENT_FILE).is_file():  # a root of agent directories
+                top = rel.parts[0] if rel.parts else ""
+                # Hidden and tool directories beside the agents (.toren/ with the
+                # database and its journal, .git/, .venv/) hold no agent.
+                if top.startswith(".") or top in IGNORED_DIRS:
+                    return False
                 if len(rel.parts) == 1:  # an agent directory itself, made or removed
                     return path.is_dir() or path in self._loaded
                 rel = Path(*rel.parts[1:])

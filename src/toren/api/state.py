@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Annotated, Any, Protocol, cast
 
+from fastapi import Depends, Request
+
+from toren.api import models
+from toren.api.errors import STATUS_CODES
 from toren.api.render import Pages
 from toren.api.sse import StreamSettings
 from toren.core.live import LiveHub
 from toren.core.ports import Store
 from toren.core.program import AgentResolver
+from toren.core.scheduler import Scheduler
 from toren.core.tick import TickDeps
 from toren.core.worker import WorkerMetrics
 from toren.redact import Redactor
@@ -26,6 +31,8 @@ class InProcessWorker(Protocol):
     def deps(self) -> TickDeps: ...
     @property
     def metrics(self) -> WorkerMetrics: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
     @property
     def active_runs(self) -> list[str]: ...
     def cancel_local(self, run_id: str) -> bool:
@@ -49,3 +56,20 @@ class ApiState:
 
     def is_public(self, path: str) -> bool:
         return path in self.public_paths
+
+
+async def get_state(request: Request) -> ApiState:
+    # A coroutine: FastAPI would run a plain function in a worker thread, on every request.
+    return cast(ApiState, request.app.state.toren)
+
+
+State = Annotated[ApiState, Depends(get_state)]
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's documented error responses (plus those every route may give)."""
+    always = (401, 413, 500)
+    return {
+        s: {"model": models.ErrorBody, "description": STATUS_CODES.get(s, "internal_error")}
+        for s in sorted({*statuses, *always})
+    }

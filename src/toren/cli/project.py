@@ -66,7 +66,10 @@ responses:
   - text: "Let me check the weather."
     tool_calls:
       - {name: get_weather, arguments: {city: "Paris"}}
-  - text: "It is sunny in Paris today, up to 21 °C. (get_weather said: {last_tool})"
+  # A script cannot read the question: it looks up Paris whatever the city, and says so.
+  - text: >-
+      You asked: {last_user} This scripted model (script.yaml) always looks up Paris:
+      {last_tool}. Set model: in agent.yaml to a real model to ask about any city.
 default: {text: "done"}
 latency: 0.1        # seconds per call, so the live view has something to show
 stream_chunk: 6     # characters per streamed delta
@@ -95,10 +98,15 @@ README = """\
 A [Toren](https://toren.run) agent.
 
 ```console
-$ pip install -e .          # toren-run>=0.1,<1
+$ pip install -e .          # this project and toren-run>=0.1,<1, from your package index
 $ toren run . "What is the weather in Paris?"
 $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 ```
+
+Toren from a checkout instead of a package index: install it first into the same
+environment (`pip install /path/to/toren`), then `pip install -e .` finds `toren-run`
+there and takes nothing from the index for it. Both ways, for this machine and for the
+image, are in "Installing Toren" of Toren's docs/deploy.md.
 
 - `agent.yaml`: the model, instructions and tools. It runs offline with the `scripted`
   model (`script.yaml`); switch the `model:` line to `openai:gpt-4o-mini` for a real one.
@@ -106,9 +114,9 @@ $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 - `tools.py`: the agent's tools.
 - `Dockerfile`, `compose.yaml`: PostgreSQL, workers and the API with `docker compose up`.
 
-The image installs `toren-run` from PyPI. To install a wheel instead (one you built from a
-Toren checkout with `pip wheel --no-deps -w wheels/ PATH/TO/toren`), put it in `wheels/`
-and name it when you build:
+The image installs `toren-run` from your package index. From a checkout instead, build a
+wheel of it into `wheels/` (`pip wheel --no-deps -w wheels/ /path/to/toren`) and name it
+when you build:
 
 ```console
 $ docker compose build --build-arg TOREN_WHEEL=toren_run-0.1.0-py3-none-any.whl

@@ -31,6 +31,7 @@ from toren.cli._common import (
     setup_logging,
 )
 from toren.core.live import ALL
+from toren.core.scheduler import Scheduler
 from toren.core.tick import TickDeps
 from toren.core.values import RunStatus
 from toren.core.worker import LocalWorkerRuntime, WorkerMetrics
@@ -167,6 +168,7 @@ class WorkerSwitch:
         self.runtime = runtime
         self.current = worker
         self._idle = WorkerMetrics()
+        self._idle_scheduler = Scheduler(runtime.store.schedules, runtime.deps.clock)
 
     @property
     def deps(self) -> TickDeps:
@@ -175,6 +177,10 @@ class WorkerSwitch:
     @property
     def metrics(self) -> WorkerMetrics:
         return self.current.metrics if self.current is not None else self._idle
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.current.scheduler if self.current is not None else self._idle_scheduler
 
     @property
     def active_runs(self) -> list[str]:

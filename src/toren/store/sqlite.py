@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
+from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import CLAIMABLE, Cursor, InlineGate, settle, woken
@@ -307,7 +308,7 @@ class SQLiteStore(RetentionSql):
         only_sql, only_params = ("AND id = ? ", (only,)) if only else ("", ())
         rows = cur.execute(
             f"SELECT id, lease_owner, lease_epoch, status FROM runs WHERE {CLAIMABLE} "
-            f"{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ?",
+            f"{UNKEYED}{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ?",
             (now, now, now, *only_params, limit),
         ).fetchall()
         leases = []
@@ -320,6 +321,17 @@ class SQLiteStore(RetentionSql):
                 (worker_id, epoch + 1, now + ttl, int(recovered), run_id),
             )
             leases.append(Lease(run_id, worker_id, epoch + 1, recovered, status))
+        if len(leases) < limit:  # queued runs of concurrency keys with room
+            leases += claim_keyed(
+                self,
+                cur,
+                dialect="sqlite",
+                worker_id=worker_id,
+                limit=limit - len(leases),
+                now=now,
+                ttl=ttl,
+                only=only,
+            )
         return leases
 
     async def migrate(self) -> None:
