@@ -226,7 +226,7 @@ class ListedRows:
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
-        self._found: dict[tuple[Any, ...], RunRecord] = {}
+        self._found: dict[tuple[object, ...], RunRecord] = {}
 
     def records(self, rows: Sequence[Sequence[object]]) -> list[RunRecord]:
         found = self._found
@@ -498,7 +498,7 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> dict[str, object]:
         def tx(cur: Cursor) -> dict[str, object]:
             by_status = dict(
                 self._x(cur, "SELECT status, COUNT(id) FROM runs GROUP BY status").fetchall()
