@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import yaml
 
@@ -87,7 +86,7 @@ _TYPE_NAMES = {
 }
 
 
-def describe_found(value: Any) -> str:
+def describe_found(value: object) -> str:
     if value is MISSING:
         return "nothing (the key is missing)"
     if isinstance(value, Mapping):
@@ -104,14 +103,14 @@ def describe_found(value: Any) -> str:
 
 
 class _DuplicateKey(Exception):
-    def __init__(self, key: Any, line: int, first_line: int) -> None:
+    def __init__(self, key: object, line: int, first_line: int) -> None:
         super().__init__(key)
         self.key, self.line, self.first_line = key, line, first_line
 
 
 class _Loader(yaml.SafeLoader):
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
+        seen: dict[object, int] = {}
         for key_node, _ in node.value:
             if (
                 not isinstance(key_node, yaml.ScalarNode)
@@ -144,7 +143,7 @@ def _line_map(
 
 def parse_yaml(
     text: str, file: str, example: str = "'name: my-agent'"
-) -> tuple[Any, dict[Loc, int]]:
+) -> tuple[object, dict[Loc, int]]:
     """YAML with duplicate keys refused, and the line of every key path. A syntax error
     is an :class:`AgentConfigError` naming ``file``, the line, and ``example`` (a mapping
     of the shape the file should have)."""

@@ -36,15 +36,13 @@ and say what to do next.
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class TorenError(Exception):
     """Root of every error Toren raises on purpose."""
 
     code = "toren_error"
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, **details: object) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
@@ -164,7 +162,7 @@ class MessageConsumed(InfrastructureError):
 
     code = "message_consumed"
 
-    def __init__(self, message: str, *, message_id: int, **details: Any) -> None:
+    def __init__(self, message: str, *, message_id: int, **details: object) -> None:
         super().__init__(message, message_id=message_id, **details)
         self.message_id = message_id
 

@@ -56,7 +56,7 @@ class Redactor:
             return value
         return self._pattern.sub(REDACTED, value)
 
-    def __call__(self, value: Any) -> Any:
+    def __call__(self, value: object) -> object:
         """A redacted copy of a JSON value (the value itself when it has nothing to
         redact and is not too deep). Iterative, not recursive: no depth of nesting can
         make it raise ``RecursionError``."""
@@ -90,7 +90,7 @@ class Redactor:
         # may start.
         return ("sk-" not in text and "AKIA" not in text) or self._anywhere.search(text) is None
 
-    def _clean(self, value: Any) -> bool:
+    def _clean(self, value: object) -> bool:
         """Nothing in ``value`` to redact or cut, judged on its JSON text in one C-speed
         pass: most values (a page of runs) need no copy at all."""
         try:
@@ -101,17 +101,19 @@ class Redactor:
         shallow = text.count("[") + text.count("{") <= MAX_DEPTH
         return shallow and self._anywhere.search(text) is None
 
-    def _copy(self, item: dict[Any, Any] | list[Any]) -> dict[Any, Any] | list[Any]:
+    def _copy(
+        self, item: dict[object, object] | list[object]
+    ) -> dict[object, object] | list[object]:
         """A shallow copy with its strings (keys included) redacted."""
         if isinstance(item, dict):
             return {self._scalar(k): self._scalar(v) for k, v in item.items()}
         return [self._scalar(v) for v in item]
 
-    def _scalar(self, value: Any) -> Any:
+    def _scalar(self, value: object) -> object:
         return self.text(value) if isinstance(value, str) else value
 
     @staticmethod
-    def _nested(copy: dict[Any, Any] | list[Any]) -> list[Any]:
+    def _nested(copy: dict[object, object] | list[object]) -> list[object]:
         """The slots of ``copy`` that hold containers, still to be copied."""
         slots = copy.items() if isinstance(copy, dict) else enumerate(copy)
         return [k for k, v in slots if isinstance(v, dict | list)]

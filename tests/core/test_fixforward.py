@@ -13,6 +13,7 @@ import pytest
 import toren
 from toren.core.events import RunFailed, RunForked, RunRetried, ToolCallRecorded
 from toren.core.fixforward import fork_run, retry_run
+from toren.core.program import raised
 from toren.core.replay import RunLog
 from toren.errors import InvalidInput, RunNotRetryable
 from toren.providers.base import ToolSpec
@@ -200,6 +201,51 @@ async def test_a_retry_may_raise_the_budget_never_lower_it(store: Store) -> None
     result = await toren.tick(run.id, priced)
     assert result.status == "completed", result.error
     assert provider.served == 5  # the three paid calls replayed, two more made
+    # The log holds the raised limits as integers (nano-USD), never a float.
+    retried = [e.payload for e in await store.load_events(run.id) if e.type == "RunRetried"]
+    assert [r.raise_limits for r in retried] == [  # type: ignore[attr-defined]
+        {"max_cost_nanousd": 10_000_000},
+        {"max_cost_nanousd": 100_000_000},
+    ]
+
+
+async def test_retry_limits_are_integers_end_to_end(store: Store) -> None:
+    reg = toren.Registry()
+
+    async def fails(ctx: toren.Context, input: Any) -> Any:
+        raise RuntimeError("no")
+
+    reg.add("fails", fails)
+    run = await toren.start_run(store, reg, "fails")
+    await toren.tick(run.id, deps(store, reg, ScriptedProvider()))
+    for bad in (3.5, True, 0, "7", float("inf")):
+        with pytest.raises(InvalidInput, match="max_steps must be a positive whole number"):
+            await retry_run(store, reg, run.id, max_steps=bad)  # type: ignore[arg-type]
+    for cost in ("abc", float("nan"), float("inf"), 0, True, "-0.5"):
+        with pytest.raises(InvalidInput, match="max_cost_usd must be a positive number"):
+            await retry_run(store, reg, run.id, max_cost_usd=cost)  # type: ignore[arg-type]
+    # 0.1 + 0.2 as a float is 0.30000000000000004: read as the decimal it spells, in nano.
+    await retry_run(store, reg, run.id, max_steps=7.0, max_cost_usd=0.1 + 0.2)  # type: ignore[arg-type]
+    (event,) = [e for e in await store.load_events(run.id) if e.type == "RunRetried"]
+    assert json.loads(event.payload_json())["raise_limits"] == {
+        "max_steps": 7,
+        "max_cost_nanousd": 300_000_000,
+    }
+    assert '"max_steps":7,' in event.payload_json().replace(" ", "")
+
+
+def test_an_older_log_with_float_limits_still_raises_them() -> None:
+    """Logs of earlier releases hold the limits as numbers (max_steps 3.0) and the cost in
+    USD (max_cost_usd 3.0): they are read as integers and still raise the limits."""
+    old = RunRetried(raise_limits={"max_steps": 3.0, "max_cost_usd": 3.0})
+    newer = RunRetried(raise_limits={"max_cost_nanousd": 2_000_000_000, "max_turns": 9})
+    log = RunLog("run_old")
+    log._retry(old)
+    log._retry(newer)
+    assert log.raised_limits == {"max_steps": 3, "max_cost_nanousd": 3_000_000_000}
+    limits = raised(toren.Limits(max_steps=2, max_cost_usd=Decimal("1.5")), log.raised_limits)
+    assert limits.max_steps == 3 and limits.max_cost_usd == Decimal("3")
+    assert raised(toren.Limits(max_steps=5), log.raised_limits) == toren.Limits(max_steps=5)
 
 
 async def test_a_failed_child_resumes_on_retry(store: Store) -> None:

@@ -68,9 +68,12 @@ def test_limits_cost_is_a_decimal_spelled_as_given() -> None:
 
 def test_raised_compares_and_keeps_decimals() -> None:
     limits = Limits(max_steps=5, max_cost_usd=0.1)
-    # A retry records its raises as JSON numbers (floats).
+    # Earlier releases recorded a retry's raises as JSON numbers (floats, USD); this one
+    # records integers (max_cost_nanousd). Both are read.
     up = raised(limits, {"max_steps": 8, "max_cost_usd": 0.3})
     assert (up.max_steps, up.max_cost_usd) == (8, Decimal("0.3"))
     assert str(up.max_cost_usd) == "0.3"
     assert raised(limits, {"max_steps": 2, "max_cost_usd": 0.1}) is limits  # never lowered
     assert raised(Limits(), {"max_steps": 9, "max_cost_usd": 1.0}) == Limits()  # unset stays
+    up = raised(limits, {"max_steps": 8, "max_cost_nanousd": 300_000_000})
+    assert (up.max_steps, str(up.max_cost_usd)) == (8, "0.3")

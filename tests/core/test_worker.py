@@ -58,6 +58,27 @@ async def test_many_runs_concurrently_in_one_worker(store: Store) -> None:
     assert worker.metrics.ticks["completed"] == 40
 
 
+async def test_a_worker_for_one_run_claims_no_other(store: Store) -> None:
+    """``toren run``'s in-process worker (``only=``) takes its own run and leaves the
+    others, even an older one that a plain worker would claim first."""
+    reg = toren.Registry()
+    reg.add("steps", steps_agent(2))
+    provider = ScriptedProvider({"default": {"text": "{last_user}"}})
+    deps = toren.TickDeps(
+        store=store, agents=reg, providers={"scripted": provider}, settings=settings()
+    )
+    older = await toren.start_run(store, reg, "steps", {"i": 0})
+    mine = await toren.start_run(store, reg, "steps", {"i": 1})
+    async with toren.LocalWorkerRuntime(deps, concurrency=1, only=mine.id) as worker:
+        final = await toren.wait_for_run(store, mine.id, timeout=30)
+        await worker.stop()
+    assert final.status == "completed"
+    other = await store.get_run(older.id)
+    assert other is not None and other.status == "queued" and other.lease_owner is None
+    assert [e.type for e in await store.load_events(older.id)] == ["RunStarted"]
+    assert provider.served == 2
+
+
 async def test_new_runs_wake_an_idle_worker(db_url: str) -> None:
     """With a one-minute polling interval, only the wake-up signal can get the run going
     before the test's timeout: in-process on SQLite, LISTEN/NOTIFY across connections on

@@ -191,6 +191,16 @@ async def test_import_rejects_what_is_not_an_export(store: Store) -> None:
         await import_runs(store, ['{"type": "run"}'])
     with pytest.raises(InvalidInput, match="line 2 is not JSON"):
         await import_runs(store, ['{"toren_export": 1}', "{nope"])
+    # A column holds what a column can (text, a number, null); nothing reaches the store
+    # otherwise, and the error names the line and the column.
+    nested = json.dumps({"type": "run", "row": {"id": "run_x", "input": {"a": 1}}})
+    with pytest.raises(InvalidInput, match="line 2: column 'input' of the run record holds dict"):
+        await import_runs(store, ['{"toren_export": 1}', nested])
+    assert await store.get_run("run_x") is None
+    seqless = json.dumps({"type": "event", "row": {"run_id": "run_x"}})
+    run = json.dumps({"type": "run", "row": {"id": "run_x"}})
+    with pytest.raises(InvalidInput, match="line 3: the event record has no 'seq'"):
+        await import_runs(store, ['{"toren_export": 1}', run, seqless])
 
 
 async def test_prune_while_live_workers_write(db_url: str) -> None:

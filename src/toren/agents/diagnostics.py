@@ -46,7 +46,7 @@ def _value_at(data: Any, loc: Loc) -> Any:
 # -- which model sits at a key path (for "expected one of these keys") ------------------
 
 
-def _unwrap(annotation: Any) -> list[Any]:
+def _unwrap(annotation: object) -> list[object]:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return [a for arg in typing.get_args(annotation) for a in _unwrap(arg)]
@@ -56,7 +56,7 @@ def _unwrap(annotation: Any) -> list[Any]:
 
 
 def _model_at(root: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
-    current: Any = root
+    current: object = root
     for part in loc:
         nxt = None
         for option in _unwrap(current):
@@ -129,7 +129,9 @@ def _expected(err: Mapping[str, Any]) -> str:
     return str(err["msg"])
 
 
-def problems_from_pydantic(exc: ValidationError, data: Any, root: type[BaseModel]) -> list[Problem]:
+def problems_from_pydantic(
+    exc: ValidationError, data: object, root: type[BaseModel]
+) -> list[Problem]:
     problems = []
     for err in exc.errors(include_url=False):
         loc: Loc = tuple(p for p in err["loc"] if isinstance(p, (str, int)))
@@ -149,7 +151,7 @@ def _secretish(loc: Loc) -> bool:
     return any(word in last for word in ("key", "secret", "token", "password"))
 
 
-def _redacted(value: Any) -> str:
+def _redacted(value: object) -> str:
     if isinstance(value, str):
         return f"a string of {len(value)} characters (not shown: it may be a secret)"
     return describe_found(value)

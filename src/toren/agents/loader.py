@@ -114,7 +114,7 @@ class ProcessDefinition:
     instructions: str
     tools: tuple[str, ...]  # from tools.py, plus built-ins
     mcp_servers: tuple[str, ...]
-    model_params: Mapping[str, Any]
+    model_params: Mapping[str, object]
     limits: Limits
     entry: str | None
     entry_fn: AgentFn | None = None
@@ -663,16 +663,20 @@ class _AgentLoader:
         )
         try:
             module = importlib.import_module(target)
-        except ModuleNotFoundError as exc:
-            hint = self._install_hint(exc.name)
+        except Exception as exc:
+            missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+            hint = self._install_hint(missing)
             if hint is not None:
                 self.problem(
                     loc,
-                    f"{entry!r}, whose module imports {exc.name!r}, which is not installed",
+                    f"{entry!r}, whose module imports {missing!r}, which is not installed",
                     f"{hint} installed where Toren runs (pip install '{hint}')",
                 )
                 return None
-            if local or exc.name != module_name.split(".")[0]:
+            # Only the module itself not existing is a config problem; anything else
+            # (including a module it imports that is missing) is the code's.
+            absent = missing is not None and not local and missing == module_name.split(".")[0]
+            if not absent:
                 raise _code_problem(
                     self.root / rel.with_suffix(".py"),
                     exc,
@@ -686,13 +690,6 @@ class _AgentLoader:
                 "'module:function' naming a module in the agent directory",
             )
             return None
-        except Exception as exc:
-            raise _code_problem(
-                self.root / rel.with_suffix(".py"),
-                exc,
-                f"importing {entry!r}",
-                "a module that imports cleanly",
-            ) from None
         fn = getattr(module, attr, None)
         if fn is None:
             self.problem(
@@ -737,7 +734,7 @@ def _a(obj: object) -> str:
     return f"an object of type {name}"
 
 
-def _merge_params(config: AgentConfig, proc: ProcessConfig) -> dict[str, Any]:
+def _merge_params(config: AgentConfig, proc: ProcessConfig) -> dict[str, object]:
     params = config.model_params.as_params() if config.model_params else {}
     if proc.model_params is not None:
         params.update(proc.model_params.as_params())

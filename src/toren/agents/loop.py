@@ -87,7 +87,7 @@ class LoopSpec:
         return (*self.tools, ASK_HUMAN_SPEC) if self.human is not None else self.tools
 
 
-def parse_input(value: Any) -> str:
+def parse_input(value: object) -> str:
     """A run input for the loop: a string, or a mapping with a string ``message``."""
     if isinstance(value, str):
         return value
@@ -99,7 +99,7 @@ def parse_input(value: Any) -> str:
     )
 
 
-def tool_result_text(result: Any) -> str:
+def tool_result_text(result: object) -> str:
     """A tool result as the content of a tool message. Sorted keys: see module docstring."""
     if isinstance(result, str):
         return result
@@ -109,7 +109,7 @@ def tool_result_text(result: Any) -> str:
 def make_loop(spec: LoopSpec) -> AgentFn:
     """The :data:`AgentFn` that runs ``spec`` with the built-in loop."""
 
-    async def run(ctx: Context, input: Any) -> dict[str, Any]:
+    async def run(ctx: Context, input: object) -> dict[str, object]:
         return await _Loop(spec, ctx).run(parse_input(input))
 
     run.__name__ = run.__qualname__ = f"loop[{spec.agent}/{spec.process}]"
@@ -124,8 +124,8 @@ class _Loop:
         self.names = {s.name for s in self.specs}
         self.steps = 0  # steps this loop has taken; see "Limits" in the module docstring
 
-    async def run(self, message: str) -> dict[str, Any]:
-        messages: list[dict[str, Any]] = []
+    async def run(self, message: str) -> dict[str, object]:
+        messages: list[dict[str, object]] = []
         if self.spec.instructions:
             messages.append({"role": "system", "content": self.spec.instructions})
         messages.append({"role": "user", "content": message})
@@ -147,7 +147,7 @@ class _Loop:
             tool_calls += len(results)
             messages.extend(results)
 
-    def _answer(self, response: ModelResponse, turns: int, tool_calls: int) -> dict[str, Any]:
+    def _answer(self, response: ModelResponse, turns: int, tool_calls: int) -> dict[str, object]:
         return {
             "answer": response.text,
             "finish_reason": response.finish_reason,
@@ -159,7 +159,7 @@ class _Loop:
         # A call to an unknown tool, or with garbled arguments, is answered without a step.
         return sum(1 for c in calls if c.name in self.names and c.arguments_error is None)
 
-    async def _run_tool(self, call: ToolCall) -> dict[str, Any]:
+    async def _run_tool(self, call: ToolCall) -> dict[str, object]:
         if call.name in self.names and call.arguments_error is not None:
             return _garbled_arguments(call)
         try:
@@ -180,7 +180,7 @@ class _Loop:
             content = f"error: {exc.message}"
         return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
 
-    async def _ask_human(self, arguments: Mapping[str, Any]) -> str:
+    async def _ask_human(self, arguments: Mapping[str, object]) -> str:
         human = self.spec.human
         assert human is not None
         reply = await self.ctx.wait_for_message(human.message, timeout=human.timeout)
@@ -218,7 +218,7 @@ class _Loop:
                 )
 
 
-def _garbled_arguments(call: ToolCall) -> dict[str, Any]:
+def _garbled_arguments(call: ToolCall) -> dict[str, object]:
     """The answer to a call whose arguments the model garbled (see :class:`ToolCall`). The
     tool is not run: ``{}`` in their place would act on arguments the model never gave.
     Worded like a schema mismatch found by the tool step; ``is_error`` marks it for APIs
@@ -235,6 +235,6 @@ def _garbled_arguments(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def _short(value: object, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

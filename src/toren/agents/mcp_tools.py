@@ -62,7 +62,7 @@ class McpServer:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._session: Any = None
-        self._listed: list[Any] = []
+        self._listed: list[object] = []
         self._error: BaseException | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -159,7 +159,7 @@ class McpServer:
             )
         return {self.config.prefix + name: self._tooldef(available[name]) for name in wanted}
 
-    def _tooldef(self, tool: Any) -> ToolDef:
+    def _tooldef(self, tool: object) -> ToolDef:
         remote = str(_field(tool, "name"))
         schema = dict(_field(tool, "input_schema", "inputSchema", default={}))
         schema.setdefault("type", "object")
@@ -167,7 +167,7 @@ class McpServer:
         annotations = _field(tool, "annotations")
         read_only = bool(_field(annotations, "read_only_hint", "readOnlyHint", default=False))
 
-        async def call(**arguments: Any) -> Any:
+        async def call(**arguments: object) -> object:
             return await self.call(remote, arguments)
 
         name = self.config.prefix + remote
@@ -182,7 +182,7 @@ class McpServer:
             side_effects=not read_only,
         )
 
-    async def call(self, tool: str, arguments: Mapping[str, Any]) -> Any:
+    async def call(self, tool: str, arguments: Mapping[str, object]) -> object:
         """Call a tool on the server from any event loop."""
         if self._session is None or self._loop is None:
             await asyncio.to_thread(self.start)
@@ -194,7 +194,7 @@ class McpServer:
 
 
 async def _list_all_tools(session: Any) -> list[Any]:
-    tools: list[Any] = []
+    tools: list[object] = []
     result = await session.list_tools()
     tools.extend(result.tools)
     cursor = _field(result, "next_cursor", "nextCursor")
@@ -210,7 +210,7 @@ async def _list_all_tools(session: Any) -> list[Any]:
     return tools
 
 
-def _result_value(result: Any) -> Any:
+def _result_value(result: object) -> object:
     """Structured content when the server gives it, else the text parts joined."""
     texts = []
     for part in _field(result, "content", default=[]):

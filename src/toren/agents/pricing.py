@@ -116,7 +116,7 @@ class PriceTable:
     prices: Mapping[str, Price] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     as_of: str = PRICES_AS_OF
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> PriceTable:
+    def with_overrides(self, overrides: Mapping[str, object]) -> PriceTable:
         """Add or replace prices. Values are :class:`Price` or objects/mappings with
         ``input_usd_per_mtok`` and ``output_usd_per_mtok`` (the agent.yaml shape)."""
         merged = dict(self.prices)

@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import yaml
 
@@ -76,7 +76,7 @@ class _LazyProvider:
         from toren.providers.base import RetryPolicy
         from toren.providers.registry import build_provider
 
-        options: dict[str, Any] = {}
+        options: dict[str, object] = {}
         if self.config.api_key_env:
             key = os.environ.get(self.config.api_key_env)
             if not key:

@@ -57,10 +57,10 @@ class NoopTelemetry:
     ) -> Iterator[None]:
         yield
 
-    def on_model_call(self, *args: Any, **kwargs: Any) -> None:
+    def on_model_call(self, *args: object, **kwargs: object) -> None:
         return None
 
-    def on_tool_call(self, *args: Any, **kwargs: Any) -> None:
+    def on_tool_call(self, *args: object, **kwargs: object) -> None:
         return None
 
 
@@ -105,7 +105,7 @@ class OtelTelemetry:
     ) -> None:
         if replayed and not self.trace_replayed:
             return
-        attrs: dict[str, Any] = {
+        attrs: dict[str, object] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.system": request.provider,
             "gen_ai.provider.name": request.provider,
@@ -164,11 +164,11 @@ _PARAM_ATTRS = {
 }
 
 
-def _request_params(params: Mapping[str, Any]) -> dict[str, Any]:
+def _request_params(params: Mapping[str, object]) -> dict[str, object]:
     return {attr: params[key] for key, attr in _PARAM_ATTRS.items() if params.get(key) is not None}
 
 
-def _step_attrs(run_id: str, stream: str, position: int, replayed: bool) -> dict[str, Any]:
+def _step_attrs(run_id: str, stream: str, position: int, replayed: bool) -> dict[str, object]:
     return {
         "toren.run_id": run_id,
         "toren.stream": stream,
@@ -178,7 +178,7 @@ def _step_attrs(run_id: str, stream: str, position: int, replayed: bool) -> dict
 
 
 def create_telemetry(
-    *, enabled: bool | None = None, tracer_provider: Any = None, trace_replayed: bool = False
+    *, enabled: bool | None = None, tracer_provider: object = None, trace_replayed: bool = False
 ) -> OtelTelemetry | NoopTelemetry:
     """OTel spans if the extra is installed (or ``enabled=True`` demands it), else no-op."""
     if enabled is False:
@@ -203,7 +203,7 @@ class JsonLogFormatter(logging.Formatter):
     ``stream``, ``position`` and any other ``extra=`` fields, then ``exc`` if any."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(),
             "level": record.levelname.lower(),
             "logger": record.name,
@@ -218,7 +218,7 @@ class JsonLogFormatter(logging.Formatter):
 
 
 def run_logger(
-    logger: logging.Logger | str, run_id: str, **fields: Any
+    logger: logging.Logger | str, run_id: str, **fields: object
 ) -> logging.LoggerAdapter[logging.Logger]:
     """A logger whose every record carries ``run_id`` (and ``fields``) for the formatter."""
     base = logging.getLogger(logger) if isinstance(logger, str) else logger

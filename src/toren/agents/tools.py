@@ -100,7 +100,7 @@ def _options(fn: Callable[..., Any]) -> dict[str, Any]:
     return dict(getattr(fn, "__toren_tool__", None) or {})
 
 
-def tool_from_function(fn: Callable[..., Any], *, name: str | None = None) -> ToolDef:
+def tool_from_function(fn: Callable[..., object], *, name: str | None = None) -> ToolDef:
     """Build a :class:`ToolDef` from a plain (sync or async) function.
 
     Options set with ``@toren.tool(...)`` (``reexecute``, ``side_effects``, ``name``) are
@@ -136,7 +136,7 @@ def _arguments_model(fn: Callable[..., Any], tool_name: str, arg_docs: Mapping[s
                 f"tool {tool_name!r}: parameter {pname!r} is {param.kind.description}; "
                 "a model passes arguments by name, so every parameter must be nameable"
             )
-        annotation = hints.get(pname, Any)
+        annotation = hints.get(pname, object)
         default = ... if param.default is param.empty else param.default
         fields[pname] = (annotation, Field(default, description=arg_docs.get(pname)))
     try:
@@ -155,7 +155,7 @@ def _make_caller(fn: Callable[..., Any], model: Any, tool_name: str) -> Callable
     is_async = inspect.iscoroutinefunction(inspect.unwrap(fn))
 
     @functools.wraps(fn)
-    async def call(**arguments: Any) -> Any:
+    async def call(**arguments: object) -> object:
         try:
             validated = model.model_validate(arguments)
         except ValidationError as exc:
@@ -180,7 +180,7 @@ def _describe_arguments_error(tool_name: str, exc: ValidationError) -> str:
     return f"invalid arguments for tool {tool_name!r}: " + "; ".join(problems)
 
 
-def is_tool_candidate(module: types.ModuleType, attr: str, value: Any) -> bool:
+def is_tool_candidate(module: types.ModuleType, attr: str, value: object) -> bool:
     """Public functions defined in the module itself, and anything marked ``@toren.tool``.
 
     Functions merely imported into tools.py (``from json import dumps``) are not tools.

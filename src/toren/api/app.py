@@ -26,7 +26,7 @@ from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
 from toren.api.sse import RunStream, StreamSettings, resume_problem
-from toren.api.state import ApiState, State, error_responses
+from toren.api.state import ApiState, InProcessWorker, State, error_responses
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
 from toren.core.fixforward import fork_run as core_fork_run
@@ -40,13 +40,12 @@ from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
 from toren.core.verify import verify_run as verify_run_report
-from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, secrets_from_env
 from toren.store.base import RunRecord, Store
 
 log = logging.getLogger("toren.api")
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 # Run ids the store hands out are ``run_<hex>``; anything far from that is not a run, and
 # is answered without a query (a NUL byte would even make PostgreSQL fail the query).
@@ -59,7 +58,7 @@ def create_app(
     *,
     tokens: Sequence[str] = (),
     live: LiveHub | None = None,
-    runtime: LocalWorkerRuntime | None = None,
+    runtime: InProcessWorker | None = None,
     console: bool = True,
     max_body_bytes: int = 1_000_000,
     heartbeat: float = 15.0,
@@ -141,7 +140,7 @@ def _mount_console(app: FastAPI, state: ApiState) -> None:
     mount(app, state)
 
 
-def _openapi(app: FastAPI) -> dict[str, Any]:
+def _openapi(app: FastAPI) -> dict[str, object]:
     if app.openapi_schema is None:
         schema = get_openapi(
             title=app.title,
@@ -161,10 +160,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
-def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, Any]:
+def _sse_message(event: str, data: str, with_id: bool = False) -> dict[str, object]:
     """One SSE message as schemathesis (and OpenAPI 3.1's reading of an event stream's
     ``schema``) sees it: ``{event, id?, data}``, ``data`` being JSON of ``data``'s schema."""
-    properties: dict[str, Any] = {
+    properties: dict[str, object] = {
         "event": {"const": event},
         "data": {
             "type": "string",
@@ -228,14 +227,14 @@ async def _run_or_404(state: ApiState, run_id: str) -> RunRecord:
     return run
 
 
-def _run(state: ApiState, run: RunRecord) -> dict[str, Any]:
-    return cast(dict[str, Any], state.redact(run.to_dict()))
+def _run(state: ApiState, run: RunRecord) -> dict[str, object]:
+    return cast(dict[str, object], state.redact(run.to_dict()))
 
 
 _ROUTES: list[tuple[str, Callable[..., Any], dict[str, Any]]] = []
 
 
-def _route(method: str, path: str, **options: Any) -> Callable[[F], F]:
+def _route(method: str, path: str, **options: object) -> Callable[[F], F]:
     """Collect a ``/v1`` route; ``create_app`` adds them all to each app it builds (so
     ``app.routes`` lists every route, and two apps in one process share nothing)."""
 
@@ -268,7 +267,7 @@ async def start_run(
     idempotency_key_header: Annotated[
         str | None, Header(alias="Idempotency-Key", pattern=models.KEY_PATTERN)
     ] = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     key = body.idempotency_key
     if body.idempotencyKey is not None:
         key = _deprecated_key(response, key, body.idempotencyKey)
@@ -379,7 +378,7 @@ async def list_runs(
             description="The `ETag` of a page this client has: `304` if it is unchanged.",
         ),
     ] = None,
-) -> Any:
+) -> object:
     runs = await state.store.list_runs(
         status=status,
         agent=agent,
@@ -517,7 +516,7 @@ async def _event_page(
     summary="Re-derive every digest of a run from its stored events and blobs",
     responses=_errors(404, 422),
 )
-async def verify_run(run_id: str, state: State) -> dict[str, Any]:
+async def verify_run(run_id: str, state: State) -> dict[str, object]:
     """Per step: `verified` (the digest re-derives byte for byte from the log),
     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
     step's seq, stream and position); `response`: whether the recorded answer and usage
@@ -537,7 +536,7 @@ async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     summary="What changed at each invalidation of a run",
     responses=_errors(404, 422),
 )
-async def list_invalidations(run_id: str, state: State) -> dict[str, Any]:
+async def list_invalidations(run_id: str, state: State) -> dict[str, object]:
     """For every `StreamInvalidated` of the run, which parts of the request differ
     between the superseded step and the step recorded at its position afterwards
     (message 0 changed; tool `x`'s spec changed; parameter `temperature` 0.2 -> 0.7)."""
@@ -549,7 +548,7 @@ async def list_invalidations(run_id: str, state: State) -> dict[str, Any]:
     }
     involved = [e for e in events if (e.stream, e.position) in at]
     found = explain_invalidations(events, await load_blobs(state.store, involved))
-    return cast(dict[str, Any], state.redact({"invalidations": found}))
+    return cast(dict[str, object], state.redact({"invalidations": found}))
 
 
 @_route(
@@ -615,7 +614,7 @@ async def stream_events(
 )
 async def send_message(
     run_id: str, body: models.SendMessageRequest, state: State
-) -> dict[str, Any]:
+) -> dict[str, object]:
     run = await _run_or_404(state, run_id)
     if run.terminal:
         raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
@@ -638,7 +637,7 @@ async def send_message(
     summary="Request cancellation of a run",
     responses=_errors(404),
 )
-async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
+async def cancel_run(run_id: str, state: State) -> dict[str, object]:
     await _run_or_404(state, run_id)
     run = await state.store.request_cancel(run_id, now=time.time())
     if state.runtime is not None:
@@ -662,7 +661,7 @@ async def cancel_run(run_id: str, state: State) -> dict[str, Any]:
 )
 async def retry_run(
     run_id: str, state: State, body: models.RetryRunRequest | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     await _run_or_404(state, run_id)
     limits = body or models.RetryRunRequest()
     run = await core_retry_run(
@@ -688,7 +687,7 @@ async def retry_run(
     "409 `fork_point_not_found` for a point the run does not have.",
     responses=_errors(404, 409, 415, 422),
 )
-async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> dict[str, Any]:
+async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> dict[str, object]:
     await _run_or_404(state, run_id)
     extra = {"input": body.input} if "input" in body.model_fields_set else {}
     run = await core_fork_run(state.store, state.agents, run_id, at=body.at, **extra)
@@ -706,14 +705,14 @@ async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> di
     summary="List agents and their processes",
     responses=_errors(),
 )
-async def list_agents(state: State) -> dict[str, Any]:
+async def list_agents(state: State) -> dict[str, object]:
     # An agent that fails to load says why, and that message may quote a key (an
     # exception raised while importing its tools.py, say).
     agents = [_agent_info(state.agents, name) for name in state.agents.names()]
-    return cast(dict[str, Any], state.redact({"agents": agents}))
+    return cast(dict[str, object], state.redact({"agents": agents}))
 
 
-def _agent_info(agents: AgentResolver, name: str) -> dict[str, Any]:
+def _agent_info(agents: AgentResolver, name: str) -> dict[str, object]:
     programs = getattr(agents, "programs", None)  # toren.Registry knows every process
     if isinstance(programs, dict):
         return {"name": name, "processes": sorted(p for a, p in programs if a == name)}
@@ -724,7 +723,7 @@ def _agent_info(agents: AgentResolver, name: str) -> dict[str, Any]:
 
 
 @_route("GET", "/health", response_model=models.Health, tags=["operations"], summary="Liveness")
-async def health() -> dict[str, Any]:
+async def health() -> dict[str, object]:
     return {"status": "ok", "version": toren.__version__}
 
 
@@ -736,7 +735,7 @@ async def health() -> dict[str, Any]:
     summary="Readiness: the database answers",
     responses=_errors(503),
 )
-async def ready(state: State) -> dict[str, Any]:
+async def ready(state: State) -> dict[str, object]:
     try:
         await state.store.get_run("run_readiness_probe")
     except Exception as exc:
@@ -755,7 +754,7 @@ async def ready(state: State) -> dict[str, Any]:
 async def plan(
     state: State,
     limit: Annotated[int, Query(ge=1, le=PLAN_LIMIT), models.ASCII_INT] = PLAN_LIMIT,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Replay every in-flight run (queued, running, waiting) against the code this server
     resolves, executing nothing live, and report per run and stream whether it replays
     cleanly or would be invalidated, from which step, with which digests, and the recorded
@@ -763,7 +762,7 @@ async def plan(
     runtime = state.runtime
     version = runtime.deps.code_version if runtime is not None else None
     report = await plan_report(state.store, state.agents, code_version=version, limit=limit)
-    return cast(dict[str, Any], state.redact(report))
+    return cast(dict[str, object], state.redact(report))
 
 
 async def get_metrics(state: State) -> PlainTextResponse:

@@ -53,7 +53,7 @@ STATUS_CODES: dict[int, str] = {
 class ApiError(HTTPException):
     """An error the API raises itself, with its own code."""
 
-    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+    def __init__(self, status: int, code: str, message: str, details: object = None) -> None:
         super().__init__(status, message)
         self.code = code
         self.message = message
@@ -73,10 +73,10 @@ def error_response(
     status: int,
     code: str,
     message: str,
-    details: Any = None,
+    details: object = None,
     headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {"code": code, "message": message}
+    body: dict[str, object] = {"code": code, "message": message}
     if details is not None:
         body["details"] = details
     return JSONResponse({"error": body}, status_code=status, headers=headers)
@@ -103,7 +103,7 @@ class Failure:
     status: int
     code: str
     message: str
-    details: Any = None
+    details: object = None
     headers: Mapping[str, str] | None = None
 
 
@@ -127,7 +127,7 @@ def _on_http_error(request: Request, exc: Exception) -> Failure:
     return Failure(exc.status_code, code, message, headers=exc.headers)
 
 
-def _unparsable_body(cause: BaseException | None, body: Any) -> Failure:
+def _unparsable_body(cause: BaseException | None, body: object) -> Failure:
     """``body``: the bytes FastAPI read (Starlette caches them on the request as ``_body``,
     not public API, hence the fallback when they are missing)."""
     if isinstance(cause, RecursionError):
@@ -149,7 +149,7 @@ def _unparsable_body(cause: BaseException | None, body: Any) -> Failure:
 _NESTED_FIELDS = {"input": "run input", "payload": "message payload"}
 
 
-def _too_deep_body(body: Any) -> str:
+def _too_deep_body(body: object) -> str:
     """JSON too deep for Python's parser, in the words of a value too deep: measured on
     the text, from the ``input`` or ``payload`` field it is in."""
     generic = (
@@ -221,12 +221,12 @@ def _is_json(content_type: str | None) -> bool:
     )
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: object) -> str:
     kinds = ((bool, "a boolean"), (str, "a string"), (int | float, "a number"), (list, "an array"))
     return next((name for kind, name in kinds if isinstance(value, kind)), "null")
 
 
-def validation_message(errors: Iterable[Any]) -> tuple[str, list[dict[str, str]]]:
+def validation_message(errors: Iterable[object]) -> tuple[str, list[dict[str, str]]]:
     """Pydantic errors of a request as the API words them: one message and the problems.
     The CLI checks its arguments against the same request models and says the same."""
     problems = [_problem(e) for e in errors]
@@ -252,7 +252,7 @@ def _problem(error: Any) -> dict[str, str]:
     return {"where": where, "message": message, "type": str(kind or "")}
 
 
-def _quote(value: Any) -> str:
+def _quote(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
@@ -274,7 +274,7 @@ def internal_error_response() -> JSONResponse:
     return error_response(500, "internal_error", INTERNAL_ERROR)
 
 
-def install(app: FastAPI, redact: Callable[[Any], Any]) -> None:
+def install(app: FastAPI, redact: Callable[[object], object]) -> None:
     """Answer every error as JSON. Each body passes through ``redact`` (the same redaction
     as runs and events): messages quote what they are about (an agent file's exception, a
     provider's error, the client's own input), and any of those may carry a key."""

@@ -7,17 +7,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from toren.api.state import InProcessWorker
 from toren.core.schedule import ScheduleState
-from toren.core.worker import LocalWorkerRuntime
 from toren.store.base import STATUSES, from_nano
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render(stats: Mapping[str, Any], runtime: LocalWorkerRuntime | None = None) -> str:
+def render(stats: Mapping[str, Any], runtime: InProcessWorker | None = None) -> str:
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help: str, samples: list[tuple[str, Any]]) -> None:
+    def metric(name: str, kind: str, help: str, samples: list[tuple[str, object]]) -> None:
         lines.append(f"# HELP {name} {help}")
         lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:

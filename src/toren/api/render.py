@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
-from typing import Any
 
 import orjson
 
@@ -96,7 +95,7 @@ class Pages:
     def __init__(self, max_bytes: int = 8 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
         self._bytes = 0
-        self._found: dict[tuple[Any, ...], tuple[list[bytes], bytes, str]] = {}
+        self._found: dict[tuple[object, ...], tuple[list[bytes], bytes, str]] = {}
 
     def page(
         self, runs: Sequence[RunRecord], next_cursor: str | None, redactor: Redactor
@@ -166,7 +165,7 @@ def event_fragment(event: Event, redactor: Redactor) -> bytes | None:
     JSON), or None when the general path must render it: a value to redact, nesting too
     deep for the redactor to pass as it is, a payload orjson cannot read or write (an
     integer beyond 64 bits, ``NaN``, a lone surrogate), a field of another type."""
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for name, types in _EVENT_TYPES.items():
         value = getattr(event, name)
         if type(value) not in types:  # exact types: a bool is not an int here

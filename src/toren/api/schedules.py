@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, cast
 
 from fastapi import Body, Path, Response
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -65,7 +65,7 @@ class Schedule(BaseModel):
     overlap: str
     catch_up: str
     catch_up_window: float
-    input: Any = None
+    input: object = None
     source: str = Field(description="`agent.yaml` (deployed with the agent) or `api`.")
     code_version: str | None
     paused: bool
@@ -87,18 +87,17 @@ class ScheduleList(BaseModel):
     schedules: list[Schedule]
 
 
-Route = tuple[str, Callable[..., Any], dict[str, Any]]
+Route = tuple[str, Callable[..., object], dict[str, object]]
 
 
-async def _shown(state: ApiState, schedule: ScheduleState, recent: bool) -> dict[str, Any]:
+async def _shown(state: ApiState, schedule: ScheduleState, recent: bool) -> dict[str, object]:
     shown = schedule.to_dict()
     if recent:
         runs = await state.store.schedules.runs_of(schedule.id, limit=RECENT_RUNS)
         shown["recent_runs"] = [
             {"id": i, "status": s, "nominal": nominal_text(at) if at else None} for i, s, at in runs
         ]
-    redacted: dict[str, Any] = state.redact(shown)
-    return redacted
+    return cast(dict[str, object], state.redact(shown))
 
 
 async def _one(state: ApiState, agent: str, name: str) -> ScheduleState:
@@ -112,18 +111,18 @@ def _scheduler(state: ApiState) -> Scheduler:
     return Scheduler(state.store.schedules, SystemClock())
 
 
-async def list_schedules(state: State) -> dict[str, Any]:
+async def list_schedules(state: State) -> dict[str, object]:
     found = await state.store.schedules.all()
     return {"schedules": [await _shown(state, s, False) for s in found]}
 
 
-async def create_schedule(body: CreateSchedule, state: State) -> dict[str, Any]:
+async def create_schedule(body: CreateSchedule, state: State) -> dict[str, object]:
     state.agents.resolve(body.agent, body.process)  # AgentNotFound names the known ones
     made = await state.store.schedules.create(body.definition(body.agent), now=SystemClock().now())
     return await _shown(state, made, True)
 
 
-async def get_schedule(agent: Name, name: Name, state: State) -> dict[str, Any]:
+async def get_schedule(agent: Name, name: Name, state: State) -> dict[str, object]:
     return await _shown(state, await _one(state, agent, name), True)
 
 
@@ -132,7 +131,7 @@ async def pause_schedule(
     name: Name,
     state: State,
     body: Annotated[Note | None, Body()] = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     changed = await state.store.schedules.set_paused(
         schedule_id(agent, name), True, body.note if body else None, now=SystemClock().now()
     )
@@ -144,19 +143,18 @@ async def resume_schedule(
     name: Name,
     state: State,
     body: Annotated[Note | None, Body()] = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     changed = await state.store.schedules.set_paused(
         schedule_id(agent, name), False, body.note if body else None, now=SystemClock().now()
     )
     return await _shown(state, changed, True)
 
 
-async def trigger_schedule(agent: Name, name: Name, state: State) -> dict[str, Any]:
+async def trigger_schedule(agent: Name, name: Name, state: State) -> dict[str, object]:
     run = await _scheduler(state).trigger(schedule_id(agent, name))
     found = await state.store.get_run(run.id)
     assert found is not None
-    shown: dict[str, Any] = state.redact(found.to_dict())
-    return shown
+    return cast(dict[str, object], state.redact(found.to_dict()))
 
 
 async def backfill_schedule(

@@ -112,7 +112,7 @@ def _config(app: FastAPI, host: str, port: int, **options: Any) -> uvicorn.Confi
     return uvicorn.Config(app, host=host, port=port, **options)
 
 
-async def serve(app: FastAPI, host: str, port: int, **uvicorn_options: Any) -> None:
+async def serve(app: FastAPI, host: str, port: int, **uvicorn_options: object) -> None:
     """Serve ``app`` until SIGINT/SIGTERM. Extra options go to ``uvicorn.Config``."""
     check_tokens(getattr(app.state, "tokens", ()))
     check_bind(host, getattr(app.state, "tokens", ()))
@@ -132,7 +132,7 @@ class RunningServer:
 
 @asynccontextmanager
 async def running_server(
-    app: FastAPI, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: Any
+    app: FastAPI, host: str = "127.0.0.1", port: int = 0, **uvicorn_options: object
 ) -> AsyncIterator[RunningServer]:
     """Serve ``app`` on this event loop for the duration of the block (port 0: any free
     port; read it from the result). Signals are left to the host program."""

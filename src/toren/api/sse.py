@@ -39,7 +39,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from toren.core.events import TERMINAL_TYPES, Event
 from toren.core.live import LiveHub
@@ -58,7 +57,7 @@ class StreamSettings:
     retry_ms: int = 1000  # the reconnection delay suggested to EventSource clients
 
 
-def message(event: str | None, data: Any, id: int | None = None) -> bytes:
+def message(event: str | None, data: object, id: int | None = None) -> bytes:
     lines = []
     if id is not None:
         lines.append(f"id: {id}")
@@ -116,7 +115,7 @@ class RunStream:
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
         self._snapshot: list[tuple[str, int, str]] = []
         # One redactor per step in flight: a secret may be split across its deltas.
-        self._delta_text: dict[tuple[Any, Any], StreamRedactor] = {}
+        self._delta_text: dict[tuple[object, object], StreamRedactor] = {}
         self._last_write = time.monotonic()
         # Whether the last terminal event delivered is not followed by a RunRetried: the
         # current attempt has ended. Kept across pages and wake-ups.
@@ -143,7 +142,7 @@ class RunStream:
             if queue is not None and self.live is not None:
                 self.live.unsubscribe(self.run_id, queue)
 
-    async def _follow(self, queue: asyncio.Queue[dict[str, Any]] | None) -> AsyncIterator[bytes]:
+    async def _follow(self, queue: asyncio.Queue[dict[str, object]] | None) -> AsyncIterator[bytes]:
         check_row = True
         while not self.closing():
             # The row is read before the events: a run's terminal status is committed
@@ -194,7 +193,7 @@ class RunStream:
             if time.monotonic() - self._last_write >= self.settings.heartbeat:
                 yield b": heartbeat\n\n"
 
-    def _delta(self, item: dict[str, Any]) -> bytes | None:
+    def _delta(self, item: dict[str, object]) -> bytes | None:
         """A delta's text through its step's :class:`StreamRedactor`: the part that is
         safe to send now (None when all of it is held back)."""
         step = (item.get("stream"), item.get("position"))
@@ -220,7 +219,7 @@ class RunStream:
                 held = message("delta", {"stream": step[0], "position": step[1], "text": rest})
         return held + message("event", self.redact(event.to_dict()), id=event.seq)
 
-    def _fresh(self, delta: dict[str, Any]) -> bool:
+    def _fresh(self, delta: dict[str, object]) -> bool:
         return (delta.get("stream"), delta.get("position")) not in self._recorded
 
     async def _end(self) -> bytes | None:
@@ -232,8 +231,8 @@ class RunStream:
         return message("end", {"run": self.redact(run.to_dict()) if run is not None else None})
 
     async def _wait(
-        self, queue: asyncio.Queue[dict[str, Any]] | None
-    ) -> tuple[list[dict[str, Any]], bool]:
+        self, queue: asyncio.Queue[dict[str, object]] | None
+    ) -> tuple[list[dict[str, object]], bool]:
         """Wait for a wake-up, a poll or a heartbeat. Returns the hub's items and whether
         the run row should be re-read (on a poll: the worker may be elsewhere)."""
         quiet = time.monotonic() - self._last_write

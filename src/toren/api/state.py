@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Protocol, cast
 
 from fastapi import Depends, Request
 
@@ -14,10 +14,30 @@ from toren.api.sse import StreamSettings
 from toren.core.live import LiveHub
 from toren.core.ports import Store
 from toren.core.program import AgentResolver
-from toren.core.worker import LocalWorkerRuntime
+from toren.core.scheduler import Scheduler
+from toren.core.tick import TickDeps
+from toren.core.worker import WorkerMetrics
 from toren.redact import Redactor
 
 PUBLIC_PATHS = frozenset({"/v1/health"})
+
+
+class InProcessWorker(Protocol):
+    """What the API reads of a worker running in its own process (``toren dev``, ``toren
+    serve`` with a worker): :class:`toren.core.worker.LocalWorkerRuntime`, or ``toren
+    dev``'s switch to whichever worker runs now."""
+
+    @property
+    def deps(self) -> TickDeps: ...
+    @property
+    def metrics(self) -> WorkerMetrics: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def active_runs(self) -> list[str]: ...
+    def cancel_local(self, run_id: str) -> bool:
+        """Cancel the run at once if this worker is executing it (True if it was)."""
+        ...
 
 
 @dataclass
@@ -27,7 +47,7 @@ class ApiState:
     store: Store
     agents: AgentResolver
     live: LiveHub | None
-    runtime: LocalWorkerRuntime | None
+    runtime: InProcessWorker | None
     redact: Redactor
     stream: StreamSettings
     public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))

@@ -26,7 +26,7 @@ from typing import Any, Protocol, TypeAlias
 from toren.cli._common import RunFinished
 from toren.client import Run
 from toren.core.fixforward import fork_run, retry_run
-from toren.core.ports import RunStore, Store
+from toren.core.ports import RunStore
 from toren.core.runs import send_message, start_run
 from toren.core.tick import tick
 from toren.core.values import RunStatus
@@ -37,7 +37,7 @@ from toren.store.base import Lease, Release, RunRecord
 from toren.store.urls import shown_url
 
 Item: TypeAlias = tuple[str, "dict[str, Any] | Run"]
-UNSET: Any = object()  # a fork without --input: the source run's input
+UNSET: object = object()  # a fork without --input: the source run's input
 
 # A run waiting for a message whose timeout is further away than this is "parked":
 # ``toren run`` stops following it and says how to send the message.
@@ -56,7 +56,7 @@ class LocalRun(Run):
     foreign_lease: bool = False
 
 
-def run_json(run: Run) -> dict[str, Any]:
+def run_json(run: Run) -> dict[str, object]:
     """A run as ``--json`` prints it: the API's shape (``RunRecord.to_dict()``), plus the
     lease fields of a :class:`LocalRun`."""
     data = asdict(run)
@@ -96,41 +96,24 @@ log = logging.getLogger("toren.cli")
 
 class Backend(Protocol):
     async def start_run(
-        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+        self, agent: str, input: object, *, process: str, idempotency_key: str | None
     ) -> Run: ...
     async def get_run(self, run_id: str) -> Run: ...
     async def list_runs(
         self, *, status: str | None, agent: str | None, limit: int
     ) -> list[Run]: ...
     async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]: ...
-    async def send(self, run_id: str, name: str, payload: Any) -> None: ...
+    async def send(self, run_id: str, name: str, payload: object) -> None: ...
     async def cancel(self, run_id: str) -> Run: ...
     async def retry(
         self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None
     ) -> Run: ...
-    async def fork(self, run_id: str, *, at: str, input: Any) -> Run: ...
+    async def fork(self, run_id: str, *, at: str, input: object) -> Run: ...
     def follow(self, run_id: str, *, after: int = 0) -> AsyncIterator[Item]: ...
     async def close(self) -> None: ...
 
 
 # -- embedded ---------------------------------------------------------------------------
-
-
-class _OneRunStore:
-    """A store view whose ``claim`` only ever claims one run: the in-process worker of
-    ``toren run`` and ``toren runs resume`` must not pick up other runs of the database."""
-
-    def __init__(self, store: Store, run_id: str) -> None:
-        self._store = store
-        self._run_id = run_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._store, name)
-
-    async def claim(
-        self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
-    ) -> list[Lease]:
-        return await self._store.claim(worker_id, limit, now=now, ttl=ttl, only=self._run_id)
 
 
 class EmbeddedBackend:
@@ -141,7 +124,7 @@ class EmbeddedBackend:
         self._run_id: str | None = None
 
     async def start_run(
-        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+        self, agent: str, input: object, *, process: str, idempotency_key: str | None
     ) -> Run:
         run = await start_run(
             self.store,
@@ -178,11 +161,11 @@ class EmbeddedBackend:
         runs = await self.store.list_runs(status=status, agent=agent, limit=limit)
         return [Run.from_json(r.to_dict()) for r in runs]
 
-    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, object]]:
         await self._run(run_id)
         return [e.to_dict() for e in await self.store.load_events(run_id, after_seq=after)]
 
-    async def send(self, run_id: str, name: str, payload: Any) -> None:
+    async def send(self, run_id: str, name: str, payload: object) -> None:
         run = await self._run(run_id)
         if run.terminal:  # as the HTTP API answers (409 run_finished)
             raise RunFinished(f"run {run_id!r} is {run.status}; it takes no more messages")
@@ -215,10 +198,10 @@ class EmbeddedBackend:
 
     async def start_worker(self, run_id: str) -> LocalWorkerRuntime:
         """A worker in this process that runs only ``run_id``."""
-        deps = self.runtime.deps
         self._run_id = run_id
-        scoped = dataclasses.replace(deps, store=_OneRunStore(self.store, run_id))
-        self.worker = LocalWorkerRuntime(scoped, concurrency=1)
+        # A copy: the worker stamps its id on the deps it is given.
+        deps = dataclasses.replace(self.runtime.deps)
+        self.worker = LocalWorkerRuntime(deps, concurrency=1, only=run_id)
         await self.worker.start()
         return self.worker
 
@@ -297,7 +280,7 @@ class RemoteBackend:
         self.client = AsyncTorenClient(url, token=token)
 
     async def start_run(
-        self, agent: str, input: Any, *, process: str, idempotency_key: str | None
+        self, agent: str, input: object, *, process: str, idempotency_key: str | None
     ) -> Run:
         return await self.client.start_run(
             agent, input, process=process, idempotency_key=idempotency_key
@@ -310,8 +293,8 @@ class RemoteBackend:
         page = await self.client.list_runs(status=status, agent=agent, limit=limit)
         return page.runs
 
-    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    async def events(self, run_id: str, *, after: int = 0) -> list[dict[str, object]]:
+        found: list[dict[str, object]] = []
         cursor: int | None = after
         while cursor is not None:
             page = await self.client.events(run_id, after=cursor, limit=500)
@@ -319,7 +302,7 @@ class RemoteBackend:
             cursor = page.next_after if page.events else None
         return found
 
-    async def send(self, run_id: str, name: str, payload: Any) -> None:
+    async def send(self, run_id: str, name: str, payload: object) -> None:
         await self.client.send_message(run_id, name, payload)
 
     async def cancel(self, run_id: str) -> Run:
@@ -328,7 +311,7 @@ class RemoteBackend:
     async def retry(self, run_id: str, *, max_steps: int | None, max_cost_usd: float | None) -> Run:
         return await self.client.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
 
-    async def fork(self, run_id: str, *, at: str, input: Any) -> Run:
+    async def fork(self, run_id: str, *, at: str, input: object) -> Run:
         extra = {} if input is UNSET else {"input": input}
         return await self.client.fork(run_id, at=at, **extra)
 

@@ -5,7 +5,6 @@ group, the global flags and the error boundary: a Toren error is one line plus a
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
 
@@ -52,7 +51,7 @@ class TorenGroup(click.Group):
             return command
         return super().get_command(ctx, name)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):

@@ -136,7 +136,7 @@ async def _report(
     code_version: str | None,
     limit: int | None,
     pool: PlanPool | None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     if url:
         from toren.client import AsyncTorenClient
 

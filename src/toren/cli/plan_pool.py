@@ -200,8 +200,8 @@ class PlanPool:
     async def plan(
         self,
         runs: Sequence[RunRecord],
-        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, Any]]]],
-    ) -> list[dict[str, Any]]:
+        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, object]]]],
+    ) -> list[dict[str, object]]:
         if not self._workers or sum(max(r.steps, 1) for r in runs) < self.min_shared_steps:
             return await here(runs)
         shares = share_out(runs, len(self._workers) + 1)
@@ -236,8 +236,8 @@ def share_out(runs: Sequence[RunRecord], n: int) -> list[list[RunRecord]]:
 
 
 def _send_and_answer(
-    process: Any, conn: Connection, share: Sequence[RunRecord]
-) -> list[dict[str, Any]]:
+    process: object, conn: Connection, share: Sequence[RunRecord]
+) -> list[dict[str, object]]:
     """Stream ``share`` to one worker in chunks (it plans them as they arrive), then wait
     for its plans. Runs in a thread: the parent plans its own share meanwhile."""
     try:
@@ -252,7 +252,7 @@ def _send_and_answer(
         raise _died(process) from None
     if kind == "error":
         raise _raised_by(process, value)
-    plans: list[dict[str, Any]] = value
+    plans: list[dict[str, object]] = value
     return plans
 
 

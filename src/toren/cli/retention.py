@@ -17,7 +17,7 @@ import click
 from toren.cli._common import counted, database_url_for, examples, out, run_async
 from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.durations import parse_duration
-from toren.store import Store, connect
+from toren.store import Backend, connect
 from toren.store.retention import (
     PruneResult,
     count_finished,
@@ -71,7 +71,7 @@ def _cutoff(duration: str) -> float:
 
 
 @contextlib.asynccontextmanager
-async def _store(agents_root: Path, database_url: str | None) -> AsyncIterator[Store]:
+async def _store(agents_root: Path, database_url: str | None) -> AsyncIterator[Backend]:
     store = await connect(database_url_for(agents_root.resolve(), database_url, create=False))
     try:
         yield store
@@ -152,7 +152,7 @@ def prune_command(
     before = _cutoff(age)
     chosen = statuses or tuple(FINISHED)
 
-    async def go() -> dict[str, Any]:
+    async def go() -> dict[str, int | bool]:
         async with _store(agents_root, database_url) as store:
             if dry_run:
                 runs, events = await count_finished(store, before=before, statuses=chosen)

@@ -30,30 +30,30 @@ T = TypeVar("T")
 class Schedules(Protocol):
     """One interface over the embedded database and a server."""
 
-    async def all(self) -> list[dict[str, Any]]: ...
-    async def get(self, sid: str) -> dict[str, Any]: ...
-    async def create(self, agent: str, name: str, spec: dict[str, Any]) -> dict[str, Any]: ...
-    async def pause(self, sid: str, note: str | None, paused: bool) -> dict[str, Any]: ...
+    async def all(self) -> list[dict[str, object]]: ...
+    async def get(self, sid: str) -> dict[str, object]: ...
+    async def create(self, agent: str, name: str, spec: dict[str, object]) -> dict[str, object]: ...
+    async def pause(self, sid: str, note: str | None, paused: bool) -> dict[str, object]: ...
     async def trigger(self, sid: str) -> str: ...
     async def backfill(self, sid: str, start: datetime, end: datetime) -> dict[str, int]: ...
     async def delete(self, sid: str) -> None: ...
-    def declared_elsewhere(self, listed: list[dict[str, Any]]) -> list[str]: ...
+    def declared_elsewhere(self, listed: list[dict[str, object]]) -> list[str]: ...
 
 
 class Remote:
     def __init__(self, client: AsyncTorenClient) -> None:
         self.client = client
 
-    async def all(self) -> list[dict[str, Any]]:
+    async def all(self) -> list[dict[str, object]]:
         return await self.client.schedules()
 
-    async def get(self, sid: str) -> dict[str, Any]:
+    async def get(self, sid: str) -> dict[str, object]:
         return await self.client.get_schedule(sid)
 
-    async def create(self, agent: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, agent: str, name: str, spec: dict[str, object]) -> dict[str, object]:
         return await self.client.create_schedule(agent, name, **spec)
 
-    async def pause(self, sid: str, note: str | None, paused: bool) -> dict[str, Any]:
+    async def pause(self, sid: str, note: str | None, paused: bool) -> dict[str, object]:
         if paused:
             return await self.client.pause_schedule(sid, note)
         return await self.client.resume_schedule(sid, note)
@@ -68,7 +68,7 @@ class Remote:
     async def delete(self, sid: str) -> None:
         await self.client.delete_schedule(sid)
 
-    def declared_elsewhere(self, listed: list[dict[str, Any]]) -> list[str]:
+    def declared_elsewhere(self, listed: list[dict[str, object]]) -> list[str]:
         return []
 
 
@@ -78,7 +78,7 @@ class Embedded:
         self.store = runtime.store.schedules
         self.clock = SystemClock()
 
-    async def _shown(self, found: ScheduleState, recent: bool = True) -> dict[str, Any]:
+    async def _shown(self, found: ScheduleState, recent: bool = True) -> dict[str, object]:
         shown = found.to_dict()
         if recent:
             shown["recent_runs"] = [
@@ -87,22 +87,22 @@ class Embedded:
             ]
         return shown
 
-    async def all(self) -> list[dict[str, Any]]:
+    async def all(self) -> list[dict[str, object]]:
         return [await self._shown(s, recent=False) for s in await self.store.all()]
 
-    async def get(self, sid: str) -> dict[str, Any]:
+    async def get(self, sid: str) -> dict[str, object]:
         found = await self.store.get(sid)
         if found is None or found.removed:
             raise ScheduleNotFound(f"no schedule {sid!r}")
         return await self._shown(found)
 
-    async def create(self, agent: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, agent: str, name: str, spec: dict[str, object]) -> dict[str, object]:
         config = _config(name, spec)
         self.runtime.resolver.resolve(agent, config.process)
         made = await self.store.create(config.definition(agent), now=self.clock.now())
         return await self._shown(made)
 
-    async def pause(self, sid: str, note: str | None, paused: bool) -> dict[str, Any]:
+    async def pause(self, sid: str, note: str | None, paused: bool) -> dict[str, object]:
         return await self._shown(
             await self.store.set_paused(sid, paused, note, now=self.clock.now())
         )
@@ -119,7 +119,7 @@ class Embedded:
     async def delete(self, sid: str) -> None:
         await self.store.delete(sid, now=self.clock.now())
 
-    def declared_elsewhere(self, listed: list[dict[str, Any]]) -> list[str]:
+    def declared_elsewhere(self, listed: list[dict[str, object]]) -> list[str]:
         """agent.yaml schedules no worker has registered yet."""
         known = {s["id"] for s in listed}
         found = []
@@ -132,7 +132,7 @@ class Embedded:
         return found
 
 
-def _config(name: str, spec: dict[str, Any]) -> ScheduleConfig:
+def _config(name: str, spec: dict[str, object]) -> ScheduleConfig:
     from pydantic import ValidationError
 
     try:
@@ -235,7 +235,7 @@ def schedules() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @backend_options
-def list_schedules(as_json: bool, **options: Any) -> None:
+def list_schedules(as_json: bool, **options: object) -> None:
     async def act(backend: Schedules) -> tuple[list[dict[str, Any]], list[str]]:
         listed = await backend.all()
         return listed, backend.declared_elsewhere(listed)
@@ -279,7 +279,7 @@ def list_schedules(as_json: bool, **options: Any) -> None:
 @click.argument("schedule", callback=lambda ctx, param, value: _sid(value))
 @click.option("--json", "as_json", is_flag=True, help="Print it as JSON.")
 @backend_options
-def show(schedule: str, as_json: bool, **options: Any) -> None:
+def show(schedule: str, as_json: bool, **options: object) -> None:
     _print_one(_on(options, lambda b: b.get(schedule)), as_json)
 
 
@@ -321,10 +321,10 @@ def create(
     catch_up_window: str,
     jitter: str,
     as_json: bool,
-    **options: Any,
+    **options: object,
 ) -> None:
     agent, _, name = schedule.partition("/")
-    spec: dict[str, Any] = {
+    spec: dict[str, object] = {
         "cron": cron,
         "every": every,
         "zone": zone,
@@ -345,7 +345,7 @@ def create(
 
 
 def _pause_command(paused: bool) -> Callable[..., None]:
-    def command(schedule: str, note: str | None, as_json: bool, **options: Any) -> None:
+    def command(schedule: str, note: str | None, as_json: bool, **options: object) -> None:
         _print_one(_on(options, lambda b: b.pause(schedule, note, paused)), as_json)
 
     return command
@@ -373,7 +373,7 @@ for _name, _paused, _help in (
 )
 @click.argument("schedule", callback=lambda ctx, param, value: _sid(value))
 @backend_options
-def trigger(schedule: str, **options: Any) -> None:
+def trigger(schedule: str, **options: object) -> None:
     run_id = _on(options, lambda b: b.trigger(schedule))
     out().print(f"started run {run_id} of schedule {escape(schedule)}")
 
@@ -399,7 +399,7 @@ def _moment(value: str) -> datetime:
 @click.argument("end")
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
 @backend_options
-def backfill(schedule: str, start: str, end: str, as_json: bool, **options: Any) -> None:
+def backfill(schedule: str, start: str, end: str, as_json: bool, **options: object) -> None:
     first, last = _moment(start), _moment(end)
     done = _on(options, lambda b: b.backfill(schedule, first, last))
     if as_json:
@@ -417,7 +417,7 @@ def backfill(schedule: str, start: str, end: str, as_json: bool, **options: Any)
 )
 @click.argument("schedule", callback=lambda ctx, param, value: _sid(value))
 @backend_options
-def delete(schedule: str, **options: Any) -> None:
+def delete(schedule: str, **options: object) -> None:
     _on(options, lambda b: b.delete(schedule))
     out().print(
         f"deleted schedule {escape(schedule)} (a schedule declared in agent.yaml comes back "

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from rich.markup import escape
@@ -31,14 +31,19 @@ from toren.cli._common import (
     setup_logging,
 )
 from toren.core.live import ALL
+from toren.core.scheduler import Scheduler
+from toren.core.tick import TickDeps
 from toren.core.values import RunStatus
-from toren.core.worker import LocalWorkerRuntime
+from toren.core.worker import LocalWorkerRuntime, WorkerMetrics
 from toren.durations import parse_duration
 from toren.errors import InvalidInput, MissingProviderKey, TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for
 from toren.store.urls import shown_url
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from toren.api.state import InProcessWorker
+
+F = TypeVar("F", bound=Callable[..., object])
 
 log = logging.getLogger("toren.cli")
 
@@ -136,7 +141,7 @@ def _bind_hint(exc: OSError, port: int) -> str:
 def _create_app(
     runtime: Runtime,
     tokens: Sequence[str],
-    worker: Any,
+    worker: InProcessWorker | None,
     console: bool,
     allowed_hosts: Sequence[str],
 ) -> Any:
@@ -154,16 +159,32 @@ def _create_app(
 
 
 class WorkerSwitch:
-    """What the API sees as "the worker" in ``toren dev``: whichever worker runs now
-    (each reload starts a new one)."""
+    """What the API sees as "the worker" in ``toren dev``: whichever worker runs now (each
+    reload starts a new one), an :class:`toren.api.state.InProcessWorker`. Between two
+    workers (or with no agent yet) it executes nothing: no runs, no metrics, and the deps
+    of the runtime."""
 
-    def __init__(self, worker: LocalWorkerRuntime | None = None) -> None:
+    def __init__(self, runtime: Runtime, worker: LocalWorkerRuntime | None = None) -> None:
+        self.runtime = runtime
         self.current = worker
+        self._idle = WorkerMetrics()
+        self._idle_scheduler = Scheduler(runtime.store.schedules, runtime.deps.clock)
 
-    def __getattr__(self, name: str) -> Any:
-        if self.current is None:
-            raise AttributeError(name)
-        return getattr(self.current, name)
+    @property
+    def deps(self) -> TickDeps:
+        return self.current.deps if self.current is not None else self.runtime.deps
+
+    @property
+    def metrics(self) -> WorkerMetrics:
+        return self.current.metrics if self.current is not None else self._idle
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.current.scheduler if self.current is not None else self._idle_scheduler
+
+    @property
+    def active_runs(self) -> list[str]:
+        return self.current.active_runs if self.current is not None else []
 
     def cancel_local(self, run_id: str) -> bool:
         return self.current.cancel_local(run_id) if self.current is not None else False
@@ -257,7 +278,7 @@ async def _dev(
     printer = out()
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)
-    switch = WorkerSwitch()
+    switch = WorkerSwitch(runtime)
     reporter: asyncio.Task[None] | None = None
     try:
         versions = _agent_versions(runtime)
@@ -611,7 +632,7 @@ class _EarlyStop:
                 signal.signal(sig, early._note)
         return early
 
-    def _note(self, signum: int, frame: Any) -> None:
+    def _note(self, signum: int, frame: object) -> None:
         self.requested = True
 
 
@@ -630,7 +651,7 @@ def _queue_metric(runtime: Runtime) -> Any:
 
 
 async def _worker(
-    root: Path, settings: Any, worker_id: str | None = None, early: _EarlyStop | None = None
+    root: Path, settings: object, worker_id: str | None = None, early: _EarlyStop | None = None
 ) -> None:
     stop = asyncio.Event()
     remove_handlers = _stop_on_signals(stop)

@@ -23,18 +23,18 @@ from rich.text import Text
 
 from toren.cli.backend import LocalRun
 from toren.client import Run
-from toren.core.values import RunStatus
+from toren.core.values import RunStatus, from_nano, retry_limits
 
 RESULT_WIDTH = 160
 
 
-def short(value: Any, width: int = RESULT_WIDTH) -> str:
+def short(value: object, width: int = RESULT_WIDTH) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def money(value: Any) -> str:
+def money(value: object) -> str:
     try:
         amount = Decimal(str(value))
     except ArithmeticError:
@@ -120,7 +120,7 @@ class RunView:
         self.activity = _activity(event, p, self.activity)
         self.status = self.activity
 
-    def _on_RunStarted(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunStarted(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         run_id, agent = escape(str(event.get("run_id", ""))), escape(str(p.get("agent")))
         line = f"[bold]▶ run[/] {run_id}  agent [cyan]{agent}[/]"
         if p.get("process", "main") != "main":
@@ -129,7 +129,7 @@ class RunView:
             line += f"  input {escape(short(p.get('input'), 80))}"
         self.print(line)
 
-    def _on_ModelCallRecorded(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_ModelCallRecorded(self, event: Mapping[str, object], p: Mapping[str, Any]) -> None:
         key = _step(event)
         self.streaming.pop(key, None)
         ref = f"{p.get('provider')}:{p.get('model')}"
@@ -156,7 +156,7 @@ class RunView:
             args = short(call.get("arguments") or {}, 120)
             self.print(f"  [dim]→ asks for[/] {name}({escape(args)})")
 
-    def _on_ModelCallCutOff(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_ModelCallCutOff(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         key = f"{p.get('stream') or 'main'}/{p.get('position')}"
         self.streaming.pop(key, None)
         self.print(
@@ -173,7 +173,7 @@ class RunView:
         self.replayed += 1
         return "  [dim cyan]↺ replayed[/]"
 
-    def _on_ToolCallRecorded(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_ToolCallRecorded(self, event: Mapping[str, object], p: Mapping[str, Any]) -> None:
         name = escape(str(p.get("name")))
         args = escape(short(p.get("args") or {}, 100))
         reused = "  [yellow](reused, not re-executed)[/]" if p.get("reused_from_seq") else ""
@@ -194,38 +194,38 @@ class RunView:
             "the rest run again"
         )
 
-    def _on_MessageReceived(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_MessageReceived(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         self.print(
             f"[bold green]✉ message[/] {escape(repr(p.get('name')))}: "
             f"{escape(short(p.get('payload')))}"
         )
 
-    def _on_TimerScheduled(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_TimerScheduled(self, event: Mapping[str, object], p: Mapping[str, Any]) -> None:
         if p.get("purpose") == "sleep":
             self.print(f"[dim]⏲ sleeping {float(p.get('seconds') or 0):g}s[/]")
 
-    def _on_ChildStarted(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_ChildStarted(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         self.print(
             f"[bold]↳ spawned[/] {escape(str(p.get('process')))} as stream "
             f"{escape(str(p.get('child_stream')))}"
         )
 
-    def _on_ChildCompleted(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_ChildCompleted(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         what = "failed" if p.get("error") else "finished"
         self.print(f"[bold]↲ child {what}[/] [dim]{escape(_step(event))}[/]")
 
-    def _on_RunWaiting(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunWaiting(self, event: Mapping[str, object], p: Mapping[str, Any]) -> None:
         if p.get("messages"):
             names = ", ".join(repr(m) for m in p["messages"])
             self.print(f"[bold cyan]… waiting[/] for message {escape(names)}")
 
-    def _on_RunCompleted(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunCompleted(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         output = p.get("output")
         answer = output.get("answer") if isinstance(output, Mapping) else None
         shown = answer if isinstance(answer, str) else output
         self.print(f"[bold green]✔ completed[/]  {escape(short(shown, 2000))}")
 
-    def _on_RunFailed(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunFailed(self, event: Mapping[str, object], p: Mapping[str, Any]) -> None:
         error = p.get("error") or {}
         self.print(
             f"[bold red]✘ failed[/]  {escape(str(error.get('type', 'Error')))}: "
@@ -239,13 +239,17 @@ class RunView:
                 f"{escape(str(run_id))}[/]"
             )
 
-    def _on_RunCancelled(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunCancelled(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         self.print(f"[bold yellow]■ cancelled[/]  {escape(str(p.get('reason') or ''))}")
 
-    def _on_RunRetried(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunRetried(self, event: Mapping[str, object], p: Mapping[str, Any]) -> None:
         retried = len(p.get("retried_seqs") or ())
         what = f"{retried} failed step{'s' if retried != 1 else ''} run again" if retried else ""
-        raised = ", ".join(f"{k}={v}" for k, v in (p.get("raise_limits") or {}).items())
+        limits = retry_limits(p.get("raise_limits") or {})
+        cost = limits.pop("max_cost_nanousd", None)
+        shown = [f"{k}={v}" for k, v in limits.items()]
+        shown += [f"max_cost_usd={from_nano(cost)}"] if cost is not None else []
+        raised = ", ".join(shown)
         detail = "; ".join(x for x in (what, f"limits raised: {raised}" if raised else "") if x)
         self.print(
             f"[bold cyan]↻ retry {p.get('attempt', 1)}[/] under code version "
@@ -253,7 +257,7 @@ class RunView:
             + (f" ({escape(detail)})" if detail else "")
         )
 
-    def _on_RunForked(self, event: Mapping[str, Any], p: Mapping[str, Any]) -> None:
+    def _on_RunForked(self, event: Mapping[str, object], p: Mapping[str, object]) -> None:
         self.print(
             f"[bold cyan]⑂ forked[/] from run {escape(str(p.get('source_run')))} at "
             f"{escape(str(p.get('stream')))}:{p.get('position')}: the steps before it replay"
@@ -279,7 +283,7 @@ class RunView:
         )
 
 
-def _activity(event: Mapping[str, Any], p: Mapping[str, Any], current: str) -> str:
+def _activity(event: Mapping[str, object], p: Mapping[str, Any], current: str) -> str:
     kind = event.get("type")
     if kind == "ModelCallRecorded":
         calls = (p.get("response") or {}).get("tool_calls")

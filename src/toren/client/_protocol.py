@@ -34,7 +34,7 @@ class Call(Generic[T]):
     path: str
     parse: Callable[[Any], T]
     params: Mapping[str, Any] | None = None
-    json: Any = None
+    json: object = None
     headers: Mapping[str, str] | None = None
     has_body: bool = False
 
@@ -43,16 +43,16 @@ def _run_path(run_id: str, suffix: str = "") -> str:
     return f"/v1/runs/{quote(run_id, safe='')}{suffix}"
 
 
-def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
+def _drop_none(values: Mapping[str, object]) -> dict[str, object]:
     return {k: v for k, v in values.items() if v is not None}
 
 
 def start_run(
     agent: str,
-    input: Any,
+    input: object,
     process: str,
     idempotency_key: str | None,
-    flow: Mapping[str, Any] | None = None,
+    flow: Mapping[str, object] | None = None,
 ) -> Call[Run]:
     body = _drop_none(
         {"agent": agent, "process": process, "idempotency_key": idempotency_key, **(flow or {})}
@@ -88,7 +88,7 @@ def events(run_id: str, after: int, limit: int) -> Call[EventPage]:
     )
 
 
-def send_message(run_id: str, name: str, payload: Any) -> Call[int]:
+def send_message(run_id: str, name: str, payload: object) -> Call[int]:
     return Call(
         "POST",
         _run_path(run_id, "/messages"),
@@ -115,11 +115,11 @@ def retry(run_id: str, max_steps: int | None, max_cost_usd: float | None) -> Cal
     return Call("POST", _run_path(run_id, "/retry"), Run.from_json, json=body, has_body=True)
 
 
-UNSET: Any = object()  # fork without ``input``: the source run's input
+UNSET: object = object()  # fork without ``input``: the source run's input
 
 
-def fork(run_id: str, at: str, input: Any) -> Call[Run]:
-    body: dict[str, Any] = {"at": at}
+def fork(run_id: str, at: str, input: object) -> Call[Run]:
+    body: dict[str, object] = {"at": at}
     if input is not UNSET:
         body["input"] = input
     return Call("POST", _run_path(run_id, "/fork"), Run.from_json, json=body, has_body=True)
@@ -267,7 +267,7 @@ def raise_for_status(response: httpx.Response, redact: Redactor) -> None:
 
 
 def api_error(
-    redact: Redactor, status: int, code: str, message: str, details: Any = None
+    redact: Redactor, status: int, code: str, message: str, details: object = None
 ) -> TorenAPIError:
     return TorenAPIError(status, code, redact.text(message), redact(details))
 

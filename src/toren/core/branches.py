@@ -50,7 +50,7 @@ UNKNOWN: Final[VerdictState] = "unknown"  # this interpreter's asyncio is laid o
 @dataclass
 class Verdict:
     state: VerdictState
-    futures: list[asyncio.Future[Any]] = field(default_factory=list)  # what BUSY waits on
+    futures: list[asyncio.Future[object]] = field(default_factory=list)  # what BUSY waits on
     inferred: bool = False  # the fallback read asyncio's internals for some task
 
 
@@ -59,7 +59,7 @@ class _Join:
     """A task waiting in a Toren combinator for ``tasks``: it wakes when all are done or,
     with ``first_exception``, when one raised (``asyncio.wait``'s own contract)."""
 
-    tasks: Sequence[asyncio.Future[Any]]
+    tasks: Sequence[asyncio.Future[object]]
     first_exception: bool
 
     def wakes(self) -> bool:
@@ -78,11 +78,11 @@ class Branches:
     __slots__ = ("_groups", "_joins", "_parked")
 
     def __init__(self) -> None:
-        self._parked: dict[asyncio.Task[Any], asyncio.Future[Any]] = {}
-        self._joins: dict[asyncio.Task[Any], _Join] = {}
+        self._parked: dict[asyncio.Task[object], asyncio.Future[object]] = {}
+        self._joins: dict[asyncio.Task[object], _Join] = {}
         # The branches of the task groups a task has open, whatever the task itself
         # awaits meanwhile (its body may wait on a message while they work).
-        self._groups: dict[asyncio.Task[Any], list[Sequence[asyncio.Future[Any]]]] = {}
+        self._groups: dict[asyncio.Task[object], list[Sequence[asyncio.Future[object]]]] = {}
 
     @contextmanager
     def parked(self, future: asyncio.Future[Any]) -> Iterator[None]:
@@ -99,7 +99,7 @@ class Branches:
 
     @contextmanager
     def joining(
-        self, tasks: Sequence[asyncio.Future[Any]], *, first_exception: bool
+        self, tasks: Sequence[asyncio.Future[object]], *, first_exception: bool
     ) -> Iterator[None]:
         """Around the current task's wait for ``tasks`` (all of them or, with
         ``first_exception``, until one raises) in a Toren combinator."""
@@ -117,18 +117,22 @@ class Branches:
             else:
                 self._joins[task] = outer
 
-    def open_group(self, owner: asyncio.Task[Any], tasks: Sequence[asyncio.Future[Any]]) -> None:
+    def open_group(
+        self, owner: asyncio.Task[object], tasks: Sequence[asyncio.Future[object]]
+    ) -> None:
         """``owner`` entered a task group whose branches are (and will be) ``tasks``."""
         self._groups.setdefault(owner, []).append(tasks)
 
-    def close_group(self, owner: asyncio.Task[Any], tasks: Sequence[asyncio.Future[Any]]) -> None:
+    def close_group(
+        self, owner: asyncio.Task[object], tasks: Sequence[asyncio.Future[object]]
+    ) -> None:
         groups = self._groups.get(owner, [])
         if any(g is tasks for g in groups):
             groups[:] = [g for g in groups if g is not tasks]
         if not groups:
             self._groups.pop(owner, None)
 
-    def owned(self, task: asyncio.Task[Any]) -> list[asyncio.Future[Any]]:
+    def owned(self, task: asyncio.Task[object]) -> list[asyncio.Future[object]]:
         """The unfinished branches of the task groups ``task`` has open."""
         return [t for group in self._groups.get(task, ()) for t in group if not t.done()]
 
@@ -136,10 +140,10 @@ class Branches:
         """How many tasks the engine holds facts about (0 once every branch unwound)."""
         return len(self._parked) + len(self._joins) + len(self._groups)
 
-    def tasks(self) -> set[asyncio.Future[Any]]:
+    def tasks(self) -> set[asyncio.Future[object]]:
         """Every task the facts name: parked, joining, the branches joined, the owners of
         open task groups and their branches."""
-        found: set[asyncio.Future[Any]] = {*self._parked, *self._joins, *self._groups}
+        found: set[asyncio.Future[object]] = {*self._parked, *self._joins, *self._groups}
         for join in self._joins.values():
             found.update(join.tasks)
         for groups in self._groups.values():
@@ -147,7 +151,7 @@ class Branches:
                 found.update(group)
         return found
 
-    def fact(self, task: asyncio.Task[Any]) -> tuple[bool, list[asyncio.Future[Any]]] | None:
+    def fact(self, task: asyncio.Task[object]) -> tuple[bool, list[asyncio.Future[object]]] | None:
         """``(ready, branches to look at)`` for a task the engine was told about, or None.
         A parked task whose future is done (cancelled: the run stops) is ready; so is a
         joining task whose wait is over. Otherwise a parked task is idle, and a joining
@@ -166,7 +170,7 @@ _WAITER = "_fut_waiter"  # the future a CPython task is blocked on (None: ready 
 _CHILDREN = "_children"  # the futures an asyncio.gather future waits for
 
 
-def _combinator_children(frame: FrameType) -> list[Any] | None:
+def _combinator_children(frame: FrameType) -> list[object] | None:
     """The futures an asyncio combinator frame is waiting for, or None (not a combinator,
     or not laid out as expected: the walk then goes on down the await chain)."""
     code = frame.f_code
@@ -188,9 +192,9 @@ def _combinator_children(frame: FrameType) -> list[Any] | None:
     return found
 
 
-def _frames(task: asyncio.Task[Any]) -> Iterator[FrameType]:
+def _frames(task: asyncio.Task[object]) -> Iterator[FrameType]:
     """The frames of a task's await chain, outermost first."""
-    coro: Any = task.get_coro()
+    coro: object = task.get_coro()
     seen = 0
     while coro is not None and seen < 1000:
         seen += 1

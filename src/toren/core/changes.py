@@ -41,10 +41,10 @@ class Change:
     text: str
     name: str | None = None
     index: int | None = None
-    old: Any = None
-    new: Any = None
+    old: object = None
+    new: object = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "part": self.part,
             "text": self.text,
@@ -69,7 +69,7 @@ def live_model_parts(request: ModelRequest, hashed: HashedRequest) -> RequestPar
     )
 
 
-def body_parts(kind: StepKind, body: Mapping[str, Any]) -> RequestParts:
+def body_parts(kind: StepKind, body: Mapping[str, object]) -> RequestParts:
     return RequestParts(kind, dict(body))
 
 
@@ -147,7 +147,7 @@ def _tool_changes(
 
 
 def _dict_changes(
-    old: Mapping[str, Any], new: Mapping[str, Any], label: str | None = None
+    old: Mapping[str, object], new: Mapping[str, object], label: str | None = None
 ) -> list[Change]:
     found = []
     for key in sorted({*old, *new}):
@@ -174,11 +174,11 @@ def _dict_changes(
     return found
 
 
-_ABSENT: Any = object()
+_ABSENT: object = object()
 _WORDS = {"param": "parameter"}
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     """Equal as the digest sees it: 1, 1.0 and True are three different values."""
     try:
         return canonical_json(a) == canonical_json(b)
@@ -186,7 +186,7 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     try:
         text = canonical_json(value).decode("utf-8")
     except Exception:
@@ -198,8 +198,8 @@ def _show(value: Any) -> str:
 
 
 def explain_invalidations(
-    events: Sequence[Event], blobs: Mapping[str, Any]
-) -> list[dict[str, Any]]:
+    events: Sequence[Event], blobs: Mapping[str, object]
+) -> list[dict[str, object]]:
     """For every ``StreamInvalidated`` of a run's log, what differs between the superseded
     request at ``from_pos`` and the request recorded there afterwards (when the new step
     has been recorded: a run invalidated by a deploy and not yet resumed has none)."""
@@ -212,7 +212,7 @@ def explain_invalidations(
         payload = event.payload
         if not isinstance(payload, StreamInvalidated):
             continue
-        entry: dict[str, Any] = {
+        entry: dict[str, object] = {
             "seq": event.seq,
             "stream": event.stream,
             "from_pos": payload.from_pos,
@@ -238,9 +238,9 @@ def _explain(
     payload: StreamInvalidated,
     before: RecordedStep | None,
     after: RecordedStep | None,
-    blobs: Mapping[str, Any],
+    blobs: Mapping[str, object],
     names: Sequence[str],
-) -> tuple[list[dict[str, Any]], str | None]:
+) -> tuple[list[dict[str, object]], str | None]:
     if payload.cause == InvalidationCause.PARENT_INVALIDATED:
         return [], "the step that spawned this stream was invalidated"
     if payload.cause == InvalidationCause.STREAM_ENDED:

@@ -54,7 +54,7 @@ _MODEL_HEAD = _REQUEST_PREFIX + b'{"body":{"messages":['
 _MODEL_TAIL = b',"kind":"' + StepKind.MODEL.value.encode("ascii") + b'"}'
 
 
-def _as_dict(value: Any) -> Any:
+def _as_dict(value: object) -> object:
     # json's encoder knows dict, list and tuple; other Mappings pass through here.
     if isinstance(value, Mapping):
         return dict(value)
@@ -66,7 +66,7 @@ _encoder = json.JSONEncoder(
 )
 
 
-def _check(value: Any, path: str) -> None:
+def _check(value: object, path: str) -> None:
     """Refuse values whose JSON form is not canonical (sets, bytes, NaN, non-str keys)."""
     if value is None or isinstance(value, (str, bool, int)):
         return
@@ -90,7 +90,7 @@ def _check(value: Any, path: str) -> None:
     )
 
 
-def canonical_json(value: Any) -> bytes:
+def canonical_json(value: object) -> bytes:
     """The canonical byte form of a JSON value (see the module docstring).
 
     Plain values without floats go through orjson with sorted keys, whose bytes for
@@ -109,7 +109,7 @@ def canonical_json(value: Any) -> bytes:
     return _utf8(value)
 
 
-def _utf8(value: Any) -> bytes:
+def _utf8(value: object) -> bytes:
     text = _encoder.encode(value)
     try:
         return text.encode("utf-8")
@@ -120,7 +120,7 @@ def _utf8(value: Any) -> bytes:
         return _encoder.encode(repair(value)).encode("utf-8")
 
 
-def reference_canonical_json(value: Any) -> bytes:
+def reference_canonical_json(value: object) -> bytes:
     """The canonical form by the reference encoder alone (what :func:`canonical_json`
     must equal byte for byte; used by the differential test)."""
     _check(value, "$")
@@ -131,24 +131,24 @@ def _sha(prefix: bytes, body: bytes) -> str:
     return hashlib.sha256(prefix + body).hexdigest()
 
 
-def message_hash(message: Mapping[str, Any]) -> str:
+def message_hash(message: Mapping[str, object]) -> str:
     """The content address of one message; also its key in the ``blobs`` table."""
     return _sha(_MESSAGE_PREFIX, canonical_json(message))
 
 
-def tool_spec_hash(spec: ToolSpec | Mapping[str, Any]) -> str:
+def tool_spec_hash(spec: ToolSpec | Mapping[str, object]) -> str:
     data = spec.to_dict() if isinstance(spec, ToolSpec) else spec
     return _sha(_TOOL_PREFIX, canonical_json(data))
 
 
-def semantic_params(params: Mapping[str, Any]) -> dict[str, Any]:
+def semantic_params(params: Mapping[str, object]) -> dict[str, object]:
     """Request parameters that change what is asked; transport settings are dropped."""
     if type(params) is dict and TRANSPORT_PARAMS.isdisjoint(params):
         return dict(params)  # the common case: nothing to drop
     return {k: v for k, v in params.items() if k not in TRANSPORT_PARAMS}
 
 
-def request_digest(kind: StepKind, body: Mapping[str, Any]) -> str:
+def request_digest(kind: StepKind, body: Mapping[str, object]) -> str:
     """Digest of a step request: its kind plus a JSON body of the step's exact inputs."""
     # str(): the kind's plain string, the same bytes, and a value canonical_json's fast
     # path takes (it takes exact types only; an enum member would go the slow way).
@@ -157,7 +157,7 @@ def request_digest(kind: StepKind, body: Mapping[str, Any]) -> str:
 
 def model_request_body(
     request: ModelRequest, message_hashes: Sequence[str], tool_hashes: Sequence[str]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {"messages": list(message_hashes), **_body_without_messages(request, tool_hashes)}
 
 
@@ -237,7 +237,7 @@ class HashCache:
     __slots__ = ("_bodies", "_entries", "_frozen", "_lists", "_prefixes", "_tools")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[Any, Any, str]] = {}
+        self._entries: dict[int, tuple[object, object, str]] = {}
         self._frozen: dict[int, tuple[Message, str]] = {}
         self._lists: dict[str, tuple[list[str], Any]] = {}
         self._bodies: dict[str, bytes] = {}  # canonical bodies hashed since last taken
@@ -246,9 +246,9 @@ class HashCache:
         # ones are immutable Messages or pinned plain dicts; the pin of those dicts).
         self._prefixes: dict[int, tuple[Sequence[Any], list[int], list[str], int, Pinned]] = {}
         # The last request's tool specs (kept alive), their fields, hashes and pin.
-        self._tools: tuple[tuple[Any, ...], list[Any], list[str], Pinned] | None = None
+        self._tools: tuple[tuple[object, ...], list[object], list[str], Pinned] | None = None
 
-    def message(self, message: Mapping[str, Any]) -> str:
+    def message(self, message: Mapping[str, object]) -> str:
         if type(message) is Message:
             hit = self._frozen.get(id(message))
             if hit is not None and hit[0] is message:
@@ -258,7 +258,7 @@ class HashCache:
             return digest
         return self._lookup(message, self._hash_message)
 
-    def _hash_message(self, message: Mapping[str, Any]) -> str:
+    def _hash_message(self, message: Mapping[str, object]) -> str:
         body = canonical_json(message)
         digest = _sha(_MESSAGE_PREFIX, body)
         if len(self._bodies) > 10_000:
@@ -271,10 +271,10 @@ class HashCache:
         it again), or None."""
         return self._bodies.pop(digest, None)
 
-    def tool(self, spec: ToolSpec | Mapping[str, Any]) -> str:
+    def tool(self, spec: ToolSpec | Mapping[str, object]) -> str:
         return self._lookup(spec, tool_spec_hash)
 
-    def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    def messages(self, messages: Sequence[Mapping[str, object]]) -> list[str]:
         """The hashes of a request's messages. When the request starts with the same
         objects as an earlier one (a growing conversation), immutable :class:`Message`
         objects or plain dicts pinned unchanged since (see :class:`Pinned`), their hashes
@@ -311,7 +311,7 @@ class HashCache:
             self._prefixes[ids[0]] = (kept, ids, hashes, leading, pin)
         return hashes
 
-    def tools(self, specs: Sequence[ToolSpec | Mapping[str, Any]]) -> list[str]:
+    def tools(self, specs: Sequence[ToolSpec | Mapping[str, object]]) -> list[str]:
         """The hashes of a request's tool specs: the previous request's, when it passed
         the very same :class:`ToolSpec` objects and they are pinned unchanged (an agent
         passes the same specs on every call)."""
@@ -358,7 +358,7 @@ class HashCache:
         self._lists[key] = (msgs, state.copy())
         return state
 
-    def _lookup(self, obj: Any, compute: Any) -> str:
+    def _lookup(self, obj: object, compute: Any) -> str:
         entry = self._entries.get(id(obj))
         shape = _shape(obj)
         if entry is not None and entry[0] is obj and entry[1] == shape:
@@ -392,18 +392,18 @@ class Pinned:
     __slots__ = ("_dicts", "_items", "_keys", "_lens", "_lists", "_sized", "_values")
 
     def __init__(self) -> None:
-        self._dicts: list[dict[str, Any]] = []
-        self._lists: list[list[Any] | tuple[Any, ...]] = []
+        self._dicts: list[dict[str, object]] = []
+        self._lists: list[list[object] | tuple[object, ...]] = []
         self._sized: list[Any] = []  # the dicts and lists in pinning order, for _lens
         self._lens: list[int] = []
         self._keys: list[str] = []
-        self._values: list[Any] = []
-        self._items: list[Any] = []
+        self._values: list[object] = []
+        self._items: list[object] = []
 
     def add(self, value: Any) -> bool:
         """Pin ``value`` too; False (and nothing pinned) if it cannot be pinned."""
         dicts: list[dict[str, Any]] = []
-        lists: list[list[Any] | tuple[Any, ...]] = []
+        lists: list[list[object] | tuple[object, ...]] = []
         stack = [value]
         while stack:
             v = stack.pop()
@@ -443,7 +443,7 @@ class Pinned:
         )
 
 
-def _shape(obj: Any) -> Any:
+def _shape(obj: object) -> object:
     if type(obj) is dict:
         # The common message: a flat dict of strings. A str stands for itself (its type is
         # known); anything else is shaped as below, so the two can never compare equal.

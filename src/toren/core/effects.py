@@ -45,13 +45,15 @@ from toren.errors import ModelCallFailed, StepFailed, ToolFailed, TorenError
 _ZERO = Decimal(0)
 
 
-def error_dict(exc: BaseException) -> dict[str, Any]:
+def error_dict(exc: BaseException) -> dict[str, object]:
     code = exc.code if isinstance(exc, TorenError) else "agent_error"
     message = exc.message if isinstance(exc, TorenError) else str(exc)
     return {"type": type(exc).__name__, "code": code, "message": repair_text(message)}
 
 
-def recorded_error(cls: type[StepFailed], error: Mapping[str, Any], prefix: str = "") -> StepFailed:
+def recorded_error(
+    cls: type[StepFailed], error: Mapping[str, object], prefix: str = ""
+) -> StepFailed:
     """Rebuild the exception of a recorded failed step (live or replayed alike)."""
     details = {k: v for k, v in error.items() if k != "message"}
     return cls(prefix + str(error.get("message", "step failed")), **details)
@@ -69,7 +71,7 @@ def replay_model(step: Step) -> ModelResponse:
     return ModelResponse.from_dict(payload.response or {})
 
 
-def replay_tool(step: Step) -> Any:
+def replay_tool(step: Step) -> object:
     payload = step.first.payload
     assert isinstance(payload, ToolCallRecorded)
     if payload.error is not None:
@@ -78,19 +80,19 @@ def replay_tool(step: Step) -> Any:
     return payload.result
 
 
-def replay_value(step: Step) -> Any:
+def replay_value(step: Step) -> object:
     payload = step.first.payload
     assert isinstance(payload, ValueRecorded)
     return payload.value
 
 
-def replay_message(step: Step) -> Any:
+def replay_message(step: Step) -> object:
     """What a completed message wait received (None: it timed out)."""
     payload = (step.done or step.first).payload
     return payload.payload if isinstance(payload, MessageReceived) else None
 
 
-def replay_child(step: Step) -> Any:
+def replay_child(step: Step) -> object:
     """A completed child's output, or its recorded failure raised again."""
     assert step.done is not None
     done = step.done.payload
@@ -185,7 +187,7 @@ async def call_model(
     """Call the model once (the provider retries what it may) and build its record."""
     started = monotonic()
     response: ModelResponse | None = None
-    error: dict[str, Any] | None = None
+    error: dict[str, object] | None = None
     try:
         call = provider.complete(request, on_delta=on_delta)
         if program.limits.step_timeout is None:
@@ -226,7 +228,7 @@ async def call_model(
 
 async def call_tool(
     name: str,
-    args: dict[str, Any],
+    args: dict[str, object],
     tooldef: ToolDef | None,
     reuse: Step | None,
     program: AgentProgram,
@@ -236,8 +238,8 @@ async def call_tool(
     """Run a tool (or take the superseded identical call's result the journal claimed for
     it) and build its record; a tool's failure is recorded, not raised."""
     started = monotonic()
-    result: Any = None
-    error: dict[str, Any] | None = None
+    result: object = None
+    error: dict[str, object] | None = None
     if reuse is not None:
         reused = reuse.first.payload
         assert isinstance(reused, ToolCallRecorded)
@@ -267,7 +269,7 @@ async def call_tool(
     return with_response_digest(payload)
 
 
-def tool_result(payload: ToolCallRecorded, seq: int) -> Any:
+def tool_result(payload: ToolCallRecorded, seq: int) -> object:
     """A live tool call's answer to the code: its result, or its failure raised."""
     if payload.error is not None:
         failed = recorded_error(ToolFailed, payload.error, f"tool {payload.name!r} failed: ")
@@ -280,7 +282,7 @@ def make_value(
 ) -> ValueRecorded:
     """``ctx.now()`` / ``ctx.random()`` / ``ctx.uuid()``, live, from injected sources."""
     if what == "now":
-        value: Any = now()
+        value: object = now()
     elif what == "random":
         value = random()
     else:
@@ -311,14 +313,14 @@ async def timed(aw: Awaitable[Any], program: AgentProgram, what: str) -> Any:
         return await asyncio.wait_for(aw, timeout)
     except TimeoutError as exc:
         cls = ModelCallFailed if what == "model call" else ToolFailed
-        details: dict[str, Any] = {"timeout": timeout}
+        details: dict[str, object] = {"timeout": timeout}
         usage = usage_cut_off(exc)  # billed before the timeout cut the call off
         if usage is not None:
             details["usage"] = usage.to_dict()
         raise cls(f"{what} timed out after {timeout}s (limits.step_timeout)", **details) from None
 
 
-def repaired_response(response: ModelResponse) -> tuple[ModelResponse, dict[str, Any]]:
+def repaired_response(response: ModelResponse) -> tuple[ModelResponse, dict[str, object]]:
     """The response with strings that are not valid Unicode repaired (core/text.py), so
     that it can be recorded and replays as the agent saw it live; and its recorded form."""
     data = response.to_dict()
@@ -326,7 +328,7 @@ def repaired_response(response: ModelResponse) -> tuple[ModelResponse, dict[str,
     return (response, data) if fixed is data else (ModelResponse.from_dict(fixed), fixed)
 
 
-def json_value(value: Any, what: str) -> Any:
+def json_value(value: object, what: str) -> object:
     """A plain JSON copy of a value produced by agent code or a tool, as it is recorded:
     strings that are not valid Unicode repaired (see toren.core.text)."""
     try:
@@ -343,7 +345,7 @@ def json_value(value: Any, what: str) -> Any:
         ) from None
 
 
-async def _call_tool(tooldef: ToolDef, args: Mapping[str, Any]) -> Any:
+async def _call_tool(tooldef: ToolDef, args: Mapping[str, object]) -> object:
     if inspect.iscoroutinefunction(tooldef.fn):
         return await tooldef.fn(**args)
     result = await asyncio.to_thread(tooldef.fn, **args)
@@ -352,7 +354,7 @@ async def _call_tool(tooldef: ToolDef, args: Mapping[str, Any]) -> Any:
     return result
 
 
-def reported_usage(error: Mapping[str, Any] | None) -> Usage:
+def reported_usage(error: Mapping[str, object] | None) -> Usage:
     """The usage a failed model call had reported before it failed: the provider's
     ``ModelCallFailed`` carries it as ``details["usage"]`` (see toren.providers._retry)."""
     reported = (error or {}).get("usage")
@@ -362,5 +364,5 @@ def reported_usage(error: Mapping[str, Any] | None) -> Usage:
     return Usage(_count_of(reported.get("input_tokens")), _count_of(reported.get("output_tokens")))
 
 
-def _count_of(value: Any) -> int:
+def _count_of(value: object) -> int:
     return value if type(value) is int and value > 0 else 0

@@ -31,11 +31,11 @@ class Payload:
 
     TYPE: ClassVar[str] = ""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)  # the dataclass fields (ClassVars live on the class)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Payload:
+    def from_dict(cls, data: Mapping[str, object]) -> Payload:
         """Read a stored payload; fields a newer release added are ignored. Built without
         the dataclass ``__init__`` (a frozen init costs a ``setattr`` per field): replay
         reads every event of a run at the start of every tick."""
@@ -75,7 +75,7 @@ class RunStarted(Payload):
     TYPE: ClassVar[str] = "RunStarted"
     agent: str = ""
     process: str = "main"
-    input: Any = None
+    input: object = None
     # A scheduled run's origin, {"id": ..., "nominal": "2026-12-04T09:00:00Z"}; absent
     # (None) for other runs and in logs written before 0.2.
     schedule: dict[str, Any] | None = None
@@ -95,8 +95,8 @@ class ModelCallRecorded(Payload):
     message_list: str | None = None
     message_count: int = 0
     tools: list[str] = field(default_factory=list)
-    params: dict[str, Any] = field(default_factory=dict)
-    response: dict[str, Any] | None = None
+    params: dict[str, object] = field(default_factory=dict)
+    response: dict[str, object] | None = None
     error: dict[str, Any] | None = None
     input_tokens: int = 0
     output_tokens: int = 0
@@ -133,8 +133,8 @@ class ModelCallCutOff(Payload):
 class ToolCallRecorded(Payload):
     TYPE: ClassVar[str] = "ToolCallRecorded"
     name: str = ""
-    args: dict[str, Any] = field(default_factory=dict)
-    result: Any = None
+    args: dict[str, object] = field(default_factory=dict)
+    result: object = None
     error: dict[str, Any] | None = None
     latency_ms: float = 0.0
     reused_from_seq: int | None = None  # set when a superseded identical call was reused
@@ -147,7 +147,7 @@ class ToolCallRecorded(Payload):
 class ValueRecorded(Payload):
     TYPE: ClassVar[str] = "ValueRecorded"
     what: str = ""  # "now" | "random" | "uuid"
-    value: Any = None
+    value: object = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +176,7 @@ class TimerFired(Payload):
 class MessageReceived(Payload):
     TYPE: ClassVar[str] = "MessageReceived"
     name: str = ""
-    payload: Any = None
+    payload: object = None
     inbox_id: int | None = None
 
 
@@ -184,7 +184,7 @@ class MessageReceived(Payload):
 class ChildStarted(Payload):
     TYPE: ClassVar[str] = "ChildStarted"
     process: str = ""
-    input: Any = None
+    input: object = None
     child_stream: str = ""
     # Set when this child replaces an identical spawn superseded by an invalidation (the
     # spawn moved to another position): the superseded child stream it continues, whose
@@ -195,8 +195,8 @@ class ChildStarted(Payload):
 @dataclass(frozen=True)
 class ChildCompleted(Payload):
     TYPE: ClassVar[str] = "ChildCompleted"
-    output: Any = None
-    error: dict[str, Any] | None = None
+    output: object = None
+    error: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ class RunCompleted(Payload):
 @dataclass(frozen=True)
 class RunFailed(Payload):
     TYPE: ClassVar[str] = "RunFailed"
-    error: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, object] = field(default_factory=dict)
     # The seqs of the recorded step failures that ended the run (the failed step, and for
     # a failed child the child's failed step too): what a retry runs again. Empty when
     # the run ended in agent code or on a limit, with no failed step behind it.
@@ -249,7 +249,7 @@ class RunRetried(Payload):
     TYPE: ClassVar[str] = "RunRetried"
     attempt: int = 1
     failed_seq: int | None = None  # the RunFailed this retry answers
-    error: dict[str, Any] | None = None  # its error, for the record
+    error: dict[str, object] | None = None  # its error, for the record
     retried_seqs: list[int] = field(default_factory=list)
     raise_limits: dict[str, Any] = field(default_factory=dict)
     code_version: str = ""
@@ -282,7 +282,7 @@ class UnknownEvent(Payload):
     """An event of a type this release does not know. Kept, never interpreted."""
 
     TYPE: ClassVar[str] = "?"
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, object] = field(default_factory=dict)
 
 
 EVENT_TYPES: dict[str, type[Payload]] = {
@@ -339,7 +339,7 @@ class Event:
         # The fields themselves (what to_dict copies): dumps only reads them.
         return dumps(payload.raw if isinstance(payload, UnknownEvent) else payload.__dict__)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         """The public JSON shape of an event (HTTP API, ``toren runs events --json``)."""
         return {
             "seq": self.seq,

@@ -15,7 +15,6 @@ import os
 import sysconfig
 import traceback
 from pathlib import Path
-from typing import Any
 
 from toren.core.text import repair_text
 from toren.errors import StepFailed, TorenError
@@ -70,13 +69,13 @@ def trimmed_traceback(exc: BaseException, redactor: Redactor | None = None) -> s
     return redactor.text(text)
 
 
-def failure_dict(exc: BaseException) -> dict[str, Any]:
+def failure_dict(exc: BaseException) -> dict[str, object]:
     """The recorded error of ``exc``: ``{type, code, message}``, plus ``traceback`` when it
     was raised by code (not a Toren error: those say what happened in their message), or
     the traceback a recorded step failure carries (the tool's, the child's). The message
     and traceback of code's own exception are redacted before they are recorded."""
     if isinstance(exc, TorenError):
-        error: dict[str, Any] = {"type": type(exc).__name__, "code": exc.code}
+        error: dict[str, object] = {"type": type(exc).__name__, "code": exc.code}
         error["message"] = repair_text(exc.message)
         carried = exc.details.get("traceback") if isinstance(exc, StepFailed) else None
         if isinstance(carried, str) and carried:

@@ -24,10 +24,9 @@ is a fork too: Toren never rewinds a run's log.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from decimal import Decimal
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import (
@@ -48,10 +47,10 @@ from toren.core.program import AgentResolver
 from toren.core.records import NewRun, RunRecord
 from toren.core.replay import RunLog, Step, step_slot
 from toren.core.runs import new_run_id
-from toren.core.values import RunStatus
+from toren.core.values import RunStatus, usd_to_nano, whole
 from toren.errors import ForkPointNotFound, InvalidInput, RunNotFound, RunNotRetryable
 
-_UNSET: Any = object()
+_UNSET: object = object()
 RETRY_LIMITS = ("max_steps", "max_cost_usd")
 
 
@@ -61,7 +60,7 @@ async def retry_run(
     run_id: str,
     *,
     max_steps: int | None = None,
-    max_cost_usd: float | None = None,
+    max_cost_usd: Decimal | float | str | None = None,
     clock: Clock | None = None,
 ) -> RunRecord:
     """Queue the failed run ``run_id`` again under the code now deployed (see the module
@@ -95,7 +94,7 @@ async def retry_run(
     return await store.retry_run(run_id, event, now=now)
 
 
-def retried_failures(log: RunLog, failure: Any) -> list[int]:
+def retried_failures(log: RunLog, failure: object) -> list[int]:
     """The recorded failures a retry takes out of the views: those ``RunFailed`` names,
     and for a failed child whose own failure it does not name (a run that failed while
     replaying the child's recorded failure), the child stream's latest failure."""
@@ -129,17 +128,26 @@ def _failure_seq(step: Step) -> int | None:
     return None
 
 
-def _limits(**values: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        if value is None:
-            continue
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or not math.isfinite(value) or value <= 0:
-            raise InvalidInput(f"{name} must be a positive number, got {value!r}", field=name)
-        if name == "max_steps" and not float(value).is_integer():
-            raise InvalidInput(f"max_steps must be a whole number, got {value!r}", field=name)
-        out[name] = int(value) if name == "max_steps" else float(value)
+def _limits(*, max_steps: object, max_cost_usd: object) -> dict[str, int]:
+    """The raised limits as the log records them: integers (``max_steps``, and the cost as
+    ``max_cost_nanousd``, integer nano-USD, read as the decimal ``max_cost_usd`` spells),
+    so no float reaches the log. A bad one is :class:`InvalidInput` naming it."""
+    out: dict[str, int] = {}
+    if max_steps is not None:
+        steps = whole(max_steps)
+        if steps is None or steps <= 0:
+            raise InvalidInput(
+                f"max_steps must be a positive whole number, got {max_steps!r}", field="max_steps"
+            )
+        out["max_steps"] = steps
+    if max_cost_usd is not None:
+        nano = usd_to_nano(max_cost_usd)
+        if nano is None or nano <= 0:
+            raise InvalidInput(
+                f"max_cost_usd must be a positive number of USD, got {max_cost_usd!r}",
+                field="max_cost_usd",
+            )
+        out["max_cost_nanousd"] = nano
     return out
 
 
@@ -186,7 +194,7 @@ async def fork_run(
     run_id: str,
     *,
     at: str,
-    input: Any = _UNSET,
+    input: object = _UNSET,
     clock: Clock | None = None,
 ) -> RunRecord:
     """A new run (queued) forked from ``run_id`` at ``at`` (``STREAM:POSITION``): the

@@ -3,13 +3,11 @@ chain of message list nodes in ``blobs`` (see ``ModelCallRecorded``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from toren.core.ports import BlobStore
 from toren.errors import CorruptEventLog
 
 
-async def load_messages(store: BlobStore, node: str | None) -> list[Any]:
+async def load_messages(store: BlobStore, node: str | None) -> list[object]:
     """The full message list a recorded model call sent, oldest first."""
     chain: list[list[str]] = []
     while node is not None:

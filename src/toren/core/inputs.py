@@ -46,7 +46,7 @@ MESSAGE_NAME_HELP = "1 to 255 characters, without control characters (no newline
 _MESSAGE_NAME = re.compile(MESSAGE_NAME_PATTERN)
 
 
-def check_message_name(name: Any) -> str:
+def check_message_name(name: object) -> str:
     """``name`` if it is a valid message name, else :class:`InvalidInput` saying why.
     ``fullmatch``: re's ``$`` also matches before a final newline, pydantic's does not."""
     if not isinstance(name, str) or not _MESSAGE_NAME.fullmatch(name):
@@ -54,7 +54,7 @@ def check_message_name(name: Any) -> str:
     return name
 
 
-def check_depth(value: Any, what: str, root: str) -> None:
+def check_depth(value: object, what: str, root: str) -> None:
     """Raise :class:`InvalidInput` if ``value`` nests objects and arrays more than
     :data:`MAX_JSON_DEPTH` levels deep. ``what`` names the value in the message ("run
     input"), ``root`` starts the path to the place ("input")."""
@@ -91,10 +91,10 @@ def json_data(value: Any, what: str, root: str) -> Any:
         ) from None
 
 
-def _not_unicode(value: Any, what: str, root: str) -> str:
+def _not_unicode(value: object, what: str, root: str) -> str:
     """The message refusing a value with a string that is not valid Unicode, naming where
     (see toren.core.text: what comes from a caller is refused, before anything is paid)."""
-    stack: list[tuple[Any, tuple[Segment, ...]]] = [(value, ())]
+    stack: list[tuple[object, tuple[Segment, ...]]] = [(value, ())]
     where = root
     while stack:
         item, path = stack.pop()
@@ -118,7 +118,7 @@ def _not_unicode(value: Any, what: str, root: str) -> str:
     )
 
 
-def loads(text: str, what: str, root: str) -> Any:
+def loads(text: str, what: str, root: str) -> object:
     """``json.loads(text)``, its value checked with :func:`check_depth`. Text nested too
     deeply for Python's parser is measured as text and refused in the same words.
     A malformed text raises ``ValueError`` as ``json.loads`` does."""
@@ -165,7 +165,7 @@ def _children(node: Any) -> Iterator[tuple[Segment, Any]]:
             yield (key if isinstance(key, int) else str(key)), child
 
 
-def _heights(value: Any) -> dict[int, int] | None:
+def _heights(value: object) -> dict[int, int] | None:
     """How many levels each container of ``value`` holds (itself included), by ``id``; a
     container shared by several parents is measured once. None if ``value`` contains
     itself. Iterative: no depth makes it raise ``RecursionError``."""
@@ -173,7 +173,7 @@ def _heights(value: Any) -> dict[int, int] | None:
     if not isinstance(value, _CONTAINERS):
         return heights
     open_: set[int] = set()  # entered, not finished: the containers around the current one
-    stack: list[tuple[Any, bool]] = [(value, False)]
+    stack: list[tuple[object, bool]] = [(value, False)]
     while stack:
         node, finished = stack.pop()
         key = id(node)
@@ -190,7 +190,7 @@ def _heights(value: Any) -> dict[int, int] | None:
     return heights
 
 
-def _path_to_level(value: Any, heights: dict[int, int], level: int) -> list[Segment]:
+def _path_to_level(value: object, heights: dict[int, int], level: int) -> list[Segment]:
     """The path to the first container (in document order) at ``level``."""
     path: list[Segment] = []
     node, at = value, 1

@@ -60,7 +60,7 @@ def plain_kind(value: Any) -> int:
     return kind
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     """Compact JSON text (``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``
     in meaning; float spelling may differ, e.g. ``1e+16`` vs ``1e16``). For stored
     payloads, never for digests (see :func:`toren.core.digest.canonical_json`)."""

@@ -15,7 +15,7 @@ ALL = "*"
 
 class LiveHub:
     def __init__(self, maxsize: int = 10_000) -> None:
-        self._subs: dict[str, set[asyncio.Queue[dict[str, Any]]]] = defaultdict(set)
+        self._subs: dict[str, set[asyncio.Queue[dict[str, object]]]] = defaultdict(set)
         self._maxsize = maxsize
         # The text streamed so far by each model call in flight, by run and (stream,
         # position): a reader that subscribes mid-stream starts from the whole partial
@@ -46,7 +46,7 @@ class LiveHub:
         elif kind in ("status", "stalled"):
             self._partial.pop(run_id, None)
 
-    def publish(self, run_id: str, item: dict[str, Any]) -> None:
+    def publish(self, run_id: str, item: dict[str, object]) -> None:
         self._track(run_id, item)
         for key in (run_id, ALL):
             for queue in list(self._subs.get(key, ())):
@@ -55,11 +55,11 @@ class LiveHub:
                 queue.put_nowait({"run_id": run_id, **item})
 
     def subscribe(self, run_id: str = ALL) -> asyncio.Queue[dict[str, Any]]:
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(self._maxsize)
+        queue: asyncio.Queue[dict[str, object]] = asyncio.Queue(self._maxsize)
         self._subs[run_id].add(queue)
         return queue
 
-    def unsubscribe(self, run_id: str, queue: asyncio.Queue[dict[str, Any]]) -> None:
+    def unsubscribe(self, run_id: str, queue: asyncio.Queue[dict[str, object]]) -> None:
         self._subs[run_id].discard(queue)
         if not self._subs[run_id]:
             del self._subs[run_id]

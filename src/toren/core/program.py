@@ -16,6 +16,7 @@ from toren.core.flow import Concurrency
 from toren.core.model_types import ToolSpec, Usage
 from toren.core.ports import ModelProvider
 from toren.core.schedule import ScheduleDef
+from toren.core.values import from_nano, retry_limits, to_nano
 from toren.errors import AgentNotFound
 
 if TYPE_CHECKING:
@@ -63,18 +64,20 @@ def usd(value: object) -> Decimal:
     return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
-def raised(limits: Limits, raises: Mapping[str, Any]) -> Limits:
-    """``limits`` with each of ``raises`` (``max_steps``, ``max_cost_usd``, as a retry
-    records them) applied where it is higher. A limit is never lowered (a check that
-    passed when a step was recorded must pass on replay), and an unset one stays unset."""
-    changes: dict[str, Any] = {}
+def raised(limits: Limits, raises: Mapping[str, object]) -> Limits:
+    """``limits`` with each of ``raises`` (a retry's ``raise_limits``, read by
+    :func:`toren.core.values.retry_limits`: ``max_steps``, ``max_cost_nanousd``, or an
+    earlier release's numbers) applied where it is higher. A limit is never lowered (a
+    check that passed when a step was recorded must pass on replay), and an unset one
+    stays unset."""
+    raises = retry_limits(raises)
     steps, wanted_steps = limits.max_steps, raises.get("max_steps")
     if steps is not None and wanted_steps is not None and wanted_steps > steps:
-        changes["max_steps"] = int(wanted_steps)
-    cost, wanted_cost = limits.max_cost_usd, raises.get("max_cost_usd")
-    if cost is not None and wanted_cost is not None and usd(wanted_cost) > cost:
-        changes["max_cost_usd"] = usd(wanted_cost)
-    return replace(limits, **changes) if changes else limits
+        limits = replace(limits, max_steps=wanted_steps)
+    cost, wanted_nano = limits.max_cost_usd, raises.get("max_cost_nanousd")
+    if cost is not None and wanted_nano is not None and wanted_nano > to_nano(cost):
+        limits = replace(limits, max_cost_usd=from_nano(wanted_nano))
+    return limits
 
 
 @dataclass(frozen=True)

@@ -96,10 +96,10 @@ def waited_names(events: Iterable[Event]) -> list[str]:
 # -- blobs --------------------------------------------------------------------------------
 
 
-async def load_blobs(store: BlobStore, events: Sequence[Event]) -> dict[str, Any]:
+async def load_blobs(store: BlobStore, events: Sequence[Event]) -> dict[str, object]:
     """Every blob the model calls of ``events`` reference: their message-list nodes (the
     whole chains), message bodies and tool specs. Missing ones are simply absent."""
-    found: dict[str, Any] = {}
+    found: dict[str, object] = {}
     asked: set[str] = set()
     calls = [e.payload for e in events if isinstance(e.payload, ModelCallRecorded)]
     wanted = {c.message_list for c in calls if c.message_list} | {
@@ -150,7 +150,7 @@ class Derived:
     tools: tuple[tuple[str, str | None], ...] = ()
 
 
-def derive(step: RecordedStep, blobs: Mapping[str, Any], names: Sequence[str] = ()) -> Derived:
+def derive(step: RecordedStep, blobs: Mapping[str, object], names: Sequence[str] = ()) -> Derived:
     kind = step.kind
     payload = step.first.payload
     if isinstance(payload, UnknownEvent) or kind is None:
@@ -226,7 +226,7 @@ def _derive_timed_wait(
     return Derived(StepKind.MESSAGE, found, problem=f"none of the names {list(names)} matched")
 
 
-def _derive_model(payload: ModelCallRecorded, blobs: Mapping[str, Any]) -> Derived:
+def _derive_model(payload: ModelCallRecorded, blobs: Mapping[str, object]) -> Derived:
     chain = _message_hashes(payload.message_list, blobs)
     if isinstance(chain, _Bad):
         return Derived(StepKind.MODEL, **chain.fields())
@@ -263,7 +263,7 @@ class _Bad:
 
 def _named_bodies(
     addresses: Sequence[str],
-    blobs: Mapping[str, Any],
+    blobs: Mapping[str, object],
     what: str,
     address_of: Callable[[Any], str],
     label: str,
@@ -285,7 +285,7 @@ def _named_bodies(
     return found
 
 
-def _message_hashes(node: str | None, blobs: Mapping[str, Any]) -> list[str] | _Bad:
+def _message_hashes(node: str | None, blobs: Mapping[str, object]) -> list[str] | _Bad:
     chain: list[list[str]] = []
     seen: set[str] = set()
     while node is not None:

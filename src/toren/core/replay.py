@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from toren.core.events import (
     ROOT,
@@ -28,7 +27,7 @@ from toren.core.events import (
     TimerScheduled,
     ToolCallRecorded,
 )
-from toren.core.values import StepKind
+from toren.core.values import StepKind, retry_limits
 
 # The step kind each event type belongs to. Kinds are part of the digest too; the kind
 # check catches a step replaced by a different kind of step at the same position.
@@ -160,8 +159,8 @@ class RunLog:
     continues: dict[str, str] = field(default_factory=dict)
     last_seq: int = 0
     retries: int = 0  # RunRetried events folded: new step slots end in ``~retries``
-    # Limits raised by retries (``max_steps``, ``max_cost_usd``): the highest asked for.
-    raised_limits: dict[str, Any] = field(default_factory=dict)
+    # Limits raised by retries (``max_steps``, ``max_cost_nanousd``): the highest asked for.
+    raised_limits: dict[str, int] = field(default_factory=dict)
     forked: RunForked | None = None
 
     def stream(self, name: str) -> StreamView:
@@ -197,9 +196,8 @@ class RunLog:
         seqs = set(retried.retried_seqs)
         for view in self.streams.values():
             view.retry(seqs)
-        for name, value in retried.raise_limits.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.raised_limits[name] = max(value, self.raised_limits.get(name, value))
+        for name, value in retry_limits(retried.raise_limits).items():
+            self.raised_limits[name] = max(value, self.raised_limits.get(name, value))
 
     @classmethod
     def fold(cls, run_id: str, events: Iterable[Event]) -> RunLog:

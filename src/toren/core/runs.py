@@ -6,7 +6,7 @@ import asyncio
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import RunStarted, make_event
@@ -39,27 +39,24 @@ class Started:
     created: bool
 
 
+class StartOptions(TypedDict, total=False):
+    """The keywords :func:`start_run` passes on to :func:`start`."""
+
+    process: str
+    idempotency_key: str | None
+    clock: Clock | None
+
+
 async def start_run(
     store: RunStore,
     agents: AgentResolver,
     agent: str,
-    input: Any = None,
-    *,
-    process: str = "main",
-    idempotency_key: str | None = None,
-    clock: Clock | None = None,
+    input: object = None,
+    **options: Unpack[StartOptions],
 ) -> RunRecord:
-    """Create a run (queued) and wake the workers; the run (see :func:`start`)."""
-    started = await start(
-        store,
-        agents,
-        agent,
-        input,
-        process=process,
-        idempotency_key=idempotency_key,
-        clock=clock,
-    )
-    return started.run
+    """Create a run (queued) and wake the workers; the run. The options (``process``,
+    ``idempotency_key``, ``clock``) and the errors are :func:`start`'s."""
+    return (await start(store, agents, agent, input, **options)).run
 
 
 async def start(
@@ -149,7 +146,7 @@ def _flow(
 
 
 async def send_message(
-    store: RunStore, run_id: str, name: str, payload: Any = None, *, clock: Clock | None = None
+    store: RunStore, run_id: str, name: str, payload: object = None, *, clock: Clock | None = None
 ) -> int:
     """Send the message ``name`` to run ``run_id`` (a run waiting in
     ``ctx.wait_for_message(name)`` continues); the id of the stored message. The checks of

@@ -51,7 +51,7 @@ def repair(value: Any) -> Any:
     return _repair(value)
 
 
-def _repair(value: Any) -> Any:
+def _repair(value: object) -> object:
     if isinstance(value, str):
         return repair_text(value)
     if isinstance(value, dict):

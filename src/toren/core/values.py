@@ -13,6 +13,7 @@ the edges (prices in provider tables, ``max_cost_usd``, API and CLI output), con
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -31,6 +32,48 @@ def to_nano(usd: Decimal | float | str) -> Nano:
     """USD at an edge (a price, a limit, a recorded ``cost_usd``) to nano-USD, rounded half
     to even at the ninth decimal."""
     return int((Decimal(str(usd)) * NANO).to_integral_value())
+
+
+def usd_to_nano(value: object) -> Nano | None:
+    """A USD amount from outside (a number, a ``Decimal`` or its text; not a bool) as
+    nano-USD, read as the decimal it spells (``0.1`` -> 100,000,000); None if it is not a
+    finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        return None
+    try:
+        amount = Decimal(str(value))
+    except ArithmeticError:  # decimal.InvalidOperation: text that is not a number
+        return None
+    return to_nano(amount) if amount.is_finite() else None
+
+
+def whole(value: object) -> int | None:
+    """An integer given as an int or an integral float (``3`` or ``3.0``; not a bool),
+    else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def retry_limits(raises: Mapping[str, object]) -> dict[str, int]:
+    """A ``RunRetried.raise_limits`` as integers: ``max_steps`` and ``max_cost_nanousd``.
+    Logs of earlier releases hold numbers where this one writes integers (``max_steps``
+    3.0) and the cost as USD (``max_cost_usd``: 1.0): both are read. Values of other
+    types, and unknown names (a newer release's), are left out."""
+    out: dict[str, int] = {}
+    steps = whole(raises.get("max_steps"))
+    if steps is not None:
+        out["max_steps"] = steps
+    cost = whole(raises.get("max_cost_nanousd"))
+    if cost is None and isinstance(raises.get("max_cost_usd"), int | float):
+        cost = usd_to_nano(raises["max_cost_usd"])
+    if cost is not None:
+        out["max_cost_nanousd"] = cost
+    return out
 
 
 def from_nano(nano: Nano) -> Decimal:

@@ -194,7 +194,7 @@ class RunVerification:
 def verify_events(
     run_id: str,
     events: Sequence[Event],
-    blobs: Mapping[str, Any],
+    blobs: Mapping[str, object],
     texts: Mapping[int, str] | None = None,
 ) -> RunVerification:
     """The verdict on every step of ``events`` (one run's log in seq order, superseded
@@ -275,7 +275,7 @@ async def verify_runs(store: RunStore, run_ids: Iterable[str]) -> list[RunVerifi
 
 
 def _check_step(
-    step: RecordedStep, blobs: Mapping[str, Any], names: Sequence[str]
+    step: RecordedStep, blobs: Mapping[str, object], names: Sequence[str]
 ) -> list[StepCheck]:
     first = step.first
 

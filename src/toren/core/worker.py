@@ -62,8 +62,13 @@ class WorkerMetrics:
 
 
 class LocalWorkerRuntime:
-    def __init__(self, deps: TickDeps, *, concurrency: int | None = None) -> None:
+    def __init__(
+        self, deps: TickDeps, *, concurrency: int | None = None, only: str | None = None
+    ) -> None:
+        """``only``: claim that run and no other (the worker inside ``toren run`` and
+        ``toren runs resume``, which must not pick up other runs of the database)."""
         self.deps = deps
+        self.only = only
         self.settings = deps.settings
         self.concurrency = concurrency or self.settings.concurrency
         # An explicit, stable worker id (``TickDeps.worker_id`` / ``--worker-id``) lets a
@@ -171,7 +176,11 @@ class LocalWorkerRuntime:
             if free > 0:
                 try:
                     leases = await store.claim(
-                        self.worker_id, free, now=clock.now(), ttl=self.settings.lease.ttl
+                        self.worker_id,
+                        free,
+                        now=clock.now(),
+                        ttl=self.settings.lease.ttl,
+                        only=self.only,
                     )
                 except Exception:
                     log.exception("worker %s: claim failed; retrying", self.worker_id)

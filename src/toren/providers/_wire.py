@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
 
 from toren.errors import InvalidInput
 from toren.providers.base import TRANSPORT_PARAMS, MessageLike, ModelRequest, ToolCall
 
 
-def sampling_params(request: ModelRequest) -> dict[str, Any]:
+def sampling_params(request: ModelRequest) -> dict[str, object]:
     """``request.params`` minus transport settings, which the provider's own config owns
     (a ``stream`` or ``timeout`` smuggled in here would fight the provider's)."""
     return {k: v for k, v in request.params.items() if k not in TRANSPORT_PARAMS}
 
 
-def require(message: MessageLike, key: str) -> Any:
+def require(message: MessageLike, key: str) -> object:
     if key not in message:
         role = message.get("role")
         raise InvalidInput(
@@ -68,7 +67,7 @@ def tool_call_from_value(
     return _garbled(call_id, name, raw, f"a JSON {_json_kind(value)}, not an object")
 
 
-def _not_json(constant: str) -> Any:
+def _not_json(constant: str) -> object:
     # NaN and Infinity are not JSON: recorded, they would fail the next request's digest.
     raise ValueError(f"{constant} is not a JSON value")
 

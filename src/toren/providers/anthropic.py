@@ -16,9 +16,7 @@ Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
 from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -37,13 +35,11 @@ from toren.errors import ProviderUnavailable
 from toren.providers._retry import (
     Attempt,
     MalformedResponse,
-    Rand,
-    Retrying,
     SdkErrors,
-    Sleep,
     decoded,
     parsed,
 )
+from toren.providers._sdk import SdkProvider
 from toren.providers._wire import (
     content_text,
     require,
@@ -56,7 +52,6 @@ from toren.providers.base import (
     MessageLike,
     ModelRequest,
     ModelResponse,
-    RetryPolicy,
     ToolCall,
     ToolSpec,
     Usage,
@@ -73,7 +68,7 @@ _FINISH_REASONS = {
     "max_tokens": "length",
 }
 
-Block = dict[str, Any]
+Block = dict[str, object]
 
 
 # --- wire format: Toren -> Anthropic -------------------------------------------------
@@ -116,7 +111,7 @@ def _turn(message: MessageLike) -> tuple[str, list[Block]]:
     return str(role), _text_blocks(message.get("content"))
 
 
-def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[dict[str, Any]]]:
+def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[dict[str, object]]]:
     """Split out the system prompt and merge same-role neighbours into alternating turns."""
     system = [content_text(m.get("content")) for m in messages if m.get("role") == "system"]
     turns: list[dict[str, Any]] = []
@@ -131,7 +126,7 @@ def wire_messages(messages: tuple[MessageLike, ...]) -> tuple[str | None, list[d
     return ("\n\n".join(system) if system else None), turns
 
 
-def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+def wire_tool(tool: ToolSpec) -> dict[str, object]:
     return {
         "name": tool.name,
         "description": tool.description,
@@ -139,7 +134,7 @@ def wire_tool(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def _params(request: ModelRequest) -> dict[str, Any]:
+def _params(request: ModelRequest) -> dict[str, object]:
     params = sampling_params(request)
     if "stop" in params:
         stop = params.pop("stop")
@@ -147,10 +142,10 @@ def _params(request: ModelRequest) -> dict[str, Any]:
     return params
 
 
-def wire_request(request: ModelRequest) -> dict[str, Any]:
+def wire_request(request: ModelRequest) -> dict[str, object]:
     system, turns = wire_messages(request.messages)
     params = _params(request)
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "model": request.model,
         "messages": turns,
         "max_tokens": params.pop("max_tokens", DEFAULT_MAX_TOKENS),
@@ -316,48 +311,21 @@ def _client(api_key: str | None, base_url: str | None, timeout: float) -> anthro
     return anthropic.AsyncAnthropic(api_key=key, base_url=url, timeout=timeout, max_retries=0)
 
 
-class AnthropicProvider:
-    """:class:`~toren.providers.base.ModelProvider` over the Anthropic messages API.
-
-    ``client`` injects a ready ``AsyncAnthropic`` (its retries are switched off and it
-    is not closed by :meth:`aclose`); ``sleep`` is what waits between retries and ``rand``
-    draws their jitter (both injectable, so tests neither wait nor guess).
-    """
+class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
+    """:class:`~toren.providers.base.ModelProvider` over the Anthropic messages API; the
+    constructor (``client``, ``sleep``, ``rand``) is
+    :class:`~toren.providers._sdk.SdkProvider`'s."""
 
     name = "anthropic"
+    errors = _ERRORS
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 60.0,
-        retry: RetryPolicy = RetryPolicy(),
-        client: anthropic.AsyncAnthropic | None = None,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        rand: Rand = random.random,
-    ) -> None:
-        self._owns_client = client is None
-        base = client if client is not None else _client(api_key, base_url, timeout)
-        self._client = base.with_options(max_retries=0)
-        secret = base.api_key or ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
+    def _connect(
+        self, api_key: str | None, base_url: str | None, timeout: float
+    ) -> anthropic.AsyncAnthropic:
+        return _client(api_key, base_url, timeout)
 
-    async def complete(
-        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
-    ) -> ModelResponse:
-        kwargs = wire_request(request)
-        if on_delta is None:
-            return await self._retrying.call(
-                request.model, lambda attempt: self._create(kwargs, attempt)
-            )
-        return await self._retrying.call(
-            request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
-        )
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.close()
+    def _wire(self, request: ModelRequest) -> dict[str, Any]:
+        return wire_request(request)
 
     async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.messages.with_raw_response.create(**kwargs)

@@ -10,10 +10,8 @@ installed SDK does not know yet still reaches the server.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import random
 from collections.abc import Mapping
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -24,14 +22,14 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.completion_usage import CompletionUsage
 
 from toren.errors import InvalidInput, ProviderUnavailable
-from toren.providers._retry import Attempt, Rand, Retrying, SdkErrors, Sleep, decoded, parsed
+from toren.providers._retry import Attempt, SdkErrors, decoded, parsed
+from toren.providers._sdk import SdkProvider
 from toren.providers._wire import content_text, require, sampling_params, tool_call
 from toren.providers.base import (
     DeltaCallback,
     MessageLike,
     ModelRequest,
     ModelResponse,
-    RetryPolicy,
     ToolCall,
     ToolSpec,
     Usage,
@@ -46,7 +44,7 @@ _PLACEHOLDER_KEY = "no-key"
 # --- wire format: Toren -> OpenAI ----------------------------------------------------
 
 
-def wire_message(message: MessageLike) -> dict[str, Any]:
+def wire_message(message: MessageLike) -> dict[str, object]:
     role = require(message, "role")
     if role == "assistant":
         return _wire_assistant(message)
@@ -59,9 +57,9 @@ def wire_message(message: MessageLike) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k in ("role", "content", "name")}
 
 
-def _wire_assistant(message: MessageLike) -> dict[str, Any]:
+def _wire_assistant(message: MessageLike) -> dict[str, object]:
     calls = [ToolCall.from_dict(c) for c in message.get("tool_calls") or ()]
-    wire: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+    wire: dict[str, object] = {"role": "assistant", "content": message.get("content") or None}
     if calls:
         wire["tool_calls"] = [
             {
@@ -74,12 +72,12 @@ def _wire_assistant(message: MessageLike) -> dict[str, Any]:
     return wire
 
 
-def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+def wire_tool(tool: ToolSpec) -> dict[str, object]:
     return {"type": "function", "function": tool.to_dict()}
 
 
-def wire_request(request: ModelRequest) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
+def wire_request(request: ModelRequest) -> dict[str, object]:
+    kwargs: dict[str, object] = {
         "model": request.model,
         "messages": [wire_message(m) for m in request.messages],
     }
@@ -92,7 +90,7 @@ def wire_request(request: ModelRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _check_n(model: str, params: Mapping[str, Any]) -> None:
+def _check_n(model: str, params: Mapping[str, object]) -> None:
     """Refuse ``n`` other than 1 before anything is sent. The server would generate (and
     bill) ``n`` answers, and a model call records one: keeping the first would silently
     pay for the rest."""
@@ -208,48 +206,21 @@ def _client(api_key: str | None, base_url: str | None, timeout: float) -> openai
     )
 
 
-class OpenAIProvider:
-    """:class:`~toren.providers.base.ModelProvider` over OpenAI chat completions.
-
-    ``client`` injects a ready ``AsyncOpenAI`` (its retries are switched off and it is
-    not closed by :meth:`aclose`); ``sleep`` is what waits between retries and ``rand``
-    draws their jitter (both injectable, so tests neither wait nor guess).
-    """
+class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
+    """:class:`~toren.providers.base.ModelProvider` over OpenAI chat completions; the
+    constructor (``client``, ``sleep``, ``rand``) is
+    :class:`~toren.providers._sdk.SdkProvider`'s."""
 
     name = "openai"
+    errors = _ERRORS
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 60.0,
-        retry: RetryPolicy = RetryPolicy(),
-        client: openai.AsyncOpenAI | None = None,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        rand: Rand = random.random,
-    ) -> None:
-        self._owns_client = client is None
-        base = client if client is not None else _client(api_key, base_url, timeout)
-        self._client = base.with_options(max_retries=0)
-        secret = base.api_key if isinstance(base.api_key, str) else ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
+    def _connect(
+        self, api_key: str | None, base_url: str | None, timeout: float
+    ) -> openai.AsyncOpenAI:
+        return _client(api_key, base_url, timeout)
 
-    async def complete(
-        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
-    ) -> ModelResponse:
-        kwargs = wire_request(request)
-        if on_delta is None:
-            return await self._retrying.call(
-                request.model, lambda attempt: self._create(kwargs, attempt)
-            )
-        return await self._retrying.call(
-            request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
-        )
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.close()
+    def _wire(self, request: ModelRequest) -> dict[str, Any]:
+        return wire_request(request)
 
     async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.chat.completions.with_raw_response.create(**kwargs)

@@ -12,7 +12,6 @@ import importlib
 import inspect
 from collections.abc import Callable
 from importlib.util import find_spec
-from typing import Any
 
 from toren.errors import AgentConfigError, ProviderUnavailable
 from toren.providers.base import ModelProvider
@@ -53,7 +52,7 @@ def available_providers() -> tuple[str, ...]:
     return tuple(name for name, (module, _) in _PROVIDERS.items() if find_spec(module) is not None)
 
 
-def build_provider(name: str, **config: Any) -> ModelProvider:
+def build_provider(name: str, **config: object) -> ModelProvider:
     """Build the provider called ``name`` with its own keyword ``config``."""
     if name not in available_providers():
         raise AgentConfigError(
@@ -81,7 +80,9 @@ def _factory(name: str) -> Callable[..., ModelProvider]:
     return factory
 
 
-def _check_config(name: str, factory: Callable[..., ModelProvider], config: dict[str, Any]) -> None:
+def _check_config(
+    name: str, factory: Callable[..., ModelProvider], config: dict[str, object]
+) -> None:
     # Checked before calling, so a TypeError raised inside a constructor is not mistaken
     # for a bad option.
     try:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 # The built-in model: scripted:echo answers with the last user message, no script needed.
 ECHO_MODEL = "echo"
-ECHO_SCRIPT: Mapping[str, Any] = {"default": {"text": "{last_user}"}}
+ECHO_SCRIPT: Mapping[str, object] = {"default": {"text": "{last_user}"}}
 
 
 class ScriptedProvider:
@@ -50,14 +50,14 @@ class ScriptedProvider:
 
     def __init__(
         self,
-        script: str | Path | Mapping[str, Any] | None = None,
+        script: str | Path | Mapping[str, object] | None = None,
         *,
         base_dir: str | Path | None = None,
         ledger_path: str | Path | None = None,
     ) -> None:
         self._fixed = _load(script) if script is not None else None
         self._base = Path(base_dir) if base_dir is not None else Path.cwd()
-        self._scripts: dict[str, dict[str, Any]] = {}
+        self._scripts: dict[str, dict[str, object]] = {}
         ledger = ledger_path or os.environ.get("TOREN_SCRIPTED_LEDGER")
         self.ledger_path = Path(ledger) if ledger else None
         self.served = 0
@@ -112,7 +112,7 @@ class ScriptedProvider:
             model=request.model,
         )
 
-    def _record(self, request: ModelRequest, fields: Mapping[str, Any]) -> None:
+    def _record(self, request: ModelRequest, fields: Mapping[str, object]) -> None:
         self.served += 1
         if self.ledger_path is None:
             return
@@ -124,7 +124,7 @@ class ScriptedProvider:
             fh.write(line + "\n")
 
 
-def read_ledger(path: str | Path) -> list[dict[str, Any]]:
+def read_ledger(path: str | Path) -> list[dict[str, object]]:
     """The calls a scripted provider served, in order (see ``ledger_path``)."""
     p = Path(path)
     if not p.exists():
@@ -132,7 +132,7 @@ def read_ledger(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text("utf-8").splitlines() if line.strip()]
 
 
-class _Missing(dict[str, Any]):
+class _Missing(dict[str, object]):
     def __missing__(self, key: str) -> str:
         return "{" + key + "}"
 
@@ -200,7 +200,9 @@ def load_script(path: str | Path) -> dict[str, Any]:
     return check_script(data, str(path), lines)
 
 
-def check_script(data: Any, where: str, lines: Mapping[Loc, int] | None = None) -> dict[str, Any]:
+def check_script(
+    data: Any, where: str, lines: Mapping[Loc, int] | None = None
+) -> dict[str, object]:
     """``data`` as a script, or an :class:`AgentConfigError` listing what is wrong."""
     from toren._yamlcheck import config_error
 
@@ -211,13 +213,13 @@ def check_script(data: Any, where: str, lines: Mapping[Loc, int] | None = None) 
     return dict(data)
 
 
-def _problem(path: Loc, value: Any, expected: str) -> Problem:
+def _problem(path: Loc, value: object, expected: str) -> Problem:
     from toren._yamlcheck import Problem, describe_found
 
     return Problem(path, describe_found(value), expected)
 
 
-def _script_problems(data: Any) -> Iterator[Problem]:
+def _script_problems(data: object) -> Iterator[Problem]:
     if not isinstance(data, Mapping):
         yield _problem((), data, SCRIPT_SHAPE)
         return
@@ -234,7 +236,7 @@ def _script_problems(data: Any) -> Iterator[Problem]:
             yield _problem((key,), value, "an integer >= 1 (characters per streamed delta)")
 
 
-def _list_problems(key: str, value: Any) -> Iterator[Problem]:
+def _list_problems(key: str, value: object) -> Iterator[Problem]:
     if not isinstance(value, list):
         example = "[{text: hi}, ...]" if key == "responses" else "[{when: ..., reply: ...}]"
         yield _problem((key,), value, f"a list such as {example}; the script is {SCRIPT_SHAPE}")
@@ -247,7 +249,7 @@ def _list_problems(key: str, value: Any) -> Iterator[Problem]:
             yield from _rule_problems((key, index), item)
 
 
-def _rule_problems(path: Loc, rule: Any) -> Iterator[Problem]:
+def _rule_problems(path: Loc, rule: object) -> Iterator[Problem]:
     expected = "a rule such as {when: {last_user_contains: refund}, reply: {text: ...}}"
     if not isinstance(rule, Mapping) or set(rule) - {"when", "reply"}:
         yield _problem(path, rule, expected)
@@ -263,7 +265,7 @@ def _rule_problems(path: Loc, rule: Any) -> Iterator[Problem]:
         yield from _reply_problems((*path, "reply"), rule["reply"])
 
 
-def _reply_problems(path: Loc, reply: Any) -> Iterator[Problem]:
+def _reply_problems(path: Loc, reply: object) -> Iterator[Problem]:
     if not isinstance(reply, Mapping):
         yield _problem(path, reply, "a reply: a mapping with text and/or tool_calls")
         return
@@ -283,7 +285,7 @@ def _reply_problems(path: Loc, reply: Any) -> Iterator[Problem]:
             yield _problem(here, value, "an integer >= 0 (characters)")
 
 
-def _calls_problems(path: Loc, calls: Any) -> Iterator[Problem]:
+def _calls_problems(path: Loc, calls: object) -> Iterator[Problem]:
     expected = "a tool call such as {name: get_weather, arguments: {city: Paris}}"
     if not isinstance(calls, list):
         yield _problem(path, calls, f"a list of tool calls, each {expected}")
@@ -299,16 +301,16 @@ def _calls_problems(path: Loc, calls: Any) -> Iterator[Problem]:
             yield _problem((*path, index), call, expected)
 
 
-def _number_problems(path: Loc, value: Any, expected: str) -> Iterator[Problem]:
+def _number_problems(path: Loc, value: object, expected: str) -> Iterator[Problem]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
         yield _problem(path, value, expected)
 
 
-def _is_int(value: Any, *, minimum: int) -> bool:
+def _is_int(value: object, *, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def _load(script: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+def _load(script: str | Path | Mapping[str, object]) -> dict[str, object]:
     if isinstance(script, Mapping):
         return check_script(script, "scripted model script (a mapping)")
     return load_script(script)

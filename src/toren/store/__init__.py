@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from toren.errors import StorageError
-from toren.store.base import Lease, Release, RunDelta, RunRecord, Store, WorkerInfo
+from toren.store.base import (
+    Backend,
+    Lease,
+    Release,
+    RetentionStore,
+    RunDelta,
+    RunRecord,
+    Store,
+    WorkerInfo,
+)
 from toren.store.urls import shown_url
 
 DEFAULT_URL = "sqlite:///.toren/toren.db"
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str) -> Backend:
     """The store for ``url`` (``sqlite:///path`` or ``postgresql://...``), not yet migrated."""
     if url.startswith("sqlite:"):
         from toren.store.sqlite import SQLiteStore
@@ -25,7 +34,7 @@ def open_store(url: str) -> Store:
     )
 
 
-async def connect(url: str) -> Store:
+async def connect(url: str) -> Backend:
     """Open and migrate: every start applies the schema (there is no migration step)."""
     store = open_store(url)
     await store.migrate()
@@ -34,8 +43,10 @@ async def connect(url: str) -> Store:
 
 __all__ = [
     "DEFAULT_URL",
+    "Backend",
     "Lease",
     "Release",
+    "RetentionStore",
     "RunDelta",
     "RunRecord",
     "Store",

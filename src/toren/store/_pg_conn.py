@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 from toren.errors import StorageError
-from toren.store.sql import InlineGate, loop_is_idle
+from toren.store.sql import InlineGate, loop_is_idle, woken
 from toren.store.urls import shown_url, without_secrets
 
 T = TypeVar("T")
@@ -104,7 +104,7 @@ class Lanes:
         # Statements that gave up a wait there and took the loop, by reason.
         self.inline_deferred: collections.Counter[str] = collections.Counter()
 
-    def in_tx(self, fn: Callable[[Any], T], write: bool) -> T:
+    def in_tx(self, fn: Callable[[object], T], write: bool) -> T:
         if not self._opened:
             self._pool.open(wait=True, timeout=30)
             self._opened = True
@@ -139,7 +139,7 @@ class Lanes:
         if not self._reachable:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._probe)
 
-    async def run(self, fn: Callable[[Any], T], *, write: bool = True) -> T:
+    async def run(self, fn: Callable[[object], T], *, write: bool = True) -> T:
         if not self._reachable:
             await self.reach()
         loop = asyncio.get_running_loop()
@@ -151,8 +151,8 @@ class Lanes:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
 
     async def fetch(
-        self, sql: str, params: Sequence[Any], *, rows: bool = True, inline_ok: bool = True
-    ) -> list[Any]:
+        self, sql: str, params: Sequence[object], *, rows: bool = True, inline_ok: bool = True
+    ) -> list[object]:
         """One autocommit statement (psycopg's ``%s`` placeholders); all its rows. On the
         inline lane when the gate is open (unless ``inline_ok`` is False: a read of
         unbounded size), else on the fast lane or an async connection."""
@@ -184,8 +184,8 @@ class Lanes:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
 
     def try_inline(
-        self, sql: str, params: Sequence[Any], rows: bool = True, *, turn: bool = False
-    ) -> list[Any] | None:
+        self, sql: str, params: Sequence[object], rows: bool = True, *, turn: bool = False
+    ) -> list[object] | None:
         """The statement's rows if it ran on the inline lane; None if it must go the loop's
         way: the gate is closed, the lane not open yet, or the statement gave up on a wait
         it could not bound (then it did nothing). ``turn``: the caller is a turn of the
@@ -210,7 +210,7 @@ class Lanes:
             self.inline_deferred["statement_timeout"] += 1
             return None
 
-    def _on_inline(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
+    def _on_inline(self, sql: str, params: Sequence[object], rows: bool) -> list[object]:
         """The inline lane: one statement on a connection of its own, run on the event
         loop's thread and waited for there, blocking. Only when the loop has nothing else
         to do (see :class:`InlineGate`): a lone run's step then pays neither the loop's
@@ -262,7 +262,7 @@ class Lanes:
             return
         self._inline = (conn, conn.cursor())
 
-    async def _on_lane(self, sql: str, params: Sequence[Any], rows: bool) -> list[Any]:
+    async def _on_lane(self, sql: str, params: Sequence[object], rows: bool) -> list[object]:
         """The fast lane: one pooled connection kept out of the pool, with its cursor,
         used whenever no other statement is on it (always, for a lone run), so a step
         skips the pool's check-out and check-in. A connection that fails goes back to the
@@ -312,13 +312,7 @@ class Lanes:
             self._wakeup = asyncio.Event()
         if self._listen_task is None:
             self._listen_task = asyncio.create_task(self._listen())
-        woken = True
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except TimeoutError:
-            woken = False
-        self._wakeup.clear()
-        return woken
+        return await woken(self._wakeup, timeout)
 
     async def close(self) -> None:
         self._closed = True

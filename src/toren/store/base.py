@@ -1,14 +1,17 @@
 """The storage interface as the stores see it. The ports (``JournalStore`` for ticks and
 workers, ``RunStore`` for the API and the CLI, ``Store`` for both) and the records that
 cross them are owned by the engine (:mod:`toren.core.ports`, :mod:`toren.core.records`)
-and re-exported here. All SQL of a dialect lives in that dialect's module; shared
-statements (written with ``?`` placeholders, every column named) live in
-:mod:`toren.store.sql`."""
+and re-exported here, beside the retention port (:class:`RetentionStore`: prune, export,
+import) that only the store's own tools use. All SQL of a dialect lives in that dialect's
+module; shared statements (written with ``?`` placeholders, every column named) live in
+:mod:`toren.store.sql` and, for retention, :mod:`toren.store.pruning`."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
 
 from toren.core.ports import JournalStore as JournalStore
 from toren.core.ports import RunStore as RunStore
@@ -27,7 +30,12 @@ from toren.core.values import STATUSES as STATUSES
 from toren.core.values import TERMINAL_STATUSES as TERMINAL_STATUSES
 from toren.core.values import from_nano as from_nano
 from toren.core.values import to_nano as to_nano
-from toren.errors import CorruptRow
+from toren.errors import CorruptRow, InvalidInput
+
+StoredValue: TypeAlias = str | int | float | None
+"""A column's value as a row holds it (text, integer, real or NULL)."""
+Row: TypeAlias = dict[str, StoredValue]
+"""A stored row by column name: what an export carries and an import inserts."""
 
 
 def read_json(
@@ -35,7 +43,7 @@ def read_json(
     table: str,
     column: str,
     error: type[CorruptRow] = CorruptRow,
-    **row: Any,
+    **row: object,
 ) -> Any:
     """The value of a stored JSON column (None for NULL). Unreadable text is ``error``
     naming the table, the row (``row``: its key columns) and the column: a bare decode
@@ -53,3 +61,90 @@ def read_json(
             column=column,
             **row,
         ) from None
+
+
+def check_statuses(statuses: Iterable[str]) -> tuple[str, ...]:
+    """Only finished statuses can be pruned or bulk-exported (none given: all of them)."""
+    chosen = tuple(dict.fromkeys(statuses)) or tuple(sorted(TERMINAL_STATUSES))
+    wrong = [s for s in chosen if s not in TERMINAL_STATUSES]
+    if wrong:
+        raise InvalidInput(
+            f"status {wrong[0]!r} cannot be pruned: only finished runs are "
+            f"({', '.join(sorted(TERMINAL_STATUSES))}); runs in flight or waiting are "
+            "never touched"
+        )
+    return chosen
+
+
+@dataclass
+class PruneResult:
+    """What a prune deleted (``run_ids``: the runs, for one batch)."""
+
+    runs: int = 0
+    events: int = 0
+    inbox: int = 0
+    blobs: int = 0
+    batches: int = 0
+    run_ids: list[str] = field(default_factory=list)
+
+    def add(self, other: PruneResult) -> None:
+        self.runs += other.runs
+        self.events += other.events
+        self.inbox += other.inbox
+        self.blobs += other.blobs
+        self.batches += other.batches
+        self.run_ids += other.run_ids
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "runs": self.runs,
+            "events": self.events,
+            "inbox": self.inbox,
+            "blobs": self.blobs,
+            "batches": self.batches,
+        }
+
+
+@dataclass
+class ExportedRun:
+    """One run whole, as an export carries it and an import inserts it: its row, its
+    events (seq order) and inbox messages (id order) by column name, and every message
+    body its events reference (hash -> body)."""
+
+    row: Row
+    events: list[Row] = field(default_factory=list)
+    inbox: list[Row] = field(default_factory=list)
+    blobs: dict[str, str] = field(default_factory=dict)
+
+
+class RetentionStore(Protocol):
+    """The bulk side of a store, for ``toren runs prune | export | import``
+    (:mod:`toren.store.retention`): each method is one short transaction off the event
+    loop's thread, so a worker sharing the store keeps stepping its runs meanwhile.
+    ``statuses`` are finished statuses (:func:`check_statuses`)."""
+
+    async def count_finished(
+        self, *, before: float, statuses: Sequence[str]
+    ) -> tuple[int, int]: ...
+    async def finished_ids(
+        self, *, before: float, statuses: Sequence[str], after: str, limit: int
+    ) -> list[str]: ...
+    async def prunable_ids(
+        self, *, before: float, statuses: Sequence[str], limit: int
+    ) -> list[str]: ...
+    async def delete_finished(
+        self,
+        *,
+        before: float,
+        statuses: Sequence[str],
+        limit: int,
+        ids: Sequence[str] | None = None,
+    ) -> PruneResult: ...
+    async def sweep_blobs(self, *, page: int = 200) -> int: ...
+    async def export_run(self, run_id: str) -> ExportedRun: ...
+    async def import_run(self, run: ExportedRun) -> bool: ...
+    async def reserve_ids(self, *, seq: int, inbox_id: int) -> None: ...
+
+
+class Backend(Store, RetentionStore, Protocol):
+    """What :func:`toren.store.open_store` returns: the engine's ports and retention."""

@@ -26,7 +26,7 @@ from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
 from toren.store.flow import UNKEYED, claim_keyed
-from toren.store.pruning import Pruning
+from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
     CLAIMABLE,
@@ -34,7 +34,7 @@ from toren.store.sql import (
     RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
     UNBLOCK,
-    SqlStore,
+    Cursor,
     event_params,
     lease_lost,
     loop_is_idle,
@@ -157,7 +157,7 @@ def _consume_sql(n_blobs: int, n_events: int, totals: bool) -> str:
     )
 
 
-def _totals_params(delta: RunDelta | None, now: float) -> list[Any]:
+def _totals_params(delta: RunDelta | None, now: float) -> list[object]:
     d = delta or RunDelta()
     return [
         now,
@@ -323,13 +323,13 @@ class _Append:
 
 
 def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
-    runs: list[list[Any]] = [[] for _ in range(13)]
-    blob_cols: list[list[Any]] = [[], [], [], []]
-    event_cols: list[list[Any]] = [[] for _ in range(13)]
+    runs: list[list[object]] = [[] for _ in range(13)]
+    blob_cols: list[list[object]] = [[], [], [], []]
+    event_cols: list[list[object]] = [[] for _ in range(13)]
     for job in batch:
         lease, d = job.lease, job.delta
         totals = d or RunDelta()
-        row: tuple[Any, ...] = (
+        row: tuple[object, ...] = (
             lease.run_id,
             lease.worker_id,
             lease.epoch,
@@ -350,7 +350,7 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
         # (the statement keeps one per hash after the lease filter, its first writer the
         # lowest run id, and counts the others as shares).
         for key, body in job.blobs.items():
-            blob: tuple[Any, ...] = (lease.run_id, key, body, len(body))
+            blob: tuple[object, ...] = (lease.run_id, key, body, len(body))
             for col, value in zip(blob_cols, blob, strict=True):
                 col.append(value)
         for event in job.events:
@@ -365,11 +365,11 @@ def _append_statement(
     blobs: Mapping[str, str],
     delta: RunDelta | None,
     now: float,
-) -> tuple[str, list[Any]]:
+) -> tuple[str, list[object]]:
     """One step's statement (lease check, blobs, events) and its parameters."""
     fence = FENCE_CHECK if delta is None else FENCE_TOTALS
     sql = _append_sql(len(blobs), len(events), fence)
-    params: list[Any] = [] if delta is None else _totals_params(delta, now)
+    params: list[object] = [] if delta is None else _totals_params(delta, now)
     params += (lease.run_id, lease.worker_id, lease.epoch)
     for key, body in sorted(blobs.items()):  # hash order, as the batch inserts them
         params += (key, body, len(body), lease.run_id)
@@ -389,14 +389,17 @@ def _appended(lease: Lease, events: Sequence[Event], rows: list[Any]) -> list[Ev
 
 def _claim_statement(
     worker_id: str, limit: int, now: float, ttl: float, only: str | None
-) -> tuple[str, tuple[Any, ...]]:
+) -> tuple[str, tuple[object, ...]]:
     if only is None:
         return CLAIM_ANY, (worker_id, now + ttl, now, now, now, limit)
     return CLAIM_ONE, (worker_id, now + ttl, now, now, now, only, limit)
 
 
-class PostgresStore(SqlStore, Pruning):
+class PostgresStore(RetentionSql):
     dialect = "postgres"
+    # Workers pruning at once split the work instead of queueing on each other's rows;
+    # the delete re-checks the same bounds regardless.
+    prune_lock = " FOR UPDATE SKIP LOCKED"
     lease_check_lock = " FOR SHARE"
     run_row_lock = " FOR UPDATE"
 
@@ -436,7 +439,7 @@ class PostgresStore(SqlStore, Pruning):
             out = self._sql_cache[sql] = sql.replace("?", "%s")
         return out
 
-    def _x(self, cur: Any, sql: str, params: Any = ()) -> Any:
+    def _x(self, cur: Any, sql: str, params: object = ()) -> Any:
         cur.execute(self._q(sql), params)
         return cur
 
@@ -444,7 +447,7 @@ class PostgresStore(SqlStore, Pruning):
         return await self.lanes.run(fn, write=write)
 
     async def _fetch_async(
-        self, sql: str, params: Sequence[Any], *, rows: bool = True, inline: bool = True
+        self, sql: str, params: Sequence[object], *, rows: bool = True, inline: bool = True
     ) -> list[Any]:
         return await self.lanes.fetch(self._q(sql), params, rows=rows, inline_ok=inline)
 
@@ -569,7 +572,13 @@ class PostgresStore(SqlStore, Pruning):
         gone: the general path then raises the precise error, ``LeaseLost`` if the lease
         fence fails, checked first, else ``MessageConsumed``)."""
         sql = _consume_sql(len(blobs), len(events), delta is not None)
-        params: list[Any] = [lease.run_id, lease.worker_id, lease.epoch, message_id, lease.run_id]
+        params: list[object] = [
+            lease.run_id,
+            lease.worker_id,
+            lease.epoch,
+            message_id,
+            lease.run_id,
+        ]
         if delta is not None:
             params += _totals_params(delta, now)
         for key, body in sorted(blobs.items()):  # hash order, as every writer inserts them
@@ -693,7 +702,7 @@ class PostgresStore(SqlStore, Pruning):
         inbox takes the generic path (:meth:`_park_on_inbox`)."""
         if release.status == RunStatus.WAITING and release.waiting_for:
             return await self._park_on_inbox(lease, release, now=now)
-        params: list[Any] = [
+        params: list[object] = [
             *release_values(release, now),
             *_totals_params(release.delta, now),
             lease.run_id,
@@ -725,13 +734,38 @@ class PostgresStore(SqlStore, Pruning):
         rows = await self._fetch_async(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
         return run_from_row(rows[0]) if rows else None
 
-    async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
+    async def _event_rows(self, sql: str, params: Sequence[object]) -> list[object]:
         # A whole log can be large: never on the inline lane, which would block the loop
         # for as long as it takes to read (or run into its statement timeout).
         return await self._fetch_async(sql, params, inline=False)
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, self._psycopg.errors.UniqueViolation)
+
+    # -- retention hooks (see toren.store.pruning) --------------------------------------
+
+    def _in(self, values: Sequence[str]) -> tuple[str, list[object]]:
+        # One array parameter: one statement shape whatever the number of values.
+        return "= ANY(?)", [list(values)]
+
+    def _lock_owned_blobs(self, cur: Cursor, clause: str, params: Sequence[object]) -> None:
+        # Every body the deleted runs stored first, locked at once in hash order (the
+        # order in which steps lock the rows they store again), so the statements that
+        # follow take no further lock and cannot deadlock with a step. A step that counted
+        # a body as shared meanwhile has committed when the lock is granted.
+        self._x(
+            cur, f"SELECT hash FROM blobs WHERE run_id {clause} ORDER BY hash FOR UPDATE", params
+        )
+
+    def _advance_sequences(self, cur: Cursor, seq: int, inbox_id: int) -> None:
+        # Rows inserted with their own ids do not move PostgreSQL's sequences.
+        for table, column, top in (("events", "seq", seq), ("inbox", "id", inbox_id)):
+            self._x(
+                cur,
+                "SELECT setval(pg_get_serial_sequence(?, ?), ?) WHERE ? > COALESCE("
+                "pg_sequence_last_value(pg_get_serial_sequence(?, ?)::regclass), 0)",
+                (table, column, top, top, table, column),
+            )
 
     def _claim(
         self, cur: Any, worker_id: str, limit: int, now: float, ttl: float, only: str | None
@@ -782,7 +816,7 @@ class PostgresStore(SqlStore, Pruning):
         rows = await self._fetch_async(NEXT_DUE, (now, now, now))
         return None if not rows or rows[0][0] is None else float(rows[0][0])
 
-    async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int:
+    async def send_message(self, run_id: str, name: str, payload: object, *, now: float) -> int:
         """One statement on the loop (see SEND_MESSAGE)."""
         rows = await self._fetch_async(SEND_MESSAGE, (run_id, name, dumps(payload), now, now))
         if not rows:

@@ -57,7 +57,7 @@ class Cursor(Protocol):
 
     @property
     def rowcount(self) -> int: ...
-    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Cursor: ...
+    def execute(self, sql: str, params: Sequence[object] = ..., /) -> Cursor: ...
     def fetchone(self) -> Any: ...
     def fetchall(self) -> list[Any]: ...
     def __iter__(self) -> Iterator[Any]: ...
@@ -103,7 +103,7 @@ def insert_blobs_sql(count: int) -> str:
     return INSERT_BLOBS.format(rows=", ".join("(?, ?, ?, ?)" for _ in range(count)))
 
 
-def blob_params(run_id: str, blobs: Mapping[str, str]) -> list[Any]:
+def blob_params(run_id: str, blobs: Mapping[str, str]) -> list[object]:
     """The parameters of :func:`insert_blobs_sql` for one run's bodies, in hash order (as
     every writer inserts them, so two statements cannot deadlock on them)."""
     return [v for key, body in sorted(blobs.items()) for v in (key, body, len(body), run_id)]
@@ -226,9 +226,9 @@ class ListedRows:
 
     def __init__(self, size: int = 512) -> None:
         self.size = size
-        self._found: dict[tuple[Any, ...], RunRecord] = {}
+        self._found: dict[tuple[object, ...], RunRecord] = {}
 
-    def records(self, rows: Sequence[Sequence[Any]]) -> list[RunRecord]:
+    def records(self, rows: Sequence[Sequence[object]]) -> list[RunRecord]:
         found = self._found
         out: list[RunRecord] = []
         for row in rows:
@@ -270,7 +270,7 @@ _ENVELOPE_COLUMNS = tuple(c.strip() for c in EVENT_COLUMNS.split(","))[:12]
 assert _ENVELOPE_COLUMNS[-1] == "format_version"  # the payload comes last, parsed apart
 
 
-def event_params(event: Event) -> tuple[Any, ...]:
+def event_params(event: Event) -> tuple[object, ...]:
     return (
         event.run_id,
         event.stream,
@@ -308,7 +308,7 @@ class SqlStore:
     ) -> list[Lease]:
         raise NotImplementedError
 
-    def _x(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor:
+    def _x(self, cur: Cursor, sql: str, params: Sequence[object] = ()) -> Cursor:
         cur.execute(sql, params)
         return cur
 
@@ -437,7 +437,7 @@ class SqlStore:
         shows; the memory and time of a page no longer grow with what runs carry).
         ``updated_after``: only runs whose row changed after that time."""
         where: list[str] = []
-        params: list[Any] = []
+        params: list[object] = []
         for column, value in (("status", status), ("agent", agent), ("process", process)):
             if value is not None:
                 where.append(f"{column} = ?")
@@ -498,8 +498,8 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
-    async def stats(self) -> dict[str, Any]:
-        def tx(cur: Cursor) -> dict[str, Any]:
+    async def stats(self) -> dict[str, object]:
+        def tx(cur: Cursor) -> dict[str, object]:
             by_status = dict(
                 self._x(cur, "SELECT status, COUNT(id) FROM runs GROUP BY status").fetchall()
             )
@@ -530,7 +530,7 @@ class SqlStore:
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
         sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
-        params: tuple[Any, ...] = (run_id, after_seq)
+        params: tuple[object, ...] = (run_id, after_seq)
         if limit is not None:
             sql += " LIMIT ?"
             params = (*params, limit)
@@ -555,18 +555,18 @@ class SqlStore:
         )
         return {int(seq): text for seq, text in rows if isinstance(text, str)}
 
-    async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
-        def tx(cur: Cursor) -> list[Any]:
+    async def _event_rows(self, sql: str, params: Sequence[object]) -> list[Any]:
+        def tx(cur: Cursor) -> list[object]:
             return list(self._x(cur, sql, params).fetchall())
 
         return await self._run(tx, write=False)
 
-    async def get_blobs(self, hashes: Sequence[str]) -> dict[str, Any]:
+    async def get_blobs(self, hashes: Sequence[str]) -> dict[str, object]:
         if not hashes:
             return {}
         marks = ", ".join("?" for _ in hashes)
 
-        def tx(cur: Cursor) -> dict[str, Any]:
+        def tx(cur: Cursor) -> dict[str, object]:
             rows = self._x(
                 cur,
                 f"SELECT hash, body FROM blobs WHERE hash IN ({marks})",
@@ -644,7 +644,7 @@ class SqlStore:
             out.append(with_seq(event, seq))
         return out
 
-    def _insert_event(self, cur: Cursor, sql: str, params: Sequence[Any]) -> int | None:
+    def _insert_event(self, cur: Cursor, sql: str, params: Sequence[object]) -> int | None:
         """Run one of the event inserts above: the new event's seq, or None if it inserted
         nothing (the lease no longer holds)."""
         row = self._x(cur, sql + " RETURNING seq", params).fetchone()
@@ -804,7 +804,7 @@ class SqlStore:
         return stored
 
     async def block(
-        self, lease: Lease, error: dict[str, Any], *, status: str, retry_at: float, now: float
+        self, lease: Lease, error: dict[str, object], *, status: str, retry_at: float, now: float
     ) -> int:
         """Give a run back whose tick failed on an infrastructure error: ``status`` kept
         unfinished, claimable again at ``retry_at`` (at once when a cancel is pending),
@@ -859,7 +859,7 @@ class SqlStore:
 
     # -- inbox and cancellation --------------------------------------------------------
 
-    async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int:
+    async def send_message(self, run_id: str, name: str, payload: object, *, now: float) -> int:
         def tx(cur: Cursor) -> int:
             row = self._x(
                 cur, f"SELECT status FROM runs WHERE id = ?{self.run_row_lock}", (run_id,)
@@ -1044,7 +1044,7 @@ UNBLOCK = "blocked_error = NULL, blocked_attempts = 0, blocked_since = NULL"
 RELEASE_NOT_BEFORE = "not_before = CASE WHEN cancel_requested <> 0 THEN {p} ELSE {p} END"
 
 
-def release_values(release: Release, now: float) -> tuple[Any, ...]:
+def release_values(release: Release, now: float) -> tuple[object, ...]:
     """The run row's (status, not_before if a cancel is pending, not_before otherwise,
     waiting_for, output, error) after a release."""
     terminal = release.status in TERMINAL_STATUSES
@@ -1075,6 +1075,18 @@ def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
     return not getattr(loop, "_ready", True)
 
 
+async def woken(event: asyncio.Event, timeout: float) -> bool:
+    """Wait for ``event`` (True) or ``timeout`` seconds (False), then clear it: how both
+    dialects' ``wait_for_work`` sleep until work is signalled or the poll is due."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        event.clear()
+        return False
+    event.clear()
+    return True
+
+
 INLINE_FOR = 0.005  # s: the longest a store works inline without the loop taking a turn
 
 
@@ -1099,7 +1111,7 @@ class InlineGate:
         self.turn_at = time.monotonic()
 
 
-def new_run_values(run: NewRun) -> tuple[Any, ...]:
+def new_run_values(run: NewRun) -> tuple[object, ...]:
     """A new run row's (id, agent, process, input, idempotency_key, created_at,
     updated_at)."""
     return (

@@ -30,9 +30,9 @@ from urllib.parse import parse_qs, urlsplit
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
 from toren.store.flow import UNKEYED, claim_keyed
-from toren.store.pruning import Pruning
+from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
-from toren.store.sql import CLAIMABLE, Cursor, InlineGate, SqlStore, settle
+from toren.store.sql import CLAIMABLE, Cursor, InlineGate, settle, woken
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
@@ -48,7 +48,7 @@ class _Job:
     ) -> None:
         self.fn, self.write, self.future, self.loop = fn, write, future, loop
 
-    def finish(self, result: Any, error: BaseException | None) -> None:
+    def finish(self, result: object, error: BaseException | None) -> None:
         self.loop.call_soon_threadsafe(settle, self.future, result, error)
 
 
@@ -68,7 +68,7 @@ def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
     return path, options
 
 
-class SQLiteStore(SqlStore, Pruning):
+class SQLiteStore(RetentionSql):
     dialect = "sqlite"
 
     def __init__(self, url: str) -> None:
@@ -232,13 +232,13 @@ class SQLiteStore(SqlStore, Pruning):
 
     @staticmethod
     def _run_group(
-        cur: Cursor, fns: list[Callable[[Cursor], Any]]
+        cur: Cursor, fns: list[Callable[[Cursor], object]]
     ) -> list[tuple[Any, BaseException | None]]:
         """Run each write in its own savepoint of the open transaction, then commit once.
         One write failing (a lease conflict) does not undo the others. A write alone needs
         no savepoint: the transaction is its own."""
         alone = len(fns) == 1
-        outcomes: list[tuple[Any, BaseException | None]] = []
+        outcomes: list[tuple[object, BaseException | None]] = []
         try:
             for fn in fns:
                 if alone:
@@ -273,6 +273,15 @@ class SQLiteStore(SqlStore, Pruning):
         except sqlite3.IntegrityError:
             raise
         except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
+            raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
+
+    async def _bulk(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
+        # Never the group commit on the loop (``_run``): the database thread runs it.
+        try:
+            return await self._on_thread(fn, write=write)
+        except sqlite3.IntegrityError:
+            raise
+        except sqlite3.Error as exc:
             raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
 
     async def _on_thread(self, fn: Callable[[Cursor], T], *, write: bool) -> T:
@@ -352,13 +361,7 @@ class SQLiteStore(SqlStore, Pruning):
         False)."""
         if self._wakeup is None:
             self._wakeup = asyncio.Event()
-        woken = True
-        try:
-            await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except TimeoutError:
-            woken = False
-        self._wakeup.clear()
-        return woken
+        return await woken(self._wakeup, timeout)
 
     def _close_conn(self) -> None:
         if self._conn is not None:

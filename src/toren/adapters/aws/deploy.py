@@ -88,7 +88,7 @@ class DeployRequest:
     yes: bool = False
 
 
-def _boto3_ecr_client(region: str) -> Any:
+def _boto3_ecr_client(region: str) -> object:
     try:
         import boto3
     except ImportError as exc:
@@ -104,7 +104,7 @@ class DeployEnvironment:
     """Everything ``deploy`` touches outside itself; tests pass fakes through click's obj."""
 
     runner: CommandRunner = field(default_factory=SubprocessRunner)
-    ecr_client: Callable[[str], Any] = _boto3_ecr_client
+    ecr_client: Callable[[str], object] = _boto3_ecr_client
     echo: Callable[[str], None] = click.echo
     confirm: Callable[[str], bool] = lambda prompt: click.confirm(prompt, default=False)
 

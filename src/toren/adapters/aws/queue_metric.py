@@ -30,7 +30,7 @@ class QueueDepthPublisher:
         *,
         region: str | None = None,
         interval: float = 60.0,
-        client: Any = None,
+        client: object = None,
     ) -> None:
         self.store = store
         self.deployment = deployment
