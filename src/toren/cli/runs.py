@@ -563,8 +563,8 @@ def stuck_rows(run: Run) -> list[tuple[str, str]]:
             )
         )
     queue = run.queue
-    if queue and run.status == "queued":
-        rows.append(("queued", escape(str(queue.get("reason")))))
+    if queue and run.status == RunStatus.QUEUED:
+        rows.append((RunStatus.QUEUED.value, escape(str(queue.get("reason")))))
     lease = run.lease
     if lease and not run.terminal:
         rows.append(

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from toren.core.flow import Queued
 from toren.core.records import Lease
+from toren.core.values import RunStatus
 
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; sql imports this module)
 
@@ -90,7 +91,7 @@ def claim_keyed(
                 "status = 'running', lease_recoveries = lease_recoveries + ? WHERE id = ?",
                 (worker_id, epoch + 1, now + ttl, int(recovered), run_id),
             )
-            leases.append(Lease(run_id, worker_id, epoch + 1, recovered, "queued"))
+            leases.append(Lease(run_id, worker_id, epoch + 1, recovered, RunStatus.QUEUED))
     return leases
 
 

@@ -398,7 +398,7 @@ class SqlStore:
 
     async def queued_because(self, run: RunRecord) -> Queued | None:
         """Why a queued run of a concurrency key waits (None for any other run)."""
-        if run.status != "queued" or run.concurrency_key is None:
+        if run.status != RunStatus.QUEUED or run.concurrency_key is None:
             return None
         key, limit = run.concurrency_key, run.concurrency_limit or 1
         return await self._run(
