@@ -42,6 +42,7 @@ from toren.core.values import RunStatus
 from toren.core.verify import verify_events
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
+from toren.api.search import SearchIndexer, indexing
 from toren.redact import Redactor, secrets_from_env
 from toren.store.base import RunRecord, Store
 
@@ -66,6 +67,7 @@ def create_app(
     poll_interval: float | None = None,
     secrets: Sequence[str] = (),
     allowed_hosts: Sequence[str] | None = None,
+    search_interval: float = 1.0,
 ) -> FastAPI:
     """The API over ``store`` for the agents ``agents`` resolves.
 
@@ -76,7 +78,9 @@ def create_app(
     ``secrets``: extra strings never to appear in a response (credential-like environment
     variables are always redacted). ``heartbeat`` and ``poll_interval`` tune SSE streams.
     ``allowed_hosts``: the ``Host`` names served (:mod:`toren.api.hosts`; ``"*"`` for any).
-    Default: the loopback names without tokens, any host with them.
+    Default: the loopback names without tokens, any host with them. ``search_interval``:
+    how often the search indexer (:mod:`toren.api.search`) looks for changed runs while
+    the app is served.
     """
     from toren.api.server import check_tokens
 
@@ -92,7 +96,9 @@ def create_app(
             poll_interval=poll_interval or (1.0 if live is not None else 0.25),
         ),
     )
+    indexer = SearchIndexer(store, state.redact, interval=search_interval)
     app = FastAPI(
+        lifespan=lambda _app: indexing(indexer),
         title="Toren",
         version=toren.__version__,
         description="The Toren HTTP API (v1): start, inspect, stream, message and cancel "
@@ -103,6 +109,7 @@ def create_app(
         generate_unique_id_function=lambda route: route.name,
     )
     app.state.toren = state
+    app.state.search_indexer = indexer
     app.state.tokens = tuple(tokens)
     install(app, state.redact)
     for path, endpoint, options in _ROUTES:
@@ -368,8 +375,10 @@ async def list_runs(
         Query(
             max_length=200,
             pattern=r"^[^\x00-\x1f\x7f]*$",
-            description="Only runs whose input contains this text (case-insensitive, "
-            "matched against the input's JSON text; no control characters).",
+            description="Only runs found by this search (docs/http-api.md#search): words "
+            '(all must appear), "quoted phrases", a trailing `*` for a prefix; '
+            "case-insensitive, over each run's redacted search text (agent, input, output, "
+            "error; at most 32 KiB per run). No control characters.",
         ),
     ] = None,
     updated_after: Annotated[

@@ -30,6 +30,7 @@ from toren.core.records import (
     Release,
     RunDelta,
     RunRecord,
+    SearchBacklog,
     WorkerInfo,
 )
 from toren.core.values import RunStatus
@@ -116,6 +117,8 @@ class RunStore(BlobStore, Protocol):
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]: ...
+    async def search_backlog(self, *, since: float, limit: int) -> SearchBacklog: ...
+    async def put_search_texts(self, texts: Sequence[tuple[str, str, str]]) -> None: ...
 
     async def send_message(self, run_id: str, name: str, payload: Any, *, now: float) -> int: ...
     async def request_cancel(self, run_id: str, *, now: float) -> RunRecord: ...
