@@ -183,3 +183,10 @@ class StreamRedactor:
                 if 0 <= start < cut:
                     cut, moved = start, True
         return cut
+
+
+def redact_prefix(redactor: Redactor, text: str) -> str:
+    """``text``, the start of a longer text cut at an arbitrary point (a list's preview),
+    redacted as if whole: secrets in it are replaced, and an end that could be the start
+    of a secret or of a key shape is left out, so that no cut shows part of one."""
+    return StreamRedactor(redactor).feed(text)

@@ -71,3 +71,25 @@ async def test_a_search_without_letters_or_digits_finds_nothing(store: Store) ->
             await _until_found(http, "100", run.id)
             for query in ("%", "***", '""', "_"):
                 assert await _search(http, query) == [], query
+
+
+async def test_a_secret_straddling_the_preview_cut_shows_in_no_prefix(
+    store: Store, monkeypatch: Any
+) -> None:
+    """A list's ``input_summary.preview`` is the first 256 characters of a large input's
+    JSON text; wherever that cut falls in a secret or a key shape, no part of it shows."""
+    key = "sk-proj-QJxW7v0q9ZzY2x5KbNNu"
+    async with serve_api(store, secrets=[PASSWORD], search_interval=60) as api:
+        ids = []
+        for secret in (PASSWORD, key):
+            for pad in range(220, 260):
+                big = {"n": 0, "pad": "a" * pad + " " + secret + " " + "b" * 5000}
+                ids.append((secret, (await api.client.start_run("slow", big)).id))
+        async with api.http() as http:
+            listed = (await http.get("/v1/runs", params={"limit": 200})).json()["runs"]
+        previews = {r["id"]: r["input_summary"]["preview"] for r in listed}
+        for secret, run_id in ids:
+            preview = previews[run_id]
+            assert secret[:3] not in preview, preview
+            for k in range(1, len(secret)):
+                assert not preview.endswith(secret[:k]), (k, preview)

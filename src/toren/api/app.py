@@ -7,6 +7,7 @@ route but ``/v1/health`` needs a token when tokens are configured. Errors are al
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -43,7 +44,7 @@ from toren.core.verify import verify_events
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.api.search import SearchIndexer, indexing
-from toren.redact import Redactor, secrets_from_env
+from toren.redact import Redactor, redact_prefix, secrets_from_env
 from toren.store.base import RunRecord, Store
 
 log = logging.getLogger("toren.api")
@@ -410,6 +411,7 @@ async def list_runs(
         updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
+    runs = [_safe_previews(state.redact, r) for r in runs]
     found = state.pages.page(runs, next_cursor, state.redact)
     if found is not None:
         body, tag = found
@@ -423,6 +425,20 @@ async def list_runs(
     if render.not_modified(if_none_match, tag):
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/json", headers=headers)
+
+
+def _safe_previews(redact: Redactor, run: RunRecord) -> RunRecord:
+    """``run`` with the previews of its summaries redacted before anything renders them:
+    a preview is cut from the stored text, and a secret the cut splits would not be
+    recognised later. The same record when no preview changes (the rendered-page memo
+    keys on it)."""
+    if not run.summaries:
+        return run
+    safe = {k: redact_prefix(redact, v.preview) for k, v in run.summaries.items()}
+    if all(safe[k] == v.preview for k, v in run.summaries.items()):
+        return run
+    summaries = {k: dataclasses.replace(v, preview=safe[k]) for k, v in run.summaries.items()}
+    return dataclasses.replace(run, summaries=summaries)
 
 
 @_route(
