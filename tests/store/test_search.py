@@ -8,8 +8,8 @@ import json
 import time
 from typing import Any
 
-from toren.api.search import TEXT_BUDGET, SearchIndexer, search_text, value_words
 import toren
+from toren.api.search import TEXT_BUDGET, SearchIndexer, search_text, value_words
 from toren.core.records import SearchSource
 from toren.redact import REDACTED, Redactor
 from toren.store import Store

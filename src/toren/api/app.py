@@ -26,6 +26,7 @@ from toren.api.errors import STATUS_CODES, ApiError, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
+from toren.api.search import SearchIndexer, indexing
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.api.state import ApiState
 from toren.core.changes import explain_invalidations
@@ -43,7 +44,6 @@ from toren.core.values import RunStatus
 from toren.core.verify import verify_events
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
-from toren.api.search import SearchIndexer, indexing
 from toren.redact import Redactor, redact_prefix, secrets_from_env
 from toren.store.base import RunRecord, Store
 

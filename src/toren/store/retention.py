@@ -208,6 +208,16 @@ async def prune_batch(
         if not deleted:
             return PruneResult()
         clause, params = _in(store, deleted)
+        if not _postgres(store):
+            # FTS5 over an external content table: rows leave its index by 'delete'.
+            _x(
+                store,
+                cur,
+                "INSERT INTO run_search_fts (run_search_fts, rowid, body) "
+                f"SELECT 'delete', rowid, body FROM run_search WHERE run_id {clause}",
+                params,
+            )
+        _x(store, cur, f"DELETE FROM run_search WHERE run_id {clause}", params)
         events = _x(store, cur, f"DELETE FROM events WHERE run_id {clause}", params).rowcount
         inbox = _x(store, cur, f"DELETE FROM inbox WHERE run_id {clause}", params).rowcount
         if _postgres(store):

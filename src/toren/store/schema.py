@@ -249,9 +249,10 @@ SCHEMA: tuple[Migration, ...] = (
     # One row per run: its search text (redacted and bounded, built by the API's indexer,
     # toren.api.search) and the phase of the run it was built in: ``open`` while the run
     # has no outcome, else its final status. A run whose phase changed since (it finished,
-    # or a retry cleared its outcome) is indexed again; steps alone do not re-index it. Runs without a row are not found by search until the
-    # indexer reaches them. PostgreSQL searches it through a GIN full-text index; SQLite
-    # through the FTS5 table ``run_search_fts`` (rowid = run_search's rowid).
+    # or a retry cleared its outcome) is indexed again; steps alone do not re-index it.
+    # Runs without a row are not found by search until the indexer reaches them.
+    # PostgreSQL searches it through a GIN full-text index; SQLite through the FTS5 table
+    # ``run_search_fts`` (external content: its rowid is run_search's rowid).
     CreateTable(
         "run_search",
         (

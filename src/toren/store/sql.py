@@ -30,6 +30,7 @@ from toren.errors import (
     RunNotFound,
     RunNotRetryable,
 )
+from toren.store import search as search_query
 from toren.store.base import (
     InboxMessage,
     Lease,
@@ -43,7 +44,6 @@ from toren.store.base import (
     WorkerInfo,
     read_json,
 )
-from toren.store import search as search_query
 from toren.store.schema import LIST_COLUMNS, SEARCH_VECTOR, summary_expressions
 
 T = TypeVar("T")
@@ -446,8 +446,9 @@ class SqlStore:
 
     async def search_backlog(self, *, since: float, limit: int) -> SearchBacklog:
         """Runs changed at or after ``since`` whose search text is missing or was built
-        in another phase of the run (``schema``: run_search), oldest change first (at most ``limit``), and the
-        latest ``updated_at`` of any run (where the indexer may move ``since`` to)."""
+        in another phase of the run (``schema``: run_search), oldest change first (at
+        most ``limit``), and the latest ``updated_at`` of any run (where the indexer may
+        move ``since`` to)."""
 
         def tx(cur: Cursor) -> SearchBacklog:
             rows = self._x(cur, SEARCH_BACKLOG, (since, limit)).fetchall()
