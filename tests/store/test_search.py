@@ -124,3 +124,28 @@ def test_a_cut_never_leaves_part_of_a_secret() -> None:
                     found,
                 )
     assert REDACTED.strip("[]") in value_words(json.dumps(f"x {SECRET} y"), redactor, 100)
+
+
+async def test_pruning_a_run_removes_its_search_text(store: Store) -> None:
+    run_id = await _create(store, 1, "ephemeral words")
+    sql_store: Any = store
+
+    def finish(cur: Any) -> None:
+        sql_store._x(
+            cur, "UPDATE runs SET status = 'completed', updated_at = 1 WHERE id = ?", (run_id,)
+        )
+
+    await sql_store._run(finish)
+    await SearchIndexer(store, Redactor()).catch_up()
+    assert await _ids(store, "ephemeral") == [run_id]
+    assert (await store.prune_finished(before=time.time(), limit=10)) == 1  # type: ignore[attr-defined]
+
+    def left(cur: Any) -> list[Any]:
+        rows = sql_store._x(cur, "SELECT run_id FROM run_search").fetchall()
+        if store.url.startswith("sqlite"):  # the FTS index agrees with its content table
+            sql_store._x(
+                cur, "INSERT INTO run_search_fts (run_search_fts) VALUES ('integrity-check')"
+            )
+        return list(rows)
+
+    assert await sql_store._run(left) == []
