@@ -9,8 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
-from .conftest import free_port, sub_env, toren_exe
+from .conftest import free_port, invoke, sub_env, toren_exe
 from .test_serve_hardening import _stop, _wait_healthy
 
 TOKEN = "tok-access-log-0123456789"
@@ -54,3 +55,32 @@ def test_tokens_are_redacted_in_the_access_log(chain: Path, tmp_path: Path, way:
     assert "GET /v1/runs/[redacted] HTTP/1.1" in logged, logged
     warned = "--token on the command line shows in the process list" in logged
     assert warned == (way == "flag"), logged
+
+
+def test_a_rebindable_allowed_host_without_a_token_warns(runner: CliRunner, chain: Path) -> None:
+    """Issue 34 item 4: ``--allowed-host '*'`` (or a name) on a tokenless server names the
+    DNS-rebinding risk. (The port is taken: the command stops right after the check.)"""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for hosts, warned in (("*", True), (".example.com", True), ("127.0.0.1", False)):
+            result = invoke(
+                runner, "serve", "--port", port, "--agents", "chain", "--allowed-host", hosts
+            )
+            assert ("DNS rebinding" in result.stderr) == warned, (hosts, result.stderr)
+            token = "tok-0123456789abcdef"
+            result = invoke(
+                runner,
+                "serve",
+                "--port",
+                port,
+                "--agents",
+                "chain",
+                "--allowed-host",
+                hosts,
+                env={"TOREN_API_TOKEN": token},
+            )
+            assert "DNS rebinding" not in result.stderr, result.stderr

@@ -66,11 +66,19 @@ def allowed_hosts_option(fn: F) -> F:
 
 
 def _allowed_hosts(given: Sequence[str], host: str, tokens: Sequence[str]) -> tuple[str, ...]:
-    from toren.api.hosts import default_allowed_hosts, normalize_host
+    from toren.api.hosts import default_allowed_hosts, normalize_host, rebindable
 
     names = [n.strip() for raw in given for n in raw.split(",") if n.strip()]
     for name in names:
         normalize_host(name)  # a bad entry fails here, before anything starts
+    named = [n for n in names if rebindable(n)]
+    if named and not any(tokens):
+        err().print(
+            f"[yellow]warning:[/] --allowed-host {', '.join(named)} on a server without a "
+            "token: a web page whose DNS name is allowed can rebind that name to this "
+            "address and call the API from the browser (DNS rebinding). Set a token "
+            "(TOREN_API_TOKEN), or allow only IP addresses and localhost"
+        )
     return tuple(names) if names else default_allowed_hosts(host, tokens)
 
 
