@@ -15,20 +15,20 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, TypeVar, cast
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi import FastAPI, Header, Query, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import TypeAdapter
 
 import toren
-from toren.api import metrics, models, render
-from toren.api.errors import STATUS_CODES, ApiError, install
+from toren.api import metrics, models, render, schedules
+from toren.api.errors import ApiError, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
 from toren.api.search import SearchIndexer, indexing
 from toren.api.sse import RunStream, StreamSettings, resume_problem
-from toren.api.state import ApiState
+from toren.api.state import ApiState, State, error_responses
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
 from toren.core.fixforward import fork_run as core_fork_run
@@ -37,11 +37,11 @@ from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
 from toren.core.recorded import load_blobs
-from toren.core.runs import MAX_RUNS_PAGE
+from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
-from toren.core.verify import verify_events
+from toren.core.verify import verify_run as verify_run_report
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, redact_prefix, secrets_from_env
@@ -113,7 +113,7 @@ def create_app(
     app.state.search_indexer = indexer
     app.state.tokens = tuple(tokens)
     install(app, state.redact)
-    for path, endpoint, options in _ROUTES:
+    for path, endpoint, options in [*_ROUTES, *schedules.ROUTES]:
         app.add_api_route(path, endpoint, **options)
     app.add_api_route(
         "/metrics",
@@ -226,20 +226,7 @@ def _drop_null_parameters(schema: dict[str, Any]) -> None:
 # -- plumbing -----------------------------------------------------------------------------
 
 
-async def get_state(request: Request) -> ApiState:
-    # A coroutine: FastAPI would run a plain function in a worker thread, on every request.
-    return cast(ApiState, request.app.state.toren)
-
-
-State = Annotated[ApiState, Depends(get_state)]
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    always = (401, 413, 500)
-    return {
-        s: {"model": models.ErrorBody, "description": STATUS_CODES.get(s, "internal_error")}
-        for s in sorted({*statuses, *always})
-    }
+_errors = error_responses
 
 
 async def _run_or_404(state: ApiState, run_id: str) -> RunRecord:
@@ -314,6 +301,9 @@ async def start_run(
         body.input,
         process=body.process,
         idempotency_key=key,
+        concurrency_key=body.concurrency_key,
+        concurrency_limit=body.concurrency_limit,
+        priority=body.priority,
     )
     run = started.run
     if not started.created:
@@ -450,7 +440,12 @@ def _safe_previews(redact: Redactor, run: RunRecord) -> RunRecord:
     responses=_errors(404),
 )
 async def get_run(run_id: str, state: State) -> dict[str, Any]:
-    return _run(state, await _run_or_404(state, run_id))
+    run = await _run_or_404(state, run_id)
+    shown = _run(state, run)
+    queued = await state.store.queued_because(run)
+    if queued is not None:
+        shown["queue"] = state.redact(queued.to_dict())
+    return shown
 
 
 @_route(
@@ -550,10 +545,12 @@ async def _event_page(
 async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     """Per step: `verified` (the digest re-derives byte for byte from the log),
     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
-    step's seq, stream and position). The rules are docs/digest.md."""
+    step's seq, stream and position); `response`: whether the recorded answer and usage
+    match the step's response digest (`not covered` for events of an earlier version).
+    `chain`: the run's hash chain, with each break's seq and position. `ok` is false on
+    any mismatch or break. The rules are docs/digest.md."""
     await _run_or_404(state, run_id)
-    events = await state.store.load_events(run_id)
-    report = verify_events(run_id, events, await load_blobs(state.store, events))
+    report = await verify_run_report(state.store, run_id)
     return cast(dict[str, Any], state.redact(report.to_dict()))
 
 
@@ -648,7 +645,13 @@ async def send_message(
     if run.terminal:
         raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
     message_id = await core_send_message(state.store, run_id, body.name, body.payload)
-    return {"run_id": run_id, "message_id": message_id}
+    waits = list(run.waiting_for or []) if run.status == RunStatus.WAITING else None
+    return {
+        "run_id": run_id,
+        "message_id": message_id,
+        "waiting_for": waits,
+        "warning": unexpected_message(run_id, body.name, waits),
+    }
 
 
 @_route(
@@ -792,6 +795,7 @@ async def get_metrics(state: State) -> PlainTextResponse:
     stats = {
         **await state.store.stats(),
         "queue_depth": await state.store.queue_depth(now=time.time()),
+        "schedules": await state.store.schedules.all(),
     }
     return PlainTextResponse(metrics.render(stats, state.runtime), media_type=metrics.CONTENT_TYPE)
 

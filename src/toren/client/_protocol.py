@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -16,6 +17,7 @@ import httpx
 from toren.client._errors import (
     TorenAPIError,
     TorenConnectionError,
+    TorenMessageWarning,
     TorenResponseError,
     TorenStreamTimeout,
     TorenTokenError,
@@ -45,8 +47,16 @@ def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def start_run(agent: str, input: Any, process: str, idempotency_key: str | None) -> Call[Run]:
-    body = _drop_none({"agent": agent, "process": process, "idempotency_key": idempotency_key})
+def start_run(
+    agent: str,
+    input: Any,
+    process: str,
+    idempotency_key: str | None,
+    flow: Mapping[str, Any] | None = None,
+) -> Call[Run]:
+    body = _drop_none(
+        {"agent": agent, "process": process, "idempotency_key": idempotency_key, **(flow or {})}
+    )
     body["input"] = input
     return Call("POST", "/v1/runs", Run.from_json, json=body, has_body=True)
 
@@ -82,10 +92,18 @@ def send_message(run_id: str, name: str, payload: Any) -> Call[int]:
     return Call(
         "POST",
         _run_path(run_id, "/messages"),
-        lambda d: int(d["message_id"]),
+        _message_accepted,
         json={"name": name, "payload": payload},
         has_body=True,
     )
+
+
+def _message_accepted(data: Any) -> int:
+    """The message id; the server's ``warning`` (the run waits for other names) as a
+    :class:`TorenMessageWarning` pointing at the caller's ``send_message`` line."""
+    if data.get("warning"):
+        warnings.warn(str(data["warning"]), TorenMessageWarning, stacklevel=5)
+    return int(data["message_id"])
 
 
 def cancel(run_id: str) -> Call[Run]:
@@ -125,6 +143,42 @@ def verify(run_id: str) -> Call[dict[str, Any]]:
 
 def invalidations(run_id: str) -> Call[list[dict[str, Any]]]:
     return Call("GET", _run_path(run_id, "/invalidations"), lambda d: list(d["invalidations"]))
+
+
+def _schedule_path(schedule_id: str, suffix: str = "") -> str:
+    agent, _, name = schedule_id.partition("/")
+    return f"/v1/schedules/{quote(agent, safe='')}/{quote(name, safe='')}{suffix}"
+
+
+def schedules() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/schedules", lambda d: list(d["schedules"]))
+
+
+def get_schedule(schedule_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", _schedule_path(schedule_id), dict)
+
+
+def create_schedule(agent: str, name: str, spec: Mapping[str, Any]) -> Call[dict[str, Any]]:
+    body = {**spec, "agent": agent, "name": name}
+    return Call("POST", "/v1/schedules", dict, json=body, has_body=True)
+
+
+def pause_schedule(schedule_id: str, note: str | None, paused: bool) -> Call[dict[str, Any]]:
+    path = _schedule_path(schedule_id, "/pause" if paused else "/resume")
+    return Call("POST", path, dict, json=_drop_none({"note": note}), has_body=True)
+
+
+def trigger_schedule(schedule_id: str) -> Call[Run]:
+    return Call("POST", _schedule_path(schedule_id, "/trigger"), Run.from_json)
+
+
+def backfill_schedule(schedule_id: str, start: str, end: str) -> Call[dict[str, Any]]:
+    body = {"start": start, "end": end}
+    return Call("POST", _schedule_path(schedule_id, "/backfill"), dict, json=body, has_body=True)
+
+
+def delete_schedule(schedule_id: str) -> Call[None]:
+    return Call("DELETE", _schedule_path(schedule_id), lambda d: None)
 
 
 def needs_tls(base_url: str) -> bool:
@@ -171,6 +225,8 @@ def redactor(token: str | None) -> Redactor:
 
 def result(call: Call[T], response: httpx.Response, redact: Redactor) -> T:
     raise_for_status(response, redact)
+    if response.status_code == 204:  # No Content (a deleted schedule)
+        return call.parse(None)
     what = f"{call.method} {call.path}"
     media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != "application/json":
@@ -351,9 +407,15 @@ class StreamState:
         if msg.event == "delta":
             return Delta.from_json(json.loads(msg.data)) if self.deltas else None
         if msg.event == "end":
-            self.done = True
             run = json.loads(msg.data).get("run")
-            self.final = Run.from_json(run) if run else None
+            final = Run.from_json(run) if run else None
+            if final is not None and not final.terminal:
+                # Not the end: the run was retried after the terminal event an older
+                # server ended on. The connection closes; the next one reads on from
+                # ``last``, past that event.
+                return None
+            self.done = True
+            self.final = final
             return None
         if msg.event == "error":
             error = json.loads(msg.data).get("error", {})

@@ -19,6 +19,7 @@ import contextlib
 import logging
 from typing import Any
 
+from toren.core.audit import tail
 from toren.core.context import Context
 from toren.core.events import (
     Event,
@@ -106,10 +107,12 @@ class TickRunner(Steps):
             program = self.deps.agents.resolve(run.agent, run.process)
         except (AgentNotFound, AgentConfigError) as exc:
             if run.cancel_requested:  # nothing of the agent is needed to cancel its run
+                self.writer.chain = tail(await self.store.load_events(self.run_id))
                 return await self._finish_cancelled()
             return await self._defer(exc)
         self.code_version = self.deps.code_version or program.code_version
         events = await self.store.load_events(self.run_id)
+        self.writer.chain = tail(events)
         self.journal = Journal.fold(self.run_id, events)
         self._correct_totals(run)
         self.bodies.known = {h for e in events for h in tool_refs(e)}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from toren.config import Settings
+from toren.core.audit import chain
 from toren.core.branches import IDLE, READY, UNKNOWN, Branches, verdict
 from toren.core.clock import Clock, SystemClock
 from toren.core.context import Context, RunUsage
@@ -202,6 +203,7 @@ class Writer:
     __slots__ = (
         "_tally",
         "barrier",
+        "chain",
         "clock",
         "code_version",
         "lease",
@@ -226,6 +228,10 @@ class Writer:
         self.next_flush = float("-inf")
         self.code_version = "dev"
         self.record: RunRecord | None = None
+        # The ``chain`` of the run's last stored event: every write of the run goes
+        # through this writer, one at a time under its lock, so the events it chains are
+        # stored in the order it chains them (docs/event-log.md#the-chain).
+        self.chain: str | None = None
 
     @property
     def pending(self) -> Totals:
@@ -278,6 +284,7 @@ class Writer:
             if used is not None:
                 self.add(used)
             delta = self.due_delta()
+            chained = chain(self.chain, events)
             try:
                 stored = await self.store.append(
                     self.lease,
@@ -290,6 +297,7 @@ class Writer:
             except MessageConsumed:
                 self._refused(delta, step, used)
                 raise
+            self.chain = chained
             record = self.record
             if record is not None and record.blocked_error is not None:
                 # The first step written since the run was blocked: it moves again.
@@ -327,9 +335,12 @@ class Writer:
     async def invalidations(self, events: Sequence[Event]) -> list[Event]:
         async with self.lock:  # counted under the lock, as a step's usage is (see append)
             self._tally[5] += len(events)
-            return await self.store.append(
+            chained = chain(self.chain, events)
+            stored = await self.store.append(
                 self.lease, events, delta=self.due_delta(), now=self.clock.now()
             )
+            self.chain = chained
+            return stored
 
     def due_delta(self) -> RunDelta | None:
         """The pending totals, when it is time to write them to the run row."""
@@ -359,7 +370,10 @@ class Writer:
                 await barrier
         async with self.lock:
             release = Release(**{**release.__dict__, "delta": self.take()})
-            return await self.store.release(self.lease, release, now=self.clock.now())
+            chained = chain(self.chain, release.events)
+            stored = await self.store.release(self.lease, release, now=self.clock.now())
+            self.chain = chained
+            return stored
 
 
 class Parker:
