@@ -31,8 +31,16 @@ TOO_DEEP = f"[nested deeper than {MAX_DEPTH} levels]"
 
 
 def secrets_from_env(env: Mapping[str, str]) -> list[str]:
-    """Values of variables named like credentials (``OPENAI_API_KEY``, ``TOREN_API_TOKEN``)."""
-    return [v for k, v in env.items() if _SECRET_NAMES.search(k.upper()) and v]
+    """Values of variables named like credentials (``OPENAI_API_KEY``, ``TOREN_API_TOKEN``):
+    each value whole, and each comma-separated part of it on its own (``TOREN_API_TOKEN=A,B``
+    is two tokens in rotation, and a request carries only one)."""
+    found: list[str] = []
+    for name, value in env.items():
+        if value and _SECRET_NAMES.search(name.upper()):
+            found.append(value)
+            if "," in value:
+                found += [part.strip() for part in value.split(",") if part.strip()]
+    return found
 
 
 class Redactor:
@@ -185,3 +193,10 @@ class StreamRedactor:
                 if 0 <= start < cut:
                     cut, moved = start, True
         return cut
+
+
+def redact_prefix(redactor: Redactor, text: str) -> str:
+    """``text``, the start of a longer text cut at an arbitrary point (a list's preview),
+    redacted as if whole: secrets in it are replaced, and an end that could be the start
+    of a secret or of a key shape is left out, so that no cut shows part of one."""
+    return StreamRedactor(redactor).feed(text)

@@ -55,7 +55,9 @@ async def serve(store: Store, agents: Any, provider: Keyless) -> AsyncIterator[h
     runtime = toren.LocalWorkerRuntime(deps)
     await runtime.start()
     try:
-        app = create_app(store, agents, tokens=(TOKEN,), runtime=runtime, console=False)
+        app = create_app(
+            store, agents, tokens=(TOKEN,), runtime=runtime, console=False, search_interval=0.05
+        )
         async with (
             running_server(app) as server,
             httpx.AsyncClient(
@@ -97,7 +99,12 @@ async def test_a_blocked_run_through_the_api(store: Store) -> None:
         async with AsyncTorenClient(str(http.base_url), TOKEN) as client:
             seen = await client.get_run(run_id)
         assert seen.blocked is not None and seen.blocked["attempts"] >= 2
-        listed = (await http.get("/v1/runs", params={"search": "FIND"})).json()["runs"]
+        deadline = time.monotonic() + 20  # the search indexer runs in the background
+        while not (
+            listed := (await http.get("/v1/runs", params={"search": "FIND"})).json()["runs"]
+        ):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
         assert [r["id"] for r in listed] == [run_id] and listed[0]["blocked"] is not None
         assert (await http.get("/v1/runs", params={"search": "100%"})).json()["runs"] == []
 

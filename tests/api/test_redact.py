@@ -30,3 +30,27 @@ def test_any_depth_is_handled_and_cut_at_the_bound() -> None:
     while isinstance(out, list):
         out, depth = out[0], depth + 1
     assert (depth, out) == (MAX_DEPTH, TOO_DEEP)
+
+
+def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
+    """A call cut off in flight (``ModelCallCutOff``) runs again from its first delta:
+    what the step's redactor held back of the dead attempt neither joins nor hides the
+    new attempt's text."""
+    from toren.api.sse import RunStream, StreamSettings
+    from toren.core.events import Event, ModelCallCutOff
+
+    stream = RunStream(
+        store,
+        "run_x",
+        0,
+        live=None,
+        redact=Redactor([SECRET]),
+        settings=StreamSettings(heartbeat=15, poll_interval=1),
+        closing=lambda: False,
+    )
+    assert b"Hello " in (stream._delta({"stream": "", "position": 3, "text": "Hello sk-"}) or b"")
+    cut = ModelCallCutOff(stream="", position=3, request_digest="d", provider="scripted")
+    body = stream._event(Event("run_x", cut.TYPE, cut, seq=7))
+    assert b"sk-" not in body
+    fresh = stream._delta({"stream": "", "position": 3, "text": "abcdefghijklmnopqrstuvwxyz"})
+    assert fresh is not None and b'"text":"abcdefghijklmnopqrstuvwxyz"' in fresh

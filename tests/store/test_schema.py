@@ -10,7 +10,15 @@ from typing import Any
 import pytest
 
 from toren.store import connect, open_store
-from toren.store.schema import SCHEMA, AddColumn, Column, CreateIndex, CreateTable, render
+from toren.store.schema import (
+    SCHEMA,
+    AddColumn,
+    Column,
+    CreateIndex,
+    CreateTable,
+    CreateVirtualTable,
+    render,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "v0_1"
 FORBIDDEN = re.compile(r"\b(DROP|RENAME|TRUNCATE|DELETE|UPDATE)\b|ALTER\s+COLUMN", re.I)
@@ -25,7 +33,7 @@ def frozen_statements(dialect: str) -> list[str]:
 @pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
 def test_ddl_is_additive_only(dialect: str) -> None:
     for migration in SCHEMA:
-        assert isinstance(migration, (CreateTable, AddColumn, CreateIndex))
+        assert isinstance(migration, (CreateTable, AddColumn, CreateIndex, CreateVirtualTable))
         sql = render(migration, dialect)
         assert not FORBIDDEN.search(sql), f"non-additive DDL: {sql}"
         if isinstance(migration, AddColumn):

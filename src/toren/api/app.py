@@ -7,6 +7,7 @@ route but ``/v1/health`` needs a token when tokens are configured. Errors are al
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ from toren.api.errors import ApiError, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
+from toren.api.search import SearchIndexer, indexing
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.api.state import ApiState, InProcessWorker, State, error_responses
 from toren.core.changes import explain_invalidations
@@ -41,7 +43,7 @@ from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
 from toren.core.verify import verify_run as verify_run_report
 from toren.errors import TorenError
-from toren.redact import Redactor, secrets_from_env
+from toren.redact import Redactor, redact_prefix, secrets_from_env
 from toren.store.base import RunRecord, Store
 
 log = logging.getLogger("toren.api")
@@ -65,6 +67,7 @@ def create_app(
     poll_interval: float | None = None,
     secrets: Sequence[str] = (),
     allowed_hosts: Sequence[str] | None = None,
+    search_interval: float = 1.0,
 ) -> FastAPI:
     """The API over ``store`` for the agents ``agents`` resolves.
 
@@ -75,7 +78,9 @@ def create_app(
     ``secrets``: extra strings never to appear in a response (credential-like environment
     variables are always redacted). ``heartbeat`` and ``poll_interval`` tune SSE streams.
     ``allowed_hosts``: the ``Host`` names served (:mod:`toren.api.hosts`; ``"*"`` for any).
-    Default: the loopback names without tokens, any host with them.
+    Default: the loopback names without tokens, any host with them. ``search_interval``:
+    how often the search indexer (:mod:`toren.api.search`) looks for changed runs while
+    the app is served.
     """
     from toren.api.server import check_tokens
 
@@ -91,7 +96,9 @@ def create_app(
             poll_interval=poll_interval or (1.0 if live is not None else 0.25),
         ),
     )
+    indexer = SearchIndexer(store, state.redact, interval=search_interval)
     app = FastAPI(
+        lifespan=lambda _app: indexing(indexer),
         title="Toren",
         version=toren.__version__,
         description="The Toren HTTP API (v1): start, inspect, stream, message and cancel "
@@ -102,6 +109,7 @@ def create_app(
         generate_unique_id_function=lambda route: route.name,
     )
     app.state.toren = state
+    app.state.search_indexer = indexer
     app.state.tokens = tuple(tokens)
     install(app, state.redact)
     for path, endpoint, options in [*_ROUTES, *schedules.ROUTES]:
@@ -357,8 +365,10 @@ async def list_runs(
         Query(
             max_length=200,
             pattern=r"^[^\x00-\x1f\x7f]*$",
-            description="Only runs whose input contains this text (case-insensitive, "
-            "matched against the input's JSON text; no control characters).",
+            description="Only runs found by this search (docs/http-api.md#search): words "
+            '(all must appear), "quoted phrases", a trailing `*` for a prefix; '
+            "case-insensitive, over each run's redacted search text (agent, input, output, "
+            "error; at most 32 KiB per run). No control characters.",
         ),
     ] = None,
     updated_after: Annotated[
@@ -390,6 +400,7 @@ async def list_runs(
         updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
+    runs = [_safe_previews(state.redact, r) for r in runs]
     found = state.pages.page(runs, next_cursor, state.redact)
     if found is not None:
         body, tag = found
@@ -403,6 +414,20 @@ async def list_runs(
     if render.not_modified(if_none_match, tag):
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/json", headers=headers)
+
+
+def _safe_previews(redact: Redactor, run: RunRecord) -> RunRecord:
+    """``run`` with the previews of its summaries redacted before anything renders them:
+    a preview is cut from the stored text, and a secret the cut splits would not be
+    recognised later. The same record when no preview changes (the rendered-page memo
+    keys on it)."""
+    if not run.summaries:
+        return run
+    safe = {k: redact_prefix(redact, v.preview) for k, v in run.summaries.items()}
+    if all(safe[k] == v.preview for k, v in run.summaries.items()):
+        return run
+    summaries = {k: dataclasses.replace(v, preview=safe[k]) for k, v in run.summaries.items()}
+    return dataclasses.replace(run, summaries=summaries)
 
 
 @_route(

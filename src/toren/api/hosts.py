@@ -60,8 +60,23 @@ def default_allowed_hosts(bind_host: str, tokens: Sequence[str]) -> tuple[str, .
     from toren.api.server import is_loopback
 
     if is_loopback(bind_host) or not any(tokens):
-        return LOOPBACK_HOSTS
+        # Bound to another loopback address (127.0.0.2): that address is its own name.
+        bound = normalize_host(bind_host) if is_loopback(bind_host) else ""
+        return LOOPBACK_HOSTS if bound in ("", *LOOPBACK_HOSTS) else (*LOOPBACK_HOSTS, bound)
     return (ANY_HOST,)
+
+
+def rebindable(entry: str) -> bool:
+    """An allow-list entry a web page can make its own by DNS: ``*``, a domain, any name
+    but ``localhost`` (an IP address cannot be rebound)."""
+    name = normalize_host(entry)
+    if name in ("", "localhost"):
+        return False
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return True
+    return False
 
 
 def split_host(value: str) -> str | None:
@@ -135,7 +150,11 @@ class HostGuard:
             )
             await error_response(400, "host_not_allowed", message)(scope, receive, send)
             return
-        if _cross_site(headers, raw_host) and not _has_credentials(headers):
+        if (
+            _cross_site(headers, raw_host)
+            and not _has_credentials(headers)
+            and not _navigation(scope, headers)
+        ):
             message = (
                 "cross-site request refused: a page on another origin "
                 f"({headers.get('origin') or 'unknown'!s}) may not call this API without an API "
@@ -168,6 +187,19 @@ def _cross_site(headers: dict[str, str], host: str) -> bool:
         return True  # a sandboxed frame, a file:// page, a redirect across origins
     parts = urlsplit(origin.strip())
     return parts.scheme not in ("http", "https") or parts.netloc.lower() != host.strip().lower()
+
+
+def _navigation(scope: Scope, headers: dict[str, str]) -> bool:
+    """A top-level navigation to a console page (a link from another site, a bookmark
+    opened from a mail client). The page holds no data: it reads through the API with the
+    token in the tab's storage, and API requests stay refused cross-site."""
+    path = str(scope.get("path", ""))
+    return (
+        scope.get("method") in ("GET", "HEAD")
+        and headers.get("sec-fetch-mode", "").lower() == "navigate"
+        and headers.get("sec-fetch-dest", "").lower() == "document"
+        and not (path == "/v1" or path.startswith("/v1/") or path == "/metrics")
+    )
 
 
 def _has_credentials(headers: dict[str, str]) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from toren.agents.config import NAME_PATTERN
 from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
@@ -270,13 +270,30 @@ class LeaseInfo(BaseModel):
     expires_at: float | None = None
 
 
+MAX_RETRY_STEPS = 1_000_000
+MAX_RETRY_COST_USD = 1_000_000
+
+
 class RetryRunRequest(BaseModel):
     """Both limits are optional: a retry may raise them for this run, never lower them
     (the agent's own limit wins when it is higher; an agent without the limit has none)."""
 
-    max_steps: int | None = Field(default=None, gt=0, description="Raise limits.max_steps.")
+    # Strict: a JSON number only (``true`` or ``"5"`` is a 422, not 1 or 5).
+    model_config = ConfigDict(strict=True)
+
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_RETRY_STEPS,
+        description=f"Raise limits.max_steps (an integer, 1 to {MAX_RETRY_STEPS:,}).",
+    )
     max_cost_usd: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="Raise limits.max_cost_usd (USD)."
+        default=None,
+        gt=0,
+        le=MAX_RETRY_COST_USD,
+        allow_inf_nan=False,
+        description="Raise limits.max_cost_usd (a number of USD, more than 0 and at most "
+        f"{MAX_RETRY_COST_USD:,}).",
     )
 
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from toren.core.events import TERMINAL_TYPES, Event
+from toren.core.events import TERMINAL_TYPES, Event, ModelCallCutOff
 from toren.core.live import LiveHub
 from toren.core.ports import RunStore
 from toren.redact import Redactor, StreamRedactor
@@ -208,6 +208,12 @@ class RunStream:
     def _event(self, event: Event) -> bytes:
         self.last = event.seq
         held = b""
+        if isinstance(event.payload, ModelCallCutOff):
+            # The call was cut off and its step runs again from its first delta: what the
+            # step's redactor held back belongs to the dead attempt. Dropped, not sent;
+            # the new attempt starts with a fresh redactor (a held ``sk-`` joined to its
+            # first words would hide them, or a held prefix would prepend stale text).
+            self._delta_text.pop((event.payload.stream, event.payload.position), None)
         if event.position is not None:
             step = (event.stream, event.position)
             self._recorded.add(step)

@@ -8,7 +8,7 @@ import logging
 import os
 import shlex
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -296,12 +296,15 @@ class _Formatter(logging.Formatter):
         return self.redactor.text(super().format(record))
 
 
-def setup_logging(level: str = "error") -> None:
-    """Toren's log lines on stderr: ``level`` and up (everything with --debug)."""
+def setup_logging(level: str = "error", secrets: Sequence[str] = ()) -> None:
+    """Toren's log lines on stderr: ``level`` and up (everything with --debug). Every line
+    is redacted of ``secrets`` (a server's API tokens, each on its own: call this after
+    parsing them) and of the credential-like environment variables."""
     debug = state().debug
     logger = logging.getLogger("toren")
     handler = _Stderr()
-    handler.setFormatter(_Formatter(debug, Redactor(secrets_from_env(os.environ))))
+    redactor = Redactor([*secrets, *secrets_from_env(os.environ)])
+    handler.setFormatter(_Formatter(debug, redactor))
     logger.handlers = [handler]
     logger.propagate = False
     logger.setLevel(logging.DEBUG if debug else getattr(logging, level.upper(), logging.INFO))

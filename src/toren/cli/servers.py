@@ -71,11 +71,19 @@ def allowed_hosts_option(fn: F) -> F:
 
 
 def _allowed_hosts(given: Sequence[str], host: str, tokens: Sequence[str]) -> tuple[str, ...]:
-    from toren.api.hosts import default_allowed_hosts, normalize_host
+    from toren.api.hosts import default_allowed_hosts, normalize_host, rebindable
 
     names = [n.strip() for raw in given for n in raw.split(",") if n.strip()]
     for name in names:
         normalize_host(name)  # a bad entry fails here, before anything starts
+    named = [n for n in names if rebindable(n)]
+    if named and not any(tokens):
+        err().print(
+            f"[yellow]warning:[/] --allowed-host {', '.join(named)} on a server without a "
+            "token: a web page whose DNS name is allowed can rebind that name to this "
+            "address and call the API from the browser (DNS rebinding). Set a token "
+            "(TOREN_API_TOKEN), or allow only IP addresses and localhost"
+        )
     return tuple(names) if names else default_allowed_hosts(host, tokens)
 
 
@@ -98,8 +106,8 @@ def agents_and_database(fn: F) -> F:
     )(fn)
 
 
-def _setup_logging(level: str) -> None:
-    setup_logging(level)
+def _setup_logging(level: str, secrets: Sequence[str] = ()) -> None:
+    setup_logging(level, secrets)
 
 
 def _stop_on_signals(stop: asyncio.Event) -> Callable[[], None]:
@@ -465,7 +473,16 @@ async def _watch(
     multiple=True,
     envvar="TOREN_API_TOKEN",
     help="Accepted bearer token (repeat, or comma-separate, for several; required off "
-    "loopback). [env: TOREN_API_TOKEN]",
+    "loopback). Prefer TOREN_API_TOKEN or --token-file: a token given as a flag shows in "
+    "the process list. [env: TOREN_API_TOKEN]",
+)
+@click.option(
+    "--token-file",
+    envvar="TOREN_API_TOKEN_FILE",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A file of accepted bearer tokens, one per line (or comma-separated), added to "
+    "those of --token / TOREN_API_TOKEN. [env: TOREN_API_TOKEN_FILE]",
 )
 @agents_and_database
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
@@ -475,19 +492,32 @@ def serve(
     host: str,
     port: int,
     tokens: tuple[str, ...],
+    token_file: Path | None,
     agents_root: Path,
     database_url: str | None,
     no_console: bool,
     allowed_hosts: tuple[str, ...],
     log_level: str,
 ) -> None:
-    tokens = tuple(t.strip() for raw in tokens for t in raw.split(",") if t.strip())
+    flagged = click.get_current_context().get_parameter_source("tokens")
+    given = list(tokens)
+    if token_file is not None:
+        given += token_file.read_text(encoding="utf-8").splitlines()
+    tokens = tuple(t.strip() for raw in given for t in raw.split(",") if t.strip())
     from toren.api.server import check_bind, check_tokens
 
     check_tokens(tokens)
     check_bind(host, tokens)
     hosts = _allowed_hosts(allowed_hosts, host, tokens)
-    _setup_logging(log_level)
+    # After the tokens are parsed: each one is a secret of its own in every log line
+    # (the access log prints a request's path and query, where a token may be).
+    _setup_logging(log_level, tokens)
+    if tokens and flagged == click.core.ParameterSource.COMMANDLINE:
+        err().print(
+            "[yellow]warning:[/] --token on the command line shows in the process list "
+            "(ps, /proc) to every user of this machine; set TOREN_API_TOKEN or use "
+            "--token-file instead"
+        )
     _check_port(host, port)
     root = agents_root.resolve()
     url = database_url_for(root, database_url)

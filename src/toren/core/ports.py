@@ -31,6 +31,7 @@ from toren.core.records import (
     Release,
     RunDelta,
     RunRecord,
+    SearchBacklog,
     WorkerInfo,
 )
 from toren.core.schedule import ScheduleStore
@@ -124,6 +125,8 @@ class RunStore(BlobStore, Protocol):
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]: ...
+    async def search_backlog(self, *, since: float, limit: int) -> SearchBacklog: ...
+    async def put_search_texts(self, texts: Sequence[tuple[str, str, str]]) -> None: ...
 
     async def payload_texts(self, run_id: str) -> dict[int, str]: ...
 

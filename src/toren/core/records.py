@@ -262,6 +262,26 @@ class Appended:
     events: list[Event] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class SearchSource:
+    """What a run's search text is built from: its stored JSON texts as they are (the
+    search indexer parses and redacts them)."""
+
+    run_id: str
+    updated_at: float
+    phase: str  # "open", or the final status the text includes the outcome of
+    agent: str
+    input: str | None
+    output: str | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class SearchBacklog:
+    runs: list[SearchSource]
+    latest_change: float | None  # the newest ``updated_at`` of any run
+
+
 def _utc(moment: float | None) -> str | None:
     if moment is None:
         return None

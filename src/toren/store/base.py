@@ -23,6 +23,8 @@ from toren.core.records import NewRun as NewRun
 from toren.core.records import Release as Release
 from toren.core.records import RunDelta as RunDelta
 from toren.core.records import RunRecord as RunRecord
+from toren.core.records import SearchBacklog as SearchBacklog
+from toren.core.records import SearchSource as SearchSource
 from toren.core.records import ValueSummary as ValueSummary
 from toren.core.records import WorkerInfo as WorkerInfo
 from toren.core.values import NANO as NANO

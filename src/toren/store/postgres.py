@@ -27,7 +27,15 @@ from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
 from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import RetentionSql
-from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
+from toren.store.schema import (
+    SCHEMA,
+    AddColumn,
+    CreateTable,
+    CreateVirtualTable,
+    Migration,
+    applies,
+    render,
+)
 from toren.store.sql import (
     CLAIMABLE,
     NEXT_DUE,
@@ -196,6 +204,8 @@ def _is_present(
         return migration.table in tables
     if isinstance(migration, AddColumn):
         return (migration.table, migration.column.name) in columns
+    if isinstance(migration, CreateVirtualTable):
+        return migration.table in tables  # SQLite only: never applied here
     return migration.name in indexes
 
 

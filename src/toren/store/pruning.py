@@ -80,6 +80,10 @@ class RetentionSql(SqlStore):
         """Lock the bodies the runs being deleted stored first (a no-op where a write
         transaction already excludes every other writer)."""
 
+    def _delete_search(self, cur: Cursor, clause: str, params: Sequence[object]) -> None:
+        """Delete the search text of the runs being deleted (toren.store.search)."""
+        self._x(cur, f"DELETE FROM run_search WHERE run_id {clause}", params)
+
     def _advance_sequences(self, cur: Cursor, seq: int, inbox_id: int) -> None:
         """Move the id sequences past ids inserted explicitly (a no-op where the next id
         already follows the largest one present)."""
@@ -174,6 +178,7 @@ class RetentionSql(SqlStore):
             if not deleted:
                 return PruneResult()
             clause, params = self._in(deleted)
+            self._delete_search(cur, clause, params)
             events = self._x(cur, f"DELETE FROM events WHERE run_id {clause}", params).rowcount
             inbox = self._x(cur, f"DELETE FROM inbox WHERE run_id {clause}", params).rowcount
             self._lock_owned_blobs(cur, clause, params)

@@ -63,13 +63,25 @@ class CreateIndex:
     columns: tuple[str, ...]  # column names, or (on one dialect) expressions
     unique: bool = False
     dialect: str | None = None  # applied on this dialect only (None: both)
+    using: str | None = None  # the index method (PostgreSQL ``gin``); None: the default
+
+
+@dataclass(frozen=True)
+class CreateVirtualTable:
+    """A SQLite virtual table (``CREATE VIRTUAL TABLE IF NOT EXISTS``), such as FTS5."""
+
+    table: str
+    module: str  # the module and its arguments: ``fts5(body)``
+    dialect: str = "sqlite"
 
 
 def applies(migration: Migration, dialect: str) -> bool:
-    return not isinstance(migration, CreateIndex) or migration.dialect in (None, dialect)
+    if isinstance(migration, CreateIndex | CreateVirtualTable):
+        return migration.dialect in (None, dialect)
+    return True
 
 
-Migration = CreateTable | AddColumn | CreateIndex
+Migration = CreateTable | AddColumn | CreateIndex | CreateVirtualTable
 
 # What a list of runs reads of a run's input, output and error (toren.store.sql): the
 # value itself when its JSON text is at most SUMMARY_INLINE bytes, its size, and a preview
@@ -78,6 +90,9 @@ Migration = CreateTable | AddColumn | CreateIndex
 # page of 50 such runs read from the table costs ~25 ms; read from the index it costs
 # ~0.2 ms. PostgreSQL keeps large values out of line (TOAST): no index needed there.
 SUMMARY_INLINE = 4096
+# The expression PostgreSQL's search index holds and every search query repeats exactly
+# (an expression index is used only by the same expression).
+SEARCH_VECTOR = "to_tsvector('simple', body)"
 SUMMARY_PREVIEW = 256
 LIST_COLUMNS = (
     "id, agent, process, status, idempotency_key, created_at, updated_at, lease_owner, "
@@ -279,6 +294,32 @@ SCHEMA: tuple[Migration, ...] = (
     # events written before; and the tool errors a run recorded (docs/agent-yaml.md).
     AddColumn("events", _c("chain", "text")),
     AddColumn("runs", _c("tool_errors", "int", not_null=True, default="0")),
+    # --- search (docs/http-api.md#search) -------------------------------------------------
+    # One row per run: its search text (redacted and bounded, built by the API's indexer,
+    # toren.api.search) and the phase of the run it was built in: ``open`` while the run
+    # has no outcome, else its final status. A run whose phase changed since (it finished,
+    # or a retry cleared its outcome) is indexed again; steps alone do not re-index it.
+    # Runs without a row are not found by search until the indexer reaches them.
+    # PostgreSQL searches it through a GIN full-text index; SQLite through the FTS5 table
+    # ``run_search_fts`` (external content: its rowid is run_search's rowid).
+    CreateTable(
+        "run_search",
+        (
+            _c("run_id", "text", primary_key=True),
+            _c("body", "text", not_null=True, default="''"),
+            _c("phase", "text", not_null=True, default="'open'"),
+        ),
+    ),
+    CreateIndex(
+        "run_search_fulltext",
+        "run_search",
+        (f"({SEARCH_VECTOR})",),
+        dialect="postgres",
+        using="gin",
+    ),
+    CreateVirtualTable("run_search_fts", "fts5(body, content='run_search', content_rowid='rowid')"),
+    # The indexer finds what changed since it last looked through this index.
+    CreateIndex("runs_updated", "runs", ("updated_at",)),
 )
 
 
@@ -293,6 +334,11 @@ def render(migration: Migration, dialect: str) -> str:
         if dialect == "sqlite":
             return f"ALTER TABLE {migration.table} ADD COLUMN {col}"
         return f"ALTER TABLE {migration.table} ADD COLUMN IF NOT EXISTS {col}"
+    if isinstance(migration, CreateVirtualTable):
+        return f"CREATE VIRTUAL TABLE IF NOT EXISTS {migration.table} USING {migration.module}"
     unique = "UNIQUE " if migration.unique else ""
     cols = ", ".join(migration.columns)
-    return f"CREATE {unique}INDEX IF NOT EXISTS {migration.name} ON {migration.table} ({cols})"
+    using = f" USING {migration.using}" if migration.using else ""
+    return (
+        f"CREATE {unique}INDEX IF NOT EXISTS {migration.name} ON {migration.table}{using} ({cols})"
+    )

@@ -33,6 +33,7 @@ from toren.errors import (
     RunNotFound,
     RunNotRetryable,
 )
+from toren.store import search as search_query
 from toren.store.base import (
     InboxMessage,
     Lease,
@@ -40,13 +41,15 @@ from toren.store.base import (
     Release,
     RunDelta,
     RunRecord,
+    SearchBacklog,
+    SearchSource,
     ValueSummary,
     WorkerInfo,
     read_json,
 )
 from toren.store.flow import queued_because, set_limits, unfinished_of
 from toren.store.schedules import SqlSchedules
-from toren.store.schema import LIST_COLUMNS, summary_expressions
+from toren.store.schema import LIST_COLUMNS, SEARCH_VECTOR, summary_expressions
 
 T = TypeVar("T")
 
@@ -118,6 +121,18 @@ CLAIMABLE = (
 # The earliest wake-up time after ``now`` of a run with a timer (``not_before``): one probe
 # of the ``runs_claim`` index (status, not_before) per unfinished status, so its cost does
 # not depend on how many runs are parked. A worker sleeps until then (toren.core.worker).
+# Runs whose search text is missing or older than the run (the indexer's work), found
+# from the last change it saw on through ``runs_updated``.
+_PHASE = "CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.status ELSE 'open' END"
+SEARCH_BACKLOG = (
+    f"SELECT r.id, r.updated_at, {_PHASE}, r.agent, r.input, r.output, r.error FROM runs r "
+    "LEFT JOIN run_search s ON s.run_id = r.id WHERE r.updated_at >= ? "
+    f"AND (s.run_id IS NULL OR s.phase <> {_PHASE}) ORDER BY r.updated_at LIMIT ?"
+)
+PUT_SEARCH_TEXT = (
+    "INSERT INTO run_search (run_id, body, phase) VALUES (?, ?, ?) "
+    "ON CONFLICT (run_id) DO UPDATE SET body = excluded.body, phase = excluded.phase"
+)
 NEXT_DUE = (
     "SELECT MIN(t) FROM ("
     "SELECT (SELECT not_before FROM runs WHERE status = 'waiting' AND not_before > ? "
@@ -442,11 +457,12 @@ class SqlStore:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
-        if search:
-            # The input's stored JSON text contains it, case-insensitively (ASCII).
-            where.append("LOWER(input) LIKE ? ESCAPE '!'")
-            escaped = search.lower().replace("!", "!!").replace("%", "!%").replace("_", "!_")
-            params.append(f"%{escaped}%")
+        if search is not None:
+            terms = search_query.parse(search)
+            if not terms:
+                return []  # no letter or digit: nothing to find
+            where.append(self._search_clause())
+            params.append(self._search_param(terms))
         if before is not None:
             where.append("id < ?")
             params.append(before)
@@ -472,6 +488,71 @@ class SqlStore:
             return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
 
         return await self._run(tx, write=False)
+
+    def _search_clause(self) -> str:
+        """Runs whose search text (``run_search``, filled by the indexer) matches: through
+        the database's own text index, never a scan of what runs store."""
+        if self.dialect == "sqlite":
+            return (
+                "id IN (SELECT s.run_id FROM run_search_fts f JOIN run_search s "
+                "ON s.rowid = f.rowid WHERE run_search_fts MATCH ?)"
+            )
+        return (
+            f"id IN (SELECT run_id FROM run_search WHERE {SEARCH_VECTOR} @@ "
+            "to_tsquery('simple', ?))"
+        )
+
+    def _search_param(self, terms: list[search_query.Term]) -> str:
+        if self.dialect == "sqlite":
+            return search_query.fts5_match(terms)
+        return search_query.tsquery(terms)
+
+    async def search_backlog(self, *, since: float, limit: int) -> SearchBacklog:
+        """Runs changed at or after ``since`` whose search text is missing or was built
+        in another phase of the run (``schema``: run_search), oldest change first (at
+        most ``limit``), and the latest ``updated_at`` of any run (where the indexer may
+        move ``since`` to)."""
+
+        def tx(cur: Cursor) -> SearchBacklog:
+            rows = self._x(cur, SEARCH_BACKLOG, (since, limit)).fetchall()
+            high = self._x(cur, "SELECT MAX(updated_at) FROM runs").fetchone()[0]
+            return SearchBacklog(
+                [SearchSource(r[0], float(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows],
+                float(high) if high is not None else None,
+            )
+
+        return await self._run(tx, write=False)
+
+    async def put_search_texts(self, texts: Sequence[tuple[str, str, str]]) -> None:
+        """Store ``(run_id, phase, body)`` search texts, replacing older ones."""
+        if not texts:
+            return
+
+        def tx(cur: Cursor) -> None:
+            for run_id, phase, body in texts:
+                self._put_search_text(cur, run_id, phase, body)
+
+        await self._run(tx)
+
+    def _put_search_text(self, cur: Cursor, run_id: str, phase: str, body: str) -> None:
+        if self.dialect != "sqlite":
+            self._x(cur, PUT_SEARCH_TEXT, (run_id, body, phase))
+            return
+        # FTS5 over an external content table: the old text leaves the index by the
+        # 'delete' command with exactly the values it was indexed with.
+        old = self._x(
+            cur, "SELECT rowid, body FROM run_search WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if old is not None:
+            self._x(
+                cur,
+                "INSERT INTO run_search_fts (run_search_fts, rowid, body) VALUES ('delete', ?, ?)",
+                (old[0], old[1]),
+            )
+        rowid = self._x(
+            cur, f"{PUT_SEARCH_TEXT} RETURNING rowid", (run_id, body, phase)
+        ).fetchone()[0]
+        self._x(cur, "INSERT INTO run_search_fts (rowid, body) VALUES (?, ?)", (rowid, body))
 
     async def next_due(self, *, now: float) -> float | None:
         """The earliest ``not_before`` later than ``now`` (a parked timer, a backoff), or

@@ -302,6 +302,16 @@ class SQLiteStore(RetentionSql):
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
+    def _delete_search(self, cur: Cursor, clause: str, params: Sequence[object]) -> None:
+        # FTS5 over an external content table: rows leave its index by 'delete' first.
+        self._x(
+            cur,
+            "INSERT INTO run_search_fts (run_search_fts, rowid, body) "
+            f"SELECT 'delete', rowid, body FROM run_search WHERE run_id {clause}",
+            params,
+        )
+        super()._delete_search(cur, clause, params)
+
     def _claim(
         self, cur: Cursor, worker_id: str, limit: int, now: float, ttl: float, only: str | None
     ) -> list[Lease]:

@@ -882,12 +882,12 @@ export interface components {
         RetryRunRequest: {
             /**
              * Max Steps
-             * @description Raise limits.max_steps.
+             * @description Raise limits.max_steps (an integer, 1 to 1,000,000).
              */
             max_steps?: number | null;
             /**
              * Max Cost Usd
-             * @description Raise limits.max_cost_usd (USD).
+             * @description Raise limits.max_cost_usd (a number of USD, more than 0 and at most 1,000,000).
              */
             max_cost_usd?: number | null;
         };
@@ -1395,7 +1395,7 @@ export interface operations {
                 limit?: number;
                 /** @description The `next_cursor` of the previous page (a run id, `run_` and 22 lowercase hex digits): older runs. */
                 cursor?: string;
-                /** @description Only runs whose input contains this text (case-insensitive, matched against the input's JSON text; no control characters). */
+                /** @description Only runs found by this search (docs/http-api.md#search): words (all must appear), "quoted phrases", a trailing `*` for a prefix; case-insensitive, over each run's redacted search text (agent, input, output, error; at most 32 KiB per run). No control characters. */
                 search?: string;
                 /** @description Only runs whose `updated_at` is later (Unix seconds): what changed since a previous poll (pass the largest `updated_at` it returned). */
                 updated_after?: number;

@@ -1,0 +1,151 @@
+"""Run search: the indexer (toren.api.search) fills ``run_search`` in small batches, for
+runs stored before it existed too, and a query reads the database's own text index (FTS5
+on SQLite, a GIN full-text index on PostgreSQL). On both databases."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import toren
+from toren.api.search import TEXT_BUDGET, SearchIndexer, search_text, value_words
+from toren.core.records import SearchSource
+from toren.redact import REDACTED, Redactor
+from toren.store import Store
+from toren.store.search import parse, words
+from toren.store.sql import SEARCH_VECTOR
+
+from .test_list_indexes import plan_of
+
+SECRET = "hunter2-Zq8Xv3Kp9Wm2"
+
+
+async def _create(store: Store, n: int, input: Any) -> str:
+    run = await toren.start_run(store, _agents(), "billing", input)
+    return run.id
+
+
+def _agents() -> toren.Registry:
+    reg = toren.Registry()
+
+    async def billing(ctx: toren.Context, input: Any) -> Any:
+        return input
+
+    reg.add("billing", billing)
+    return reg
+
+
+async def _ids(store: Store, query: str) -> list[str]:
+    return [r.id for r in await store.list_runs(search=query, limit=100, summary=True)]
+
+
+async def test_old_runs_are_found_once_the_backfill_reaches_them(store: Store) -> None:
+    ids = [await _create(store, n, {"note": f"invoice {n} {SECRET}"}) for n in range(7)]
+    # Stored before any indexing (as after an upgrade): not found yet.
+    assert await _ids(store, "invoice") == []
+    indexer = SearchIndexer(store, Redactor([SECRET]), batch=3)
+    assert await indexer.step() == 3  # a small batch at a time
+    assert len(await _ids(store, "invoice")) == 3
+    assert await indexer.catch_up() == 4
+    assert await _ids(store, "invoice") == ids[::-1]
+    assert await _ids(store, "invoice 4") == [ids[4]]
+    assert await _ids(store, '"invoice 4"') == [ids[4]]
+    assert await _ids(store, "invo*") == ids[::-1]
+    for k in range(1, len(SECRET) + 1):
+        for query in (SECRET[:k], f"{SECRET[:k]}*"):
+            assert await _ids(store, query) == [], query
+    assert await indexer.catch_up() == 0  # nothing is indexed twice
+
+
+async def test_a_run_is_indexed_again_when_its_outcome_is_set(store: Store) -> None:
+    run_id = await _create(store, 1, "draft")
+    indexer = SearchIndexer(store, Redactor())
+    await indexer.catch_up()
+    assert await _ids(store, "draft") == [run_id]
+    sql_store: Any = store
+
+    def finish(cur: Any) -> None:
+        output = json.dumps({"answer": "approved refund"})
+        sql_store._x(
+            cur,
+            "UPDATE runs SET status = 'completed', output = ?, updated_at = ? WHERE id = ?",
+            (output, time.time(), run_id),
+        )
+
+    await sql_store._run(finish)
+    assert await indexer.catch_up() == 1
+    assert await _ids(store, "approved refund") == [run_id]
+    assert await _ids(store, "draft") == [run_id]
+
+
+async def test_search_reads_the_text_index(store: Store) -> None:
+    sql_store: Any = store
+    clause = sql_store._search_clause()
+    sql = f"SELECT id FROM runs WHERE {clause} ORDER BY id DESC LIMIT 51"
+    param = sql_store._search_param(parse("refund*"))
+    if store.url.startswith("sqlite"):
+        plan = await plan_of(store, sql, (param,))
+        assert "VIRTUAL TABLE INDEX 0:M" in plan, plan  # an FTS5 MATCH
+    else:
+
+        def explain(cur: Any) -> str:
+            sql_store._x(cur, "SET LOCAL enable_seqscan = off")
+            rows = sql_store._x(cur, f"EXPLAIN {sql}", (param,)).fetchall()
+            return " / ".join(str(r[0]) for r in rows)
+
+        plan = await sql_store._run(explain)
+        assert "run_search_fulltext" in plan, plan
+    assert SEARCH_VECTOR in sql_store._search_clause() or store.url.startswith("sqlite")
+
+
+def test_the_search_text_is_bounded_and_redacted() -> None:
+    big = {"key": SECRET, "text": "lorem ipsum " * 100_000}
+    source = SearchSource("r", 0.0, "open", "billing", json.dumps(big), None, None)
+    text = search_text(source, Redactor([SECRET]))
+    assert len(text) <= TEXT_BUDGET and text.startswith("billing key redacted text lorem ipsum")
+    assert "zq8xv3kp9wm2" not in text
+
+
+def test_a_cut_never_leaves_part_of_a_secret() -> None:
+    """A secret (or a key shape) straddling where the text is cut: no prefix of it is
+    indexed, whatever the cut."""
+    redactor = Redactor([SECRET])
+    key = "sk-proj-QJxW7v0q9ZzY2x5KbNNu"
+    for secret in (SECRET, key):
+        for budget in range(8, 40):
+            for pad in range(0, 3 * budget, 3):
+                stored = json.dumps("a " * (pad // 2) + secret + " tail")
+                found = value_words(stored, redactor, budget).split()
+                tail = words(secret)[-1]
+                assert not any(w and tail.startswith(w) and len(w) > 2 for w in found), (
+                    budget,
+                    pad,
+                    found,
+                )
+    assert REDACTED.strip("[]") in value_words(json.dumps(f"x {SECRET} y"), redactor, 100)
+
+
+async def test_pruning_a_run_removes_its_search_text(store: Store) -> None:
+    run_id = await _create(store, 1, "ephemeral words")
+    sql_store: Any = store
+
+    def finish(cur: Any) -> None:
+        sql_store._x(
+            cur, "UPDATE runs SET status = 'completed', updated_at = 1 WHERE id = ?", (run_id,)
+        )
+
+    await sql_store._run(finish)
+    await SearchIndexer(store, Redactor()).catch_up()
+    assert await _ids(store, "ephemeral") == [run_id]
+    assert (await store.prune_finished(before=time.time(), limit=10)) == 1  # type: ignore[attr-defined]
+
+    def left(cur: Any) -> list[Any]:
+        rows = sql_store._x(cur, "SELECT run_id FROM run_search").fetchall()
+        if store.url.startswith("sqlite"):  # the FTS index agrees with its content table
+            sql_store._x(
+                cur, "INSERT INTO run_search_fts (run_search_fts) VALUES ('integrity-check')"
+            )
+        return list(rows)
+
+    assert await sql_store._run(left) == []
