@@ -30,6 +30,9 @@ class Payload:
     """Base of typed payloads. ``TYPE`` is the event's type name in the log."""
 
     TYPE: ClassVar[str] = ""
+    # Fields a later release added that are left out of the stored payload while None: an
+    # event that does not use them keeps the exact bytes an earlier release wrote.
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)  # the dataclass fields (ClassVars live on the class)
@@ -77,8 +80,9 @@ class RunStarted(Payload):
     process: str = "main"
     input: object = None
     # A scheduled run's origin, {"id": ..., "nominal": "2026-12-04T09:00:00Z"}; absent
-    # (None) for other runs and in logs written before 0.2.
+    # (None, and not written) for other runs and in logs written before 0.2.
     schedule: dict[str, Any] | None = None
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"schedule"})
 
 
 @dataclass(frozen=True)
@@ -336,8 +340,14 @@ class Event:
         if text is not None:
             return str(text)
         payload = self.payload
+        if isinstance(payload, UnknownEvent):
+            return dumps(payload.raw)
         # The fields themselves (what to_dict copies): dumps only reads them.
-        return dumps(payload.raw if isinstance(payload, UnknownEvent) else payload.__dict__)
+        fields = payload.__dict__
+        omit = payload.OMIT_NONE
+        if omit:
+            fields = {k: v for k, v in fields.items() if v is not None or k not in omit}
+        return dumps(fields)
 
     def to_dict(self) -> dict[str, object]:
         """The public JSON shape of an event (HTTP API, ``toren runs events --json``)."""
