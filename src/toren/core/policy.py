@@ -21,14 +21,32 @@ No I/O, no clock, no state: a function of its arguments.
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Protocol
 
-from toren.core.program import Limits, ToolDef
 from toren.core.values import to_nano
 
-__all__ = ["over_budget", "tool_reusable"]
+__all__ = ["Budget", "ToolDeclaration", "over_budget", "tool_reusable"]
 
 
-def tool_reusable(tooldef: ToolDef | None) -> bool:
+class ToolDeclaration(Protocol):
+    """What the policy reads of a tool's declaration (``toren.core.program.ToolDef``).
+    A protocol, so the policy depends on no part above the journal."""
+
+    @property
+    def side_effects(self) -> bool: ...
+
+    @property
+    def reexecute(self) -> bool: ...
+
+
+class Budget(Protocol):
+    """What the policy reads of a run's limits (``toren.core.program.Limits``)."""
+
+    @property
+    def max_cost_usd(self) -> Decimal | None: ...
+
+
+def tool_reusable(tooldef: ToolDeclaration | None) -> bool:
     """Whether a live call of this tool may take the result recorded by a superseded,
     identical call (same name, same arguments) instead of running again. True for an
     undeclared tool (assumed to have side effects) and for one declared with side effects
@@ -36,7 +54,7 @@ def tool_reusable(tooldef: ToolDef | None) -> bool:
     return tooldef is None or (tooldef.side_effects and not tooldef.reexecute)
 
 
-def over_budget(limits: Limits, spent_nanousd: int) -> Decimal | None:
+def over_budget(limits: Budget, spent_nanousd: int) -> Decimal | None:
     """The budget (``limits.max_cost_usd``) when what the run has spent reaches it, so no
     further model call is made; None while it has not (or there is no budget)."""
     limit = limits.max_cost_usd
