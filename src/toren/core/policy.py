@@ -20,6 +20,7 @@ No I/O, no clock, no state: a function of its arguments.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Protocol
 
@@ -54,10 +55,12 @@ def tool_reusable(tooldef: ToolDeclaration | None) -> bool:
     return tooldef is None or (tooldef.side_effects and not tooldef.reexecute)
 
 
-def over_budget(limits: Budget, spent_nanousd: int) -> Decimal | None:
+def over_budget(limits: Budget, spent_nanousd: Callable[[], int]) -> Decimal | None:
     """The budget (``limits.max_cost_usd``) when what the run has spent reaches it, so no
-    further model call is made; None while it has not (or there is no budget)."""
+    further model call is made; None while it has not (or there is no budget).
+    ``spent_nanousd`` is asked only when there is a budget: summing what a run spent is
+    not free, and most runs set none (this is on the path of every live model call)."""
     limit = limits.max_cost_usd
-    if limit is not None and spent_nanousd >= to_nano(limit):
+    if limit is not None and spent_nanousd() >= to_nano(limit):
         return limit
     return None

@@ -107,12 +107,13 @@ class LiveSteps:
         return self._live_model(ctx, pos, answer.generation, hashed, request, on_delta)
 
     async def _replay_model(self, stream: str, step: Step, hashed: HashedRequest) -> ModelResponse:
-        self.state.bodies.replayed(stream, step, hashed)
-        self.state.replayed += 1
-        if self.state.interrupted:
+        state = self.state
+        state.bodies.replayed(stream, step, hashed)
+        state.replayed += 1
+        if state.interrupted:
             payload = step.first.payload
             assert isinstance(payload, ModelCallRecorded)
-            self.state.writer.add(Totals(saved_nanousd=to_nano(payload.cost_usd)))
+            state.writer.add(Totals(saved_nanousd=to_nano(payload.cost_usd)))
         return replay_model(step)
 
     async def _record_cut_off(
@@ -173,7 +174,9 @@ class LiveSteps:
 
     def _check_budget(self, program: AgentProgram) -> None:
         state = self.state
-        limit = policy.over_budget(state.limits(program), state.journal.spent().cost_nanousd)
+        limit = policy.over_budget(
+            state.limits(program), lambda: state.journal.spent().cost_nanousd
+        )
         if limit is not None:
             raise LimitExceeded(
                 f"run {self.run_id!r} has spent ${state.usage().cost_usd} of its "
@@ -189,43 +192,44 @@ class LiveSteps:
         request: ModelRequest,
         on_delta: Callable[[str], None] | None,
     ) -> ModelResponse:
-        async with self.state.busy():
+        state = self.state
+        async with state.busy():
             self._check_budget(ctx.program)
             provider = self._provider(request.provider, ctx.program)
 
             def delta(text: str) -> None:
                 text = repair_text(text)  # half a pair at a chunk's edge: see core/text.py
-                self.state.publish(
+                state.publish(
                     {"type": "delta", "stream": ctx.stream, "position": pos, "text": text}
                 )
                 if on_delta is not None:
                     on_delta(text)
 
-            started = self.state.monotonic()
+            started = state.monotonic()
             try:
                 call = await call_model(
                     provider,
                     request,
                     hashed,
                     ctx.program,
-                    bodies=self.state.bodies,
+                    bodies=state.bodies,
                     stream=ctx.stream,
-                    pricing=ctx.program.pricing or self.state.deps.pricing,
-                    monotonic=self.state.monotonic,
+                    pricing=ctx.program.pricing or state.deps.pricing,
+                    monotonic=state.monotonic,
                     on_delta=delta,
                 )
             except CancelledWithUsage as cut:  # cut off in flight: count what it billed
                 await self._record_cut_off(ctx, pos, hashed, request, cut.usage, started)
                 raise
             error = call.payload.error
-            stored = await self.state.write(
-                [self.state.event(ctx.stream, pos, gen, hashed.digest, call.payload)],
+            stored = await state.write(
+                [state.event(ctx.stream, pos, gen, hashed.digest, call.payload)],
                 blobs=call.blobs,
                 step=call.used,
             )
-            self.state.executed += 1
-            if self.state.deps.telemetry is not None:
-                self.state.deps.telemetry.on_model_call(
+            state.executed += 1
+            if state.deps.telemetry is not None:
+                state.deps.telemetry.on_model_call(
                     self.run_id,
                     ctx.stream,
                     pos,
@@ -268,17 +272,18 @@ class LiveSteps:
         tooldef: ToolDef | None,
         reuse: Step | None,
     ) -> Any:
-        async with self.state.busy():
+        state = self.state
+        async with state.busy():
             payload = await call_tool(
-                name, args, tooldef, reuse, ctx.program, monotonic=self.state.monotonic
+                name, args, tooldef, reuse, ctx.program, monotonic=state.monotonic
             )
-            stored = await self.state.write(
-                [self.state.event(ctx.stream, pos, gen, digest, payload)],
+            stored = await state.write(
+                [state.event(ctx.stream, pos, gen, digest, payload)],
                 step=_NOTHING_USED,
             )
-            self.state.executed += 1
-            if self.state.deps.telemetry is not None:
-                self.state.deps.telemetry.on_tool_call(
+            state.executed += 1
+            if state.deps.telemetry is not None:
+                state.deps.telemetry.on_tool_call(
                     self.run_id,
                     ctx.stream,
                     pos,
@@ -296,14 +301,13 @@ class LiveSteps:
         return self._live_value(ctx, pos, answer.generation, digest, what)
 
     async def _live_value(self, ctx: Context, pos: int, gen: int, digest: str, what: str) -> Any:
-        async with self.state.busy():
-            payload = make_value(
-                what, self.state.clock.now, self.state.deps.random, self.state.deps.uuid
+        state = self.state
+        async with state.busy():
+            payload = make_value(what, state.clock.now, state.deps.random, state.deps.uuid)
+            await state.write(
+                [state.event(ctx.stream, pos, gen, digest, payload)], step=_NOTHING_USED
             )
-            await self.state.write(
-                [self.state.event(ctx.stream, pos, gen, digest, payload)], step=_NOTHING_USED
-            )
-            self.state.executed += 1
+            state.executed += 1
             return payload.value
 
     def sleep_step(self, ctx: Context, pos: int, digest: str, seconds: float) -> Awaitable[None]:
