@@ -68,6 +68,7 @@ class Settings:
     concurrency: int = 100  # runs one worker executes at once
     drain_window: float = 30.0  # seconds a stopping worker lets running steps finish
     poll_interval: float = 0.25  # idle claim polling (SQLite; Postgres also LISTENs)
+    schedules: bool = True  # workers fire due schedules (toren.core.scheduler)
     worker_ttl: float = 30.0  # a worker silent this long is not live (storm guard)
     inline_wait: float = 2.0  # sleeps/timeouts this short wait in-process, not parked
     # A run whose other branches all wait durably parks only once a branch busy with work

@@ -8,7 +8,9 @@
     │   ├── InvalidInput           a run input, message or argument of the wrong shape
     │   │   └── ForkPointNotFound      a fork at a step the source run does not have
     │   ├── IdempotencyConflict    an idempotency key reused with different arguments
+    │   ├── ConcurrencyConflict    a start refused: its concurrency key has an unfinished run
     │   ├── RunNotFound            no run with that id
+    │   ├── ScheduleNotFound       no schedule with that id
     │   └── RunNotRetryable        a retry of a run that is not failed (cancelled, ...)
     ├── StepFailed                 a recorded step ended in an error; replay re-raises it
     │   ├── ModelCallFailed        the provider refused or failed after retries
@@ -84,6 +86,21 @@ class IdempotencyConflict(UserError):
 
 class RunNotFound(UserError):
     code = "run_not_found"
+
+
+class ConcurrencyConflict(UserError):
+    """A start refused by its agent's ``concurrency.on_conflict: reject``: a run of the same
+    key is unfinished (``runs`` names them)."""
+
+    code = "concurrency_conflict"
+
+    def __init__(self, message: str, *, runs: list[str] | None = None) -> None:
+        super().__init__(message, runs=list(runs or []))
+        self.runs = list(runs or [])
+
+
+class ScheduleNotFound(UserError):
+    code = "schedule_not_found"
 
 
 class RunNotRetryable(UserError):

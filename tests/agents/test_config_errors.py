@@ -33,6 +33,28 @@ class Case:
 
 CASES = [
     Case(
+        "schedule-bad-cron",
+        "name: a\nmodel: openai:gpt-4o\nschedules:\n  - name: nightly\n    cron: '0 25 * * *'\n",
+        (":5:", "at 'schedules[0].cron'", "not a valid cron expression", "expected"),
+    ),
+    Case(
+        "schedule-unknown-zone",
+        "name: a\nmodel: openai:gpt-4o\nschedules:\n  - name: nightly\n"
+        "    cron: '0 2 * * *'\n    zone: Europe/Lyon\n",
+        (":6:", "at 'schedules[0].zone'", "IANA time zone", "'Europe/Lyon'"),
+    ),
+    Case(
+        "schedule-nonsense-interval",
+        "name: a\nmodel: openai:gpt-4o\nschedules:\n  - name: often\n    every: 0.2s\n",
+        (":5:", "at 'schedules[0].every'", "whole seconds"),
+    ),
+    Case(
+        "schedule-unknown-process",
+        "name: a\nmodel: openai:gpt-4o\nschedules:\n  - name: n\n    every: 1h\n"
+        "    process: nightly\n",
+        ("schedules", "'nightly'", "is not declared"),
+    ),
+    Case(
         "yaml-syntax",
         "name: a\nmodel: [openai:gpt-4o\n",
         ("found invalid YAML", "line 3", "expected a YAML mapping"),

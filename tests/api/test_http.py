@@ -511,11 +511,14 @@ async def test_event_objects_carry_the_whole_envelope(api: Api) -> None:
         "worker_id",
         "created_at",
         "format_version",
+        "chain",  # since 0.2 (docs/digest.md §7)
         "payload",
     }
     async with api.http() as http:
         body = (await http.get(f"/v1/runs/{run.id}/events")).json()
     assert all(set(e) == envelope for e in body["events"])
+    assert [e["chain"] for e in body["events"]] == [e.chain for e in stored]
+    assert all(e.chain for e in stored)
     assert [e["slot"] for e in body["events"]] == [e.slot for e in stored]
     assert body["events"][0]["slot"] == "run:start" and body["events"][1]["slot"] == "main#0:0"
     page = await api.client.events(run.id)
@@ -529,6 +532,14 @@ async def test_verify_and_invalidations_endpoints(api: Api) -> None:
         report = (await http.get(f"/v1/runs/{run.id}/verify")).json()
         assert report["ok"] and report["steps"] == report["verified"] == 3
         assert [c["verdict"] for c in report["checks"]] == ["verified"] * 3
+        # What else is covered (docs/digest.md §6, §7): every event links, and the
+        # model calls' responses re-derive.
+        events = await api.store.load_events(run.id)
+        assert report["chain"]["linked"] == len(events) and report["chain"]["breaks"] == []
+        assert report["chain"]["head"] == events[-1].chain
+        covered = [c["response"] for c in report["checks"]]
+        assert set(covered) <= {"verified", "none"} and "verified" in covered
+        assert report["responses"]["verified"] == covered.count("verified")
         assert (await http.get(f"/v1/runs/{run.id}/invalidations")).json() == {"invalidations": []}
         assert (await api.client.verify(run.id))["checks"] == report["checks"]
         assert await api.client.invalidations(run.id) == []

@@ -34,6 +34,15 @@ COMMANDS = [
     ["serve"],
     ["version"],
     ["plan"],
+    ["schedules"],
+    ["schedules", "list"],
+    ["schedules", "show"],
+    ["schedules", "create"],
+    ["schedules", "pause"],
+    ["schedules", "resume"],
+    ["schedules", "trigger"],
+    ["schedules", "backfill"],
+    ["schedules", "delete"],
 ]
 
 

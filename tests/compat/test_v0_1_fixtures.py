@@ -517,6 +517,17 @@ async def test_in_flight_runs_resume_without_paying_twice(
             assert len(slots) == len(set(slots)), f"{scenario}: a model call was recorded twice"
             if m["lease_owner"] is not None:
                 assert run.lease_recoveries >= 1  # taken over from the dead worker
+            # verify: what 0.1 wrote is not covered by the chain or response digests;
+            # what today's code added is, the chain starting after the 0.1 prefix.
+            report = await toren.verify_run(store, ids[scenario])
+            assert report.ok, (scenario, report.to_dict())
+            chain = report.chain
+            assert (chain.not_covered, chain.linked) == (len(old), len(new)), scenario
+            old_seqs = {e.seq for e in old}
+            for check in report.checks:
+                if check.kind in ("model", "tool"):
+                    covered = "not covered" if check.seq in old_seqs else "verified"
+                    assert check.response == covered, (scenario, check)
         assert resume.paid() == sum(RUNS[s]["resume"]["model_calls_on_resume"] for s in IN_FLIGHT)
         assert resume.emails() == sum(RUNS[s]["resume"]["emails_on_resume"] for s in IN_FLIGHT)
         assert resume.notes() == sum(RUNS[s]["resume"]["notes_on_resume"] for s in IN_FLIGHT)

@@ -48,10 +48,19 @@ def test_every_step_of_the_0_1_databases_verifies(
     # The timed waits that received nothing: verified, and the report says how.
     assert explained and all(c["kind"] == "message" for c in explained)
     assert all("RunWaiting.messages" in c["note"] for c in explained)
+    # 0.1 wrote no response digests and no chain: reported as not covered, not a failure.
+    responses = [c for c in checks if c["kind"] in ("model", "tool")]
+    assert responses and {c["response"] for c in responses} == {"not covered"}
+    assert all("earlier version" in c["response_note"] for c in responses)
+    assert {c["response"] for c in checks if c not in responses} <= {"none"}
+    assert all(r["chain"]["linked"] == 0 and not r["chain"]["breaks"] for r in reports)
+    assert all(r["chain"]["not_covered"] > 0 for r in reports)
 
     human = _verify(url, "--all")
     assert human.exit_code == 0, human.output
     assert f"{len(reports)} runs, {V0_1_STEPS} steps: {V0_1_STEPS} verified" in human.output
+    assert "response not covered (recorded by an earlier version)" in human.output
+    assert "chain: not covered (recorded by an earlier version)" in human.output
 
 
 def test_a_tampered_payload_byte_is_a_mismatch_with_its_position(

@@ -49,6 +49,14 @@ async def _received(store: Store, run_id: str) -> list[tuple[Any, int]]:
     ]
 
 
+async def _chain_holds(store: Store, run_id: str) -> None:
+    """The write the store refused stored nothing and did not move the tick's link in the
+    run's event chain: every event links to the one before it (docs/event-log.md)."""
+    report = await toren.verify_run(store, run_id)
+    assert report.ok and not report.chain.breaks, report.to_dict()
+    assert report.chain.linked == len(await store.load_events(run_id))
+
+
 @pytest.mark.parametrize("timeout", [None, 3600.0])
 async def test_a_message_consumed_under_the_step_parks_the_run_and_releases_it(
     store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch, timeout: float | None
@@ -72,6 +80,7 @@ async def test_a_message_consumed_under_the_step_parks_the_run_and_releases_it(
     done = await toren.tick(run.id, deps)
     assert done.status == TickStatus.COMPLETED and done.output == "second"
     assert await _received(store, run.id) == [("second", second)]
+    await _chain_holds(store, run.id)
 
 
 async def test_a_message_consumed_under_the_step_takes_the_next_one_in_the_same_tick(
@@ -93,6 +102,7 @@ async def test_a_message_consumed_under_the_step_takes_the_next_one_in_the_same_
     row = await store.get_run(run.id)
     assert row is not None and row.lease_owner is None
     assert await store.next_message(run.id, ["go"]) is None
+    await _chain_holds(store, run.id)
 
 
 @pytest.mark.parametrize("consumed", [True, False])

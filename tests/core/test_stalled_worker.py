@@ -287,6 +287,10 @@ async def test_a_stalled_worker_pays_and_sends_nothing_after_it_thaws(
                 events = await store.load_events(run.id)
                 recorded_steps = [(e.type, e.position) for e in events if e.digest]
                 assert recorded_steps == [("ModelCallRecorded", 0), ("ToolCallRecorded", 1)]
+                # Two workers wrote the log, the thawed one fenced out: the chain holds
+                # (docs/event-log.md#the-chain).
+                report = await toren.verify_run(store, run.id)
+                assert report.ok and report.chain.linked == len(events), report.to_dict()
     finally:
         await store.close()
     # The seeded freezes landed in both places the issue names.

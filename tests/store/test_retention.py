@@ -148,6 +148,9 @@ async def test_export_prune_import_round_trip_is_byte_identical(store: Store) ->
     assert imported.runs == len(finished) and not imported.skipped
     for run_id, expected in before_events.items():
         assert await rows(store, events_sql, (run_id,)) == expected
+        # The chain came back with the events (an `events` column since 0.2): it holds.
+        report = await toren.verify_run(store, run_id)
+        assert report.ok and report.chain.linked == len(expected), report.to_dict()
     restored = dict(await rows(store, "SELECT hash, body FROM blobs"))
     assert {h: all_blobs[h] for h in restored} == restored
     assert set(restored) == set(all_blobs)

@@ -5,6 +5,8 @@ import { describe, errorFromBody, linkSignals, sleep } from "./util.js";
 import {
   isTerminal,
   type Agent,
+  type BackfillDone,
+  type CreateSchedule,
   type EventPage,
   type EventsQuery,
   type Event,
@@ -20,6 +22,8 @@ import {
   type Run,
   type RunPage,
   type RunVerification,
+  type Schedule,
+  type ScheduleList,
   type StreamEvent,
   type StreamItem,
 } from "./types.js";
@@ -83,7 +87,7 @@ export interface WaitOptions extends CallOptions {
 type Query = Record<string, string | number | undefined | null>;
 
 interface Call<T> {
-  method: "GET" | "POST";
+  method: "GET" | "POST" | "DELETE";
   path: string;
   query?: Query;
   body?: unknown;
@@ -314,6 +318,114 @@ export class TorenClient {
     return list.invalidations;
   }
 
+  // -- schedules (docs/schedules.md); a schedule's id is "agent/name" ----------------------
+
+  /** `GET /v1/schedules`: every schedule, with its next times, last run and last skip. */
+  async schedules(options: CallOptions = {}): Promise<Schedule[]> {
+    const list = await this.send({
+      method: "GET",
+      path: "/v1/schedules",
+      parse: (data) => {
+        const body = objectWith(data, "schedules") as ScheduleList;
+        if (!Array.isArray(body.schedules)) throw invalid("'schedules' is not a list");
+        return body;
+      },
+      signal: options.signal,
+    });
+    return list.schedules;
+  }
+
+  /** `GET /v1/schedules/{agent}/{name}`: one schedule with its recent runs. */
+  getSchedule(scheduleId: string, options: CallOptions = {}): Promise<Schedule> {
+    return this.send({
+      method: "GET",
+      path: schedulePath(scheduleId),
+      parse: scheduleOf,
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * `POST /v1/schedules`: a schedule made at run time. `spec` holds `cron` or `every` and
+   * the other keys of an agent.yaml schedule (`zone`, `input`, `process`, `overlap`, ...).
+   * A bad definition is a 422 naming the field.
+   */
+  createSchedule(
+    agent: string,
+    name: string,
+    spec: Partial<Omit<CreateSchedule, "agent" | "name">>,
+    options: CallOptions = {},
+  ): Promise<Schedule> {
+    return this.send({
+      method: "POST",
+      path: "/v1/schedules",
+      body: { ...spec, agent, name },
+      parse: scheduleOf,
+      signal: options.signal,
+    });
+  }
+
+  /** `POST .../pause`: no time fires until it is resumed; `note` says why. */
+  pauseSchedule(scheduleId: string, note?: string, options: CallOptions = {}): Promise<Schedule> {
+    return this.send({
+      method: "POST",
+      path: schedulePath(scheduleId, "/pause"),
+      body: note === undefined ? {} : { note },
+      parse: scheduleOf,
+      signal: options.signal,
+    });
+  }
+
+  /** `POST .../resume`: from the next time after now (paused times are not caught up). */
+  resumeSchedule(scheduleId: string, note?: string, options: CallOptions = {}): Promise<Schedule> {
+    return this.send({
+      method: "POST",
+      path: schedulePath(scheduleId, "/resume"),
+      body: note === undefined ? {} : { note },
+      parse: scheduleOf,
+      signal: options.signal,
+    });
+  }
+
+  /** `POST .../trigger`: start a run of the schedule now. */
+  triggerSchedule(scheduleId: string, options: CallOptions = {}): Promise<Run> {
+    return this.send({
+      method: "POST",
+      path: schedulePath(scheduleId, "/trigger"),
+      parse: runOf,
+      signal: options.signal,
+    });
+  }
+
+  /**
+   * `POST .../backfill`: a run for each nominal time in `[start, end)` (ISO 8601 with an
+   * offset) that has none yet; the same backfill twice starts nothing the second time.
+   */
+  backfillSchedule(
+    scheduleId: string,
+    start: string,
+    end: string,
+    options: CallOptions = {},
+  ): Promise<BackfillDone> {
+    return this.send({
+      method: "POST",
+      path: schedulePath(scheduleId, "/backfill"),
+      body: { start, end },
+      parse: (data) => objectWith(data, "started") as unknown as BackfillDone,
+      signal: options.signal,
+    });
+  }
+
+  /** `DELETE /v1/schedules/{agent}/{name}`: remove it (its runs stay). */
+  async deleteSchedule(scheduleId: string, options: CallOptions = {}): Promise<void> {
+    await this.send({
+      method: "DELETE",
+      path: schedulePath(scheduleId),
+      parse: () => undefined,
+      signal: options.signal,
+    });
+  }
+
   /** Until the run is completed, failed or cancelled; `TorenTimeoutError` after `timeout` ms. */
   async wait(runId: string, options: WaitOptions = {}): Promise<Run> {
     const timeout = options.timeout ?? 60_000;
@@ -450,6 +562,7 @@ export class TorenClient {
       clearTimeout(timer);
       dispose();
     }
+    if (status === 204) return call.parse(null); // No Content (a deleted schedule)
     let data: unknown;
     try {
       data = JSON.parse(text);
@@ -501,6 +614,22 @@ function runOf(data: unknown): Run {
   const run = objectWith(data, "id");
   if (typeof run["status"] !== "string") throw invalid("the run has no 'status'");
   return run as unknown as Run;
+}
+
+function scheduleOf(data: unknown): Schedule {
+  const schedule = objectWith(data, "id");
+  if (typeof schedule["paused"] !== "boolean") throw invalid("the schedule has no 'paused'");
+  return schedule as unknown as Schedule;
+}
+
+function schedulePath(scheduleId: string, suffix = ""): string {
+  const slash = scheduleId.indexOf("/");
+  if (slash <= 0 || slash === scheduleId.length - 1) {
+    throw new TypeError(`a schedule id is "agent/name"; got ${JSON.stringify(scheduleId)}`);
+  }
+  const agent = scheduleId.slice(0, slash);
+  const name = scheduleId.slice(slash + 1);
+  return `/v1/schedules/${encodeURIComponent(agent)}/${encodeURIComponent(name)}${suffix}`;
 }
 
 function runPath(runId: string, suffix = ""): string {

@@ -39,6 +39,13 @@ export type InvalidationExplained = Schemas["InvalidationExplained"];
 /** One part of a step's request that differs (`part`, `text`, `name`, `index`, `old`, `new`). */
 export type RequestChange = Schemas["RequestChange"];
 export type ErrorBody = Schemas["ErrorBody"];
+/** A schedule: its definition, next times, last run and last skip (docs/schedules.md). */
+export type Schedule = Schemas["Schedule"];
+export type ScheduleList = Schemas["ScheduleList"];
+/** The body of `POST /v1/schedules`: `agent`, `name`, `cron` or `every`, and the rest. */
+export type CreateSchedule = Schemas["CreateSchedule"];
+/** What a backfill did: runs `started`, and times that `already_ran`. */
+export type BackfillDone = Schemas["BackfillDone"];
 
 /** The filters and page of `GET /v1/runs` (`status`, `agent`, `process`, `limit`, `cursor`). */
 export type ListRunsQuery = NonNullable<operations["list_runs"]["parameters"]["query"]>;

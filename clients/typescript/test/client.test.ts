@@ -396,3 +396,59 @@ describe("AbortSignal", () => {
     await client.cancel(run.id);
   });
 });
+
+describe("schedules", () => {
+  test("create, list, fire, pause with a note, trigger, backfill and delete", async () => {
+    const made = await client.createSchedule("demo", "beat", {
+      every: "1s",
+      input: { steps: 1 },
+      overlap: "allow_all",
+    });
+    assert.equal(made.id, "demo/beat");
+    assert.equal(made.source, "api");
+    assert.equal(made.upcoming.length, 5);
+
+    // The worker fires it: a run whose origin is the schedule.
+    const fired = await waitFor(async () => {
+      const found = await client.getSchedule("demo/beat");
+      return found.recent_runs && found.recent_runs.length > 0 ? found.recent_runs[0] : null;
+    }, "the schedule to fire");
+    const run = await client.getRun(fired.id);
+    assert.deepEqual(run.schedule, { id: "demo/beat", nominal: fired.nominal });
+
+    const paused = await client.pauseSchedule("demo/beat", "quiet hours");
+    assert.equal(paused.paused, true);
+    assert.equal(paused.note, "quiet hours");
+    assert.deepEqual(
+      (await client.schedules()).map((s) => [s.id, s.paused]),
+      [["demo/beat", true]],
+    );
+    const triggered = await client.triggerSchedule("demo/beat");
+    assert.equal(triggered.agent, "demo");
+    const range = ["2026-01-01T00:00:00+00:00", "2026-01-01T00:00:10+00:00"] as const;
+    assert.deepEqual(await client.backfillSchedule("demo/beat", ...range), {
+      started: 10,
+      already_ran: 0,
+    });
+    assert.deepEqual(await client.backfillSchedule("demo/beat", ...range), {
+      started: 0,
+      already_ran: 10,
+    });
+    await client.deleteSchedule("demo/beat");
+    await assert.rejects(client.getSchedule("demo/beat"), (error: unknown) => {
+      assert.ok(error instanceof TorenAPIError);
+      assert.equal(error.status, 404);
+      assert.equal(error.code, "schedule_not_found");
+      return true;
+    });
+    await assert.rejects(
+      client.createSchedule("demo", "bad", { cron: "0 25 * * *" }),
+      (error: unknown) => {
+        assert.ok(error instanceof TorenAPIError);
+        assert.equal(error.status, 422);
+        assert.match(error.message, /not a valid cron expression/);
+        return true;
+      },
+    );
+  });
+});

@@ -14,17 +14,30 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from toren.core.flow import Concurrency, parse_key
+from toren.core.schedule import (
+    ScheduleDef,
+    ScheduleError,
+    ScheduleSpec,
+    check_cron,
+    check_every,
+    check_seconds,
+    check_zone,
+)
 from toren.deprecations import DEPRECATED_KEYS, TorenDeprecationWarning, warn_deprecated
+from toren.durations import parse_duration
+from toren.errors import InvalidInput
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "ConcurrencyConfig",
     "DEPRECATED_KEYS",
     "KNOWN_PROVIDER_TYPES",
     "SCHEMA_URL",
@@ -36,6 +49,7 @@ __all__ = [
     "PriceConfig",
     "ProcessConfig",
     "ProviderConfig",
+    "ScheduleConfig",
     "TorenDeprecationWarning",
     "agent_json_schema",
     "apply_deprecations",
@@ -226,6 +240,34 @@ class PriceConfig(_Strict):
     output_usd_per_mtok: Decimal = Field(ge=0)
 
 
+class ConcurrencyConfig(_Strict):
+    """How many runs of this process (or of one key of it) may run at once, enforced by
+    the database across every worker. See docs/flow-control.md."""
+
+    limit: int = Field(ge=1, le=1_000_000, description="Runs of one key holding a slot at once.")
+    key: str | None = Field(
+        default=None,
+        description="A path into the run's input (`input.customer_id`): one limit per value. "
+        "Omitted: one limit for the whole process.",
+    )
+    on_conflict: Literal["enqueue", "reject", "cancel_previous"] = Field(
+        default="enqueue",
+        description="A start while a run of the same key is unfinished: wait in the queue, "
+        "be refused (409), or cancel the unfinished ones and wait for their slots.",
+    )
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_key(value)
+        return value
+
+    def value(self) -> Concurrency:
+        key = parse_key(self.key) if self.key is not None else ()
+        return Concurrency(limit=self.limit, key=key, on_conflict=self.on_conflict)
+
+
 class _Overridable(_Strict):
     """Keys a process may set to override the agent's top level."""
 
@@ -243,6 +285,18 @@ class _Overridable(_Strict):
     mcp_servers: Any = None
     model_params: ModelParams | None = None
     limits: LimitsConfig | None = None
+    concurrency: ConcurrencyConfig | None = Field(
+        default=None,
+        description="A concurrency limit, optionally keyed by a path into the input "
+        "(docs/flow-control.md).",
+    )
+    on_tool_error: Literal["continue", "fail"] | None = Field(
+        default=None,
+        description="What the built-in loop does when a tool raises: `continue` (the "
+        "default) gives the model the error text and goes on, and the run counts it in "
+        "`tool_errors`; `fail` fails the run with the tool's error and traceback "
+        "(retryable with `toren runs retry`, which runs the tool again).",
+    )
     entry: str | None = Field(
         default=None,
         pattern=ENTRY_PATTERN,
@@ -271,6 +325,112 @@ class ProcessConfig(_Overridable):
     )
 
 
+class ScheduleConfig(_Strict):
+    """A schedule: start a run of a process on a cron expression or an interval. See
+    docs/schedules.md for the policies, the defaults and DST."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Unique within the agent.")
+    cron: str | None = Field(
+        default=None,
+        description="Five cron fields (minute hour day-of-month month day-of-week), "
+        "matched in `zone`, e.g. `0 9 * * 1-5`. Exactly one of `cron` and `every`.",
+    )
+    every: float | str | None = Field(
+        default=None,
+        description="A fixed interval (`10m`, `1h`, or seconds), counted from the Unix "
+        "epoch in whole seconds (at least 1 s).",
+    )
+    zone: str = Field(default="UTC", description="The IANA time zone `cron` is read in.")
+    process: str = Field(default="main", description="The process each firing starts.")
+    input: Any = Field(default=None, description="The input of each run it starts.")
+    overlap: Literal["skip", "buffer_one", "allow_all", "cancel_previous"] = Field(
+        default="skip", description="What a due time does while the last run still runs."
+    )
+    catch_up: Literal["latest", "all"] = Field(
+        default="latest",
+        description="When several times were missed: fire only the latest, or all.",
+    )
+    catch_up_window: float | str = Field(
+        default="1d", description="A missed time older than this never fires."
+    )
+    jitter: float | str = Field(
+        default=0, description="Fire each time up to this much later (spreads load)."
+    )
+
+    def definition(self, agent: str) -> ScheduleDef:
+        return ScheduleDef(
+            agent=agent,
+            name=self.name,
+            spec=self.spec(),
+            process=self.process,
+            input=self.input,
+        )
+
+    def spec(self) -> ScheduleSpec:
+        return ScheduleSpec(
+            cron=self.cron,
+            every=None if self.every is None else _seconds(self.every, "every"),
+            zone=self.zone,
+            jitter=_seconds(self.jitter, "jitter"),
+            overlap=self.overlap,
+            catch_up=self.catch_up,
+            catch_up_window=_seconds(self.catch_up_window, "catch_up_window"),
+        )
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is not None:
+            _checked(check_cron, value)
+        return value
+
+    @field_validator("zone")
+    @classmethod
+    def _zone(cls, value: str) -> str:
+        _checked(check_zone, value)
+        return value
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: float | str | None) -> float | str | None:
+        if value is not None:
+            _checked(check_every, _checked(lambda v: _seconds(v, "every"), value))
+        return value
+
+    @field_validator("jitter", "catch_up_window")
+    @classmethod
+    def _duration(cls, value: float | str, info: ValidationInfo) -> float | str:
+        name = str(info.field_name)
+        _checked(lambda v: check_seconds(name, _seconds(v, name)), value)
+        return value
+
+    @model_validator(mode="after")
+    def _valid(self) -> ScheduleConfig:
+        try:
+            self.spec()
+        except ScheduleError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
+def _checked(check: Callable[[Any], Any], value: Any) -> Any:
+    """A schedule check's error in the words agent.yaml and the API show (the field's own
+    location comes from pydantic)."""
+    try:
+        return check(value)
+    except ScheduleError as exc:
+        raise ValueError(exc.message) from None
+
+
+def _seconds(value: float | str, name: str) -> float:
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except InvalidInput as exc:
+            raise ScheduleError(name, exc.message) from None
+    return value
+
+
 class AgentConfig(_Overridable):
     """The whole agent.yaml."""
 
@@ -293,6 +453,29 @@ class AgentConfig(_Overridable):
         default_factory=dict,
         description="Price overrides by model ref, USD per million tokens.",
     )
+    schedules: list[ScheduleConfig] = Field(
+        default_factory=list,
+        description="Runs this agent starts on its own, on a cron expression or an "
+        "interval (docs/schedules.md).",
+    )
+
+    @model_validator(mode="after")
+    def _schedule_names(self) -> AgentConfig:
+        seen: set[str] = set()
+        for schedule in self.schedules:
+            if schedule.name in seen:
+                raise ValueError(
+                    f"schedules: the name {schedule.name!r} is used twice; expected unique "
+                    "schedule names"
+                )
+            seen.add(schedule.name)
+            if schedule.process != "main" and schedule.process not in self.processes:
+                raise ValueError(
+                    f"schedules: {schedule.name!r} names the process {schedule.process!r}, "
+                    f"which is not declared; expected 'main' or one of "
+                    f"{sorted(self.processes)} (under 'processes:')"
+                )
+        return self
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

@@ -51,6 +51,7 @@ from toren.agents.diagnostics import (
 from toren.agents.loop import LoopSpec, make_loop
 from toren.agents.pricing import PriceTable, default_table
 from toren.agents.tools import tools_from_module
+from toren.core.flow import Concurrency
 from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef, usd
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelProvider
@@ -115,6 +116,8 @@ class ProcessDefinition:
     limits: Limits
     entry: str | None
     entry_fn: AgentFn | None = None
+    concurrency: Concurrency | None = None
+    on_tool_error: str = "continue"  # the built-in loop's; see agent.yaml's on_tool_error
 
     @property
     def uses_builtin_loop(self) -> bool:
@@ -169,6 +172,8 @@ class AgentDefinition:
             processes=tuple(self.processes),
             providers=dict(providers or {}),
             pricing=self.prices.cost,
+            schedules=tuple(s.definition(self.name) for s in self.config.schedules),
+            concurrency=proc.concurrency,
         )
 
     def process(self, name: str) -> ProcessDefinition:
@@ -195,6 +200,7 @@ class AgentDefinition:
             params=proc.model_params,
             limits=proc.limits,
             human=human,
+            on_tool_error=proc.on_tool_error,
         )
 
 
@@ -499,6 +505,8 @@ class _AgentLoader:
             limits=_merge_limits(config.limits, proc.limits),
             entry=entry,
             entry_fn=entry_fn,
+            concurrency=concurrency.value() if (concurrency := pick("concurrency")[0]) else None,
+            on_tool_error=pick("on_tool_error")[0] or "continue",
         )
 
     def _check_budget(

@@ -3,7 +3,9 @@
 One turn is a model call; if the model asked for tools, every tool call of the turn starts
 at once, each its own step, and their results go back to the model in the order the model
 asked for them. A failed tool is not a failed run: its error text is what the model sees,
-and the model decides what to do next. Nor is a tool call whose arguments the model
+and the model decides what to do next (the run row counts it in ``tool_errors``), unless
+agent.yaml sets ``on_tool_error: fail``: then the tool's failure fails the run, as it would
+from ``entry:`` code, retryable. Nor is a tool call whose arguments the model
 garbled (not a JSON object): it is answered with the problem, and the tool is not run.
 The loop ends on an answer without tool calls, or on a limit (``LimitExceeded`` naming
 the limit and the setting).
@@ -78,6 +80,8 @@ class LoopSpec:
     params: Mapping[str, Any] = field(default_factory=dict)
     limits: Limits = field(default_factory=Limits)
     human: HumanConfig | None = None  # set when the process offers ``ask_human``
+    # agent.yaml's ``on_tool_error``: "continue" (the model sees the error) or "fail"
+    on_tool_error: str = "continue"
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         return (*self.tools, ASK_HUMAN_SPEC) if self.human is not None else self.tools
@@ -169,6 +173,10 @@ class _Loop:
             else:
                 content = tool_result_text(await self.ctx.tool(call.name, call.arguments))
         except ToolFailed as exc:
+            if self.spec.on_tool_error == "fail":
+                # As from entry code: the run fails with the tool's error and traceback,
+                # and a retry runs the tool again (the exception names its step).
+                raise
             content = f"error: {exc.message}"
         return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
 

@@ -14,19 +14,19 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Annotated, Any, TypeVar, cast
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi import FastAPI, Header, Query, Response
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import TypeAdapter
 
 import toren
-from toren.api import metrics, models, render
-from toren.api.errors import STATUS_CODES, ApiError, install
+from toren.api import metrics, models, render, schedules
+from toren.api.errors import ApiError, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
 from toren.api.sse import RunStream, StreamSettings, resume_problem
-from toren.api.state import ApiState
+from toren.api.state import ApiState, State, error_responses
 from toren.core.changes import explain_invalidations
 from toren.core.events import StreamInvalidated
 from toren.core.fixforward import fork_run as core_fork_run
@@ -39,7 +39,7 @@ from toren.core.runs import MAX_RUNS_PAGE
 from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
-from toren.core.verify import verify_events
+from toren.core.verify import verify_run as verify_run_report
 from toren.core.worker import LocalWorkerRuntime
 from toren.errors import TorenError
 from toren.redact import Redactor, secrets_from_env
@@ -105,7 +105,7 @@ def create_app(
     app.state.toren = state
     app.state.tokens = tuple(tokens)
     install(app, state.redact)
-    for path, endpoint, options in _ROUTES:
+    for path, endpoint, options in [*_ROUTES, *schedules.ROUTES]:
         app.add_api_route(path, endpoint, **options)
     app.add_api_route(
         "/metrics",
@@ -218,20 +218,7 @@ def _drop_null_parameters(schema: dict[str, Any]) -> None:
 # -- plumbing -----------------------------------------------------------------------------
 
 
-async def get_state(request: Request) -> ApiState:
-    # A coroutine: FastAPI would run a plain function in a worker thread, on every request.
-    return cast(ApiState, request.app.state.toren)
-
-
-State = Annotated[ApiState, Depends(get_state)]
-
-
-def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    always = (401, 413, 500)
-    return {
-        s: {"model": models.ErrorBody, "description": STATUS_CODES.get(s, "internal_error")}
-        for s in sorted({*statuses, *always})
-    }
+_errors = error_responses
 
 
 async def _run_or_404(state: ApiState, run_id: str) -> RunRecord:
@@ -306,6 +293,9 @@ async def start_run(
         body.input,
         process=body.process,
         idempotency_key=key,
+        concurrency_key=body.concurrency_key,
+        concurrency_limit=body.concurrency_limit,
+        priority=body.priority,
     )
     run = started.run
     if not started.created:
@@ -425,7 +415,12 @@ async def list_runs(
     responses=_errors(404),
 )
 async def get_run(run_id: str, state: State) -> dict[str, Any]:
-    return _run(state, await _run_or_404(state, run_id))
+    run = await _run_or_404(state, run_id)
+    shown = _run(state, run)
+    queued = await state.store.queued_because(run)
+    if queued is not None:
+        shown["queue"] = state.redact(queued.to_dict())
+    return shown
 
 
 @_route(
@@ -525,10 +520,12 @@ async def _event_page(
 async def verify_run(run_id: str, state: State) -> dict[str, Any]:
     """Per step: `verified` (the digest re-derives byte for byte from the log),
     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
-    step's seq, stream and position). The rules are docs/digest.md."""
+    step's seq, stream and position); `response`: whether the recorded answer and usage
+    match the step's response digest (`not covered` for events of an earlier version).
+    `chain`: the run's hash chain, with each break's seq and position. `ok` is false on
+    any mismatch or break. The rules are docs/digest.md."""
     await _run_or_404(state, run_id)
-    events = await state.store.load_events(run_id)
-    report = verify_events(run_id, events, await load_blobs(state.store, events))
+    report = await verify_run_report(state.store, run_id)
     return cast(dict[str, Any], state.redact(report.to_dict()))
 
 
@@ -767,6 +764,7 @@ async def get_metrics(state: State) -> PlainTextResponse:
     stats = {
         **await state.store.stats(),
         "queue_depth": await state.store.queue_depth(now=time.time()),
+        "schedules": await state.store.schedules.all(),
     }
     return PlainTextResponse(metrics.render(stats, state.runtime), media_type=metrics.CONTENT_TYPE)
 

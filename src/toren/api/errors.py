@@ -21,11 +21,13 @@ from toren.api.models import CURSOR_HELP, NAME_HELP
 from toren.core.inputs import MAX_JSON_DEPTH, MESSAGE_NAME_HELP, text_depth, too_deep
 from toren.errors import (
     AgentNotFound,
+    ConcurrencyConflict,
     ForkPointNotFound,
     IdempotencyConflict,
     InvalidInput,
     RunNotFound,
     RunNotRetryable,
+    ScheduleNotFound,
     TorenError,
     UserError,
 )
@@ -81,13 +83,13 @@ def error_response(
 
 
 def status_for(exc: TorenError) -> int:
-    if isinstance(exc, RunNotFound | AgentNotFound):
+    if isinstance(exc, RunNotFound | AgentNotFound | ScheduleNotFound):
         return 404
     if isinstance(exc, ForkPointNotFound):
         return 409
     if isinstance(exc, InvalidInput):
         return 422
-    if isinstance(exc, IdempotencyConflict | RunNotRetryable):
+    if isinstance(exc, IdempotencyConflict | RunNotRetryable | ConcurrencyConflict):
         return 409
     if isinstance(exc, UserError):
         return 400
@@ -178,7 +180,11 @@ def _on_validation_error(request: Request, exc: Exception) -> Failure:
 def _body_problem(request: Request, errors: list[Any]) -> Failure | None:
     """A body that is not a JSON object at all gets one message saying what it is and what
     is expected, not pydantic's "Input should be a valid dictionary"."""
-    whole = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
+    # (A model validator's own error is also at ("body",): a problem of its fields, said
+    # in its words by validation_message.)
+    whole = [
+        e for e in errors if tuple(e.get("loc", ())) == ("body",) and e.get("type") != "value_error"
+    ]
     broken = [e for e in errors if e.get("type") == "json_invalid"]
     if not whole and not broken:
         return None

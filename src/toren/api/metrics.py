@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from toren.core.schedule import ScheduleState
 from toren.core.worker import LocalWorkerRuntime
 from toren.store.base import STATUSES, from_nano
 
@@ -88,5 +89,39 @@ def render(stats: Mapping[str, Any], runtime: LocalWorkerRuntime | None = None) 
             "counter",
             "Ticks this worker ran, by how they ended.",
             [(f'{{result="{k}"}}', v) for k, v in sorted(m.ticks.items())],
+        )
+        metric(
+            "toren_worker_schedule_lost_races_total",
+            "counter",
+            "Due schedule times this worker looked at that another worker decided first.",
+            [("", runtime.scheduler.metrics.lost_races)],
+        )
+    schedules: list[ScheduleState] = list(stats.get("schedules", ()))
+    if schedules:
+        label = [f'{{schedule="{s.id}"}}' for s in schedules]
+        metric(
+            "toren_schedule_fires_total",
+            "counter",
+            "Runs started by each schedule on its timeline (all workers).",
+            [(lb, s.fires) for lb, s in zip(label, schedules, strict=True)],
+        )
+        metric(
+            "toren_schedule_skips_total",
+            "counter",
+            "Nominal times each schedule skipped (overlap, catch-up; the reason is in its row).",
+            [(lb, s.skips) for lb, s in zip(label, schedules, strict=True)],
+        )
+        metric(
+            "toren_schedule_lateness_seconds_total",
+            "counter",
+            "Seconds between each firing's nominal time and the start of its run, summed "
+            "(divide by fires for the mean lateness).",
+            [(lb, round(s.lateness_total, 6)) for lb, s in zip(label, schedules, strict=True)],
+        )
+        metric(
+            "toren_schedule_paused",
+            "gauge",
+            "1 for a paused schedule.",
+            [(lb, int(s.paused)) for lb, s in zip(label, schedules, strict=True)],
         )
     return "\n".join(lines) + "\n"

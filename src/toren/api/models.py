@@ -125,6 +125,28 @@ class StartRunRequest(BaseModel):
         "response then carries `Deprecation: true` and a `Warning` header.",
         json_schema_extra={"deprecated": True},
     )
+    concurrency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="A concurrency key for this run (a queue name, a tenant, a ticket): "
+        "at most `concurrency_limit` runs of one key run or wait at once; the others "
+        "stay queued. Overrides the agent's `concurrency:` key (docs/flow-control.md).",
+    )
+    concurrency_limit: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="The limit of `concurrency_key` (required with a key, unless the "
+        "agent declares `concurrency:`).",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Within a concurrency key's queue, higher starts first; then FIFO.",
+    )
 
 
 class Usage(BaseModel):
@@ -138,6 +160,25 @@ class Usage(BaseModel):
 class Lineage(BaseModel):
     run_id: str = Field(description="The source run.")
     at: str = Field(description="The fork point, `STREAM:POSITION` (e.g. `main:5`).")
+
+
+class ScheduleOrigin(BaseModel):
+    id: str = Field(description="The schedule that started the run, `agent/name`.")
+    nominal: str | None = Field(description="The scheduled time it fired for (UTC, ISO 8601).")
+
+
+class Concurrency(BaseModel):
+    key: str = Field(description="The concurrency key the run counts against.")
+    limit: int | None = Field(description="Runs of the key that may run or wait at once.")
+    priority: int = Field(description="Its priority in the key's queue (higher first).")
+
+
+class QueuePlace(BaseModel):
+    key: str
+    limit: int
+    holding: int = Field(description="Runs of the key running or waiting now.")
+    position: int = Field(description="1: the next of the key to start.")
+    reason: str = Field(description="The same, in words.")
 
 
 class ValueSummary(BaseModel):
@@ -170,8 +211,27 @@ class Run(BaseModel):
     lease_recoveries: int
     invalidations: int
     retries: int = Field(default=0, description="How many times the run was retried.")
+    tool_errors: int = Field(
+        default=0,
+        description="Tool calls that failed (recorded with an error). The built-in loop shows "
+        "the model the error and goes on, unless the agent sets `on_tool_error: fail` "
+        "(docs/agent-yaml.md). 0 on runs recorded before 0.2.",
+    )
     forked_from: Lineage | None = Field(
         default=None, description="The run and step this run was forked from, if forked."
+    )
+    concurrency: Concurrency | None = Field(
+        default=None, description="The run's concurrency key, limit and priority, if any."
+    )
+    queue: QueuePlace | None = Field(
+        default=None,
+        description="Why a queued run of a concurrency key waits, and its place (on a run's "
+        "own endpoint; null otherwise).",
+    )
+    schedule: ScheduleOrigin | None = Field(
+        default=None,
+        description="The schedule and nominal time that started this run, if a schedule "
+        "did (on a run's own endpoint; lists leave it null).",
     )
 
     blocked: Blocked | None = Field(
@@ -273,6 +333,11 @@ class Event(BaseModel):
     worker_id: str
     created_at: float
     format_version: int
+    chain: str | None = Field(
+        default=None,
+        description="The event's link in its run's hash chain (docs/digest.md §7); null on "
+        "events written before 0.2.",
+    )
     payload: dict[str, Any]
 
 
@@ -423,15 +488,47 @@ class StepCheck(BaseModel):
     note: str | None = Field(
         description="Why it cannot be verified, what does not match, or how a 0.1 log was read."
     )
+    response: Literal["verified", "mismatch", "not covered", "none"] = Field(
+        default="none",
+        description="The recorded answer, error and usage against the step's response "
+        "digest (docs/digest.md §6): `not covered` when an earlier version recorded it, "
+        "`none` for a step kind without one.",
+    )
+    response_note: str | None = None
+
+
+class ResponseCounts(BaseModel):
+    verified: int
+    mismatch: int
+    not_covered: int
+
+
+class ChainBreakOut(BaseModel):
+    seq: int
+    stream: str
+    position: int | None
+    event_type: str
+    note: str
+
+
+class ChainOut(BaseModel):
+    """The run's hash chain (docs/digest.md §7)."""
+
+    linked: int = Field(description="Events whose chain re-derives.")
+    not_covered: int = Field(description="Events written without a chain (an earlier version).")
+    breaks: list[ChainBreakOut]
+    head: str | None = Field(description="The last event's chain.")
 
 
 class RunVerification(BaseModel):
     run_id: str
-    ok: bool = Field(description="No mismatch.")
+    ok: bool = Field(description="No mismatch of a request or a response, no break of the chain.")
     steps: int
     verified: int
     unverifiable: int
     mismatch: int
+    responses: ResponseCounts
+    chain: ChainOut
     checks: list[StepCheck]
 
 

@@ -151,6 +151,7 @@ _EVENT_TYPES: dict[str, tuple[type, ...]] = {
     "worker_id": (str,),
     "created_at": (float,),
     "format_version": (int,),
+    "chain": (str, type(None)),
 }
 assert (*_EVENT_TYPES, "payload") == tuple(models.Event.model_fields)
 

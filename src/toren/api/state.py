@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated, Any, cast
 
+from fastapi import Depends, Request
+
+from toren.api import models
+from toren.api.errors import STATUS_CODES
 from toren.api.render import Pages
 from toren.api.sse import StreamSettings
 from toren.core.live import LiveHub
@@ -31,3 +36,20 @@ class ApiState:
 
     def is_public(self, path: str) -> bool:
         return path in self.public_paths
+
+
+async def get_state(request: Request) -> ApiState:
+    # A coroutine: FastAPI would run a plain function in a worker thread, on every request.
+    return cast(ApiState, request.app.state.toren)
+
+
+State = Annotated[ApiState, Depends(get_state)]
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's documented error responses (plus those every route may give)."""
+    always = (401, 413, 500)
+    return {
+        s: {"model": models.ErrorBody, "description": STATUS_CODES.get(s, "internal_error")}
+        for s in sorted({*statuses, *always})
+    }

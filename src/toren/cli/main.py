@@ -26,6 +26,7 @@ from toren.cli.plan import plan
 from toren.cli.project import init
 from toren.cli.retention import export_command, import_command, prune_command
 from toren.cli.runs import run, runs
+from toren.cli.schedules import schedules
 from toren.cli.servers import dev, serve, worker
 from toren.cli.verify import verify
 from toren.deprecations import install_one_line_warnings
@@ -137,6 +138,7 @@ runs.add_command(import_command)
 cli.add_command(worker)
 cli.add_command(serve)
 cli.add_command(plan)
+cli.add_command(schedules)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -464,6 +464,9 @@ def stuck_rows(run: Run) -> list[tuple[str, str]]:
                 f"{_clock(blocked.get('retry_at'))}",
             )
         )
+    queue = run.queue
+    if queue and run.status == "queued":
+        rows.append(("queued", escape(str(queue.get("reason")))))
     lease = run.lease
     if lease and not run.terminal:
         rows.append(
@@ -569,6 +572,8 @@ def list_runs(
         status = f"[{style}]{r.status}[/]" if style else r.status
         if r.blocked:
             status += f" [bold red]blocked ×{r.blocked.get('attempts')}[/]"
+        if r.tool_errors:
+            status += f" [yellow]{tool_errors(r.tool_errors)}[/]"
         table.add_row(
             r.id,
             agent_name,
@@ -578,6 +583,11 @@ def list_runs(
             _when(r.created_at),
         )
     console.print(table)
+
+
+def tool_errors(count: int) -> str:
+    """The list's marker of a run whose tool calls failed (the model saw the errors)."""
+    return f"⚠ {count} tool error{'' if count == 1 else 's'}"
 
 
 @runs.command(
@@ -634,6 +644,7 @@ def show(
         ("cost", f"{money(usage.cost_usd)} (estimated)"),
         ("saved by replay", money(usage.saved_by_replay_usd)),
         ("invalidations", str(found.invalidations)),
+        ("tool errors", str(found.tool_errors)),
         ("code version", escape(found.code_version or "-")),
     ]
     table = Table.grid(padding=(0, 2))

@@ -22,7 +22,10 @@ _SHOWN = {"verified": "[green]ok[/]", "unverifiable": "[yellow]cannot verify[/]"
     "verify",
     help="Re-derive every request digest of a run from its stored events and blobs (the "
     "rules of docs/digest.md) and print, per step, whether it matches, cannot be verified "
-    "(and why) or mismatches (and where). Exits 7 on any mismatch (with --strict, also "
+    "(and why) or mismatches (and where), and what else is covered: the response and its "
+    "usage (token counts, cost) against the step's response digest, and the run's event "
+    "chain (a deleted, moved or altered event). Exits 7 on any mismatch or chain break "
+    "(with --strict, also "
     "when a step cannot be verified): a CI or audit gate. Reads the database directly; "
     "over HTTP use GET /v1/runs/{id}/verify."
     + examples(
@@ -95,18 +98,57 @@ def _print(report: RunVerification) -> None:
     console.print(
         f"[bold]run {escape(report.run_id)}[/]: {len(report.checks)} steps, "
         f"{report.count('verified')} verified, {report.count('unverifiable')} cannot be "
-        f"verified, {report.count('mismatch')} mismatches",
+        f"verified, {report.count('mismatch')} mismatches; responses: "
+        f"{report.responses('verified')} verified, {report.responses('mismatch')} altered, "
+        f"{report.responses('not covered')} not covered; chain: "
+        f"{len(report.chain.breaks)} breaks",
         highlight=False,
     )
     for c in report.checks:
-        verdict = _SHOWN.get(c.verdict, "[red bold]MISMATCH[/]")
+        bad = "mismatch" in (c.verdict, c.response)
+        verdict = "[red bold]MISMATCH[/]" if bad else _SHOWN.get(c.verdict, "?")
         where = f"seq {c.seq:<5} {c.stream}:{c.position} (generation {c.generation})"
         line = f"  {verdict}  {escape(where)}  {c.kind or '?'}  {(c.recorded_digest or '-')[:16]}"
         if c.verdict == "mismatch" and c.derived_digest:
             line += f" (derived {c.derived_digest[:16]})"
-        if c.note:
-            line += f"\n      {escape(c.note)}"
+        line += f"\n      covers: {escape(c.covered)}"
+        for note in (c.note, c.response_note if c.response == "mismatch" else None):
+            if note:
+                line += f"\n      {escape(note)}"
         console.print(line, highlight=False)
+    _print_chain(report)
+
+
+def _print_chain(report: RunVerification) -> None:
+    chain = report.chain
+    console = out()
+    if not chain.linked and not chain.breaks:
+        console.print(
+            "  chain: not covered (recorded by an earlier version): a deleted or moved "
+            "event cannot be detected in this log",
+            highlight=False,
+        )
+    else:
+        earlier = (
+            f", {_count(chain.not_covered, 'event')} not covered (recorded by an earlier version)"
+            if chain.not_covered
+            else ""
+        )
+        state = "[red bold]BROKEN[/]" if chain.breaks else "[green]ok[/]"
+        console.print(
+            f"  chain: {state}, {_count(chain.linked, 'event')} linked{earlier}; "
+            f"head {(chain.head or '-')[:16]}",
+            highlight=False,
+        )
+    for b in chain.breaks:
+        console.print(
+            f"  [red bold]CHAIN BREAK[/]  {escape(b.where)}\n      {escape(b.note)}",
+            highlight=False,
+        )
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def _summary(reports: list[RunVerification]) -> None:
@@ -115,5 +157,13 @@ def _summary(reports: list[RunVerification]) -> None:
     out().print(
         f"{len(reports)} runs, {steps} steps: {total['verified']} verified, "
         f"{total['unverifiable']} cannot be verified, {total['mismatch']} mismatches",
+        highlight=False,
+    )
+    covered = sum(r.responses("verified") for r in reports)
+    earlier = sum(r.responses("not covered") for r in reports)
+    out().print(
+        f"responses: {covered} verified, {earlier} not covered (recorded by an earlier "
+        f"version), {sum(r.responses('mismatch') for r in reports)} altered; chain: "
+        f"{sum(len(r.chain.breaks) for r in reports)} breaks",
         highlight=False,
     )

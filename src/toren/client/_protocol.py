@@ -45,8 +45,16 @@ def _drop_none(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if v is not None}
 
 
-def start_run(agent: str, input: Any, process: str, idempotency_key: str | None) -> Call[Run]:
-    body = _drop_none({"agent": agent, "process": process, "idempotency_key": idempotency_key})
+def start_run(
+    agent: str,
+    input: Any,
+    process: str,
+    idempotency_key: str | None,
+    flow: Mapping[str, Any] | None = None,
+) -> Call[Run]:
+    body = _drop_none(
+        {"agent": agent, "process": process, "idempotency_key": idempotency_key, **(flow or {})}
+    )
     body["input"] = input
     return Call("POST", "/v1/runs", Run.from_json, json=body, has_body=True)
 
@@ -127,6 +135,42 @@ def invalidations(run_id: str) -> Call[list[dict[str, Any]]]:
     return Call("GET", _run_path(run_id, "/invalidations"), lambda d: list(d["invalidations"]))
 
 
+def _schedule_path(schedule_id: str, suffix: str = "") -> str:
+    agent, _, name = schedule_id.partition("/")
+    return f"/v1/schedules/{quote(agent, safe='')}/{quote(name, safe='')}{suffix}"
+
+
+def schedules() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v1/schedules", lambda d: list(d["schedules"]))
+
+
+def get_schedule(schedule_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", _schedule_path(schedule_id), dict)
+
+
+def create_schedule(agent: str, name: str, spec: Mapping[str, Any]) -> Call[dict[str, Any]]:
+    body = {**spec, "agent": agent, "name": name}
+    return Call("POST", "/v1/schedules", dict, json=body, has_body=True)
+
+
+def pause_schedule(schedule_id: str, note: str | None, paused: bool) -> Call[dict[str, Any]]:
+    path = _schedule_path(schedule_id, "/pause" if paused else "/resume")
+    return Call("POST", path, dict, json=_drop_none({"note": note}), has_body=True)
+
+
+def trigger_schedule(schedule_id: str) -> Call[Run]:
+    return Call("POST", _schedule_path(schedule_id, "/trigger"), Run.from_json)
+
+
+def backfill_schedule(schedule_id: str, start: str, end: str) -> Call[dict[str, Any]]:
+    body = {"start": start, "end": end}
+    return Call("POST", _schedule_path(schedule_id, "/backfill"), dict, json=body, has_body=True)
+
+
+def delete_schedule(schedule_id: str) -> Call[None]:
+    return Call("DELETE", _schedule_path(schedule_id), lambda d: None)
+
+
 def needs_tls(base_url: str) -> bool:
     """Plain ``http://`` needs no certificate store: skipping it saves ~30 ms per client
     (loading the CA bundle), which adds up with many short-lived clients. Safe because
@@ -171,6 +215,8 @@ def redactor(token: str | None) -> Redactor:
 
 def result(call: Call[T], response: httpx.Response, redact: Redactor) -> T:
     raise_for_status(response, redact)
+    if response.status_code == 204:  # No Content (a deleted schedule)
+        return call.parse(None)
     what = f"{call.method} {call.path}"
     media = response.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media != "application/json":

@@ -70,8 +70,19 @@ class TorenClient:
         *,
         process: str = "main",
         idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
+        priority: int | None = None,
     ) -> Run:
-        return self._send(p.start_run(agent, input, process, idempotency_key))
+        """Start a run. ``concurrency_key``/``concurrency_limit``: at most that many runs of
+        the key run or wait at once (the rest stay queued; docs/flow-control.md), and
+        ``priority`` orders the key's queue (higher first)."""
+        flow = {
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
+            "priority": priority,
+        }
+        return self._send(p.start_run(agent, input, process, idempotency_key, flow))
 
     def get_run(self, run_id: str) -> Run:
         return self._send(p.get_run(run_id))
@@ -110,6 +121,40 @@ class TorenClient:
 
     def agents(self) -> list[Agent]:
         return self._send(p.agents())
+
+    # -- schedules (docs/schedules.md); a schedule's id is "agent/name" --------------------
+
+    def schedules(self) -> list[dict[str, Any]]:
+        """Every schedule (``GET /v1/schedules``)."""
+        return self._send(p.schedules())
+
+    def get_schedule(self, schedule_id: str) -> dict[str, Any]:
+        """One schedule with its recent runs."""
+        return self._send(p.get_schedule(schedule_id))
+
+    def create_schedule(self, agent: str, name: str, **spec: Any) -> dict[str, Any]:
+        """A schedule made at run time: ``cron=`` or ``every=``, and the other keys of an
+        agent.yaml schedule (``zone``, ``input``, ``process``, ``overlap``, ...)."""
+        return self._send(p.create_schedule(agent, name, spec))
+
+    def pause_schedule(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
+        return self._send(p.pause_schedule(schedule_id, note, True))
+
+    def resume_schedule(self, schedule_id: str, note: str | None = None) -> dict[str, Any]:
+        """Resume from now: the times it was paused over are not caught up."""
+        return self._send(p.pause_schedule(schedule_id, note, False))
+
+    def trigger_schedule(self, schedule_id: str) -> Run:
+        """Start a run of the schedule now."""
+        return self._send(p.trigger_schedule(schedule_id))
+
+    def backfill_schedule(self, schedule_id: str, start: str, end: str) -> dict[str, Any]:
+        """Start the runs of the nominal times in ``[start, end)`` (ISO 8601 with an
+        offset), each at most once: ``{"started": n, "already_ran": m}``."""
+        return self._send(p.backfill_schedule(schedule_id, start, end))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        self._send(p.delete_schedule(schedule_id))
 
     def health(self) -> dict[str, Any]:
         return self._send(p.health())

@@ -58,7 +58,12 @@ class Run:
     lease_recoveries: int = 0
     invalidations: int = 0
     retries: int = 0
+    tool_errors: int = 0  # tool calls that failed (docs/http-api.md#runs)
     forked_from: dict[str, Any] | None = None  # {"run_id": ..., "at": "main:5"}
+    schedule: dict[str, Any] | None = None  # {"id": "agent/name", "nominal": ISO time}
+    concurrency: dict[str, Any] | None = None  # {"key", "limit", "priority"}
+    # A queued run of a concurrency key: {"key", "limit", "holding", "position", "reason"}.
+    queue: dict[str, Any] | None = None
     # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
     # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.
     blocked: dict[str, Any] | None = None
@@ -91,6 +96,7 @@ class Event:
     slot: str | None = None  # since 0.2; the event's unique key in its run
     created_at: float = 0.0
     format_version: int = 1
+    chain: str | None = None  # since 0.2; the event's link in its run's hash chain
     payload: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

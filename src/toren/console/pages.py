@@ -14,11 +14,17 @@ from toren.core.values import STATUSES, vocabulary
 
 _TEMPLATES = files("toren.console") / "templates"
 
-NAV = (("/", "Runs", "runs"), ("/agents", "Agents", "agents"), ("/plan", "Replay plan", "plan"))
+NAV = (
+    ("/", "Runs", "runs"),
+    ("/agents", "Agents", "agents"),
+    ("/schedules", "Schedules", "schedules"),
+    ("/plan", "Replay plan", "plan"),
+)
 TITLES = {
     "runs": "Runs",
     "run": "Run",
     "agents": "Agents",
+    "schedules": "Schedules",
     "plan": "Replay plan",
     "login": "Sign in",
     "missing": "Not found",

@@ -71,7 +71,9 @@ class PublicPaths(set[str]):
     The API checks ``path in public_paths``; the run page's path has a run id in it, and
     static files live under a prefix, so membership also accepts those patterns."""
 
-    PATTERN = re.compile(r"^(/|/login|/agents|/plan|/runs/[A-Za-z0-9_-]{1,64}|/console/static/.+)$")
+    PATTERN = re.compile(
+        r"^(/|/login|/agents|/schedules|/plan|/runs/[A-Za-z0-9_-]{1,64}|/console/static/.+)$"
+    )
 
     def __contains__(self, path: object) -> bool:
         if isinstance(path, str) and self.PATTERN.match(path) and ".." not in path:
@@ -85,6 +87,7 @@ def mount(app: FastAPI, state: ConsoleState) -> None:
     for path, page in (
         ("/", "runs"),
         ("/agents", "agents"),
+        ("/schedules", "schedules"),
         ("/plan", "plan"),
         ("/login", "login"),
     ):

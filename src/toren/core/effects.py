@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from decimal import Decimal
 from typing import Any, NamedTuple
 
+from toren.core.audit import with_response_digest
 from toren.core.digest import HashCache, HashedRequest, canonical_json, message_list_node
 from toren.core.events import (
     ChildCompleted,
@@ -218,6 +219,7 @@ async def call_model(
         cost_usd=str(cost),
         latency_ms=round(latency, 3),
     )
+    with_response_digest(payload)  # what verify checks the answer and its usage by
     used = (usage.input_tokens, usage.output_tokens, to_nano(cost) if cost else 0)
     return ModelCall(response, payload, blobs, used, latency / 1000)
 
@@ -254,7 +256,7 @@ async def call_tool(
         except Exception as exc:
             result = None  # not the raw value json_value refused: it cannot be stored
             error = failure_dict(exc)
-    return ToolCallRecorded(
+    payload = ToolCallRecorded(
         name=name,
         args=args,
         result=result,
@@ -262,6 +264,7 @@ async def call_tool(
         latency_ms=round((monotonic() - started) * 1000, 3),
         reused_from_seq=reuse.first.seq if reuse is not None else None,
     )
+    return with_response_digest(payload)
 
 
 def tool_result(payload: ToolCallRecorded, seq: int) -> Any:

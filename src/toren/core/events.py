@@ -76,6 +76,9 @@ class RunStarted(Payload):
     agent: str = ""
     process: str = "main"
     input: Any = None
+    # A scheduled run's origin, {"id": ..., "nominal": "2026-12-04T09:00:00Z"}; absent
+    # (None) for other runs and in logs written before 0.2.
+    schedule: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,9 @@ class ModelCallRecorded(Payload):
     output_tokens: int = 0
     cost_usd: str = "0"
     latency_ms: float = 0.0
+    # Since 0.2: the digest of the response, error and usage above (docs/digest.md §6),
+    # which ``toren runs verify`` checks. None in events written before.
+    response_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,9 @@ class ToolCallRecorded(Payload):
     error: dict[str, Any] | None = None
     latency_ms: float = 0.0
     reused_from_seq: int | None = None  # set when a superseded identical call was reused
+    # Since 0.2: the digest of the result and error above (docs/digest.md §6). None in
+    # events written before.
+    response_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -318,8 +327,14 @@ class Event:
     created_at: float = 0.0
     format_version: int = FORMAT_VERSION
     seq: int = 0
+    # Since 0.2: the hash chaining this event to the run's previous one (docs/digest.md
+    # §7, toren.core.audit). None in events written before, and until the writer sets it.
+    chain: str | None = None
 
     def payload_json(self) -> str:
+        text = self.__dict__.get("_payload_text")  # computed once by audit.chain
+        if text is not None:
+            return str(text)
         payload = self.payload
         # The fields themselves (what to_dict copies): dumps only reads them.
         return dumps(payload.raw if isinstance(payload, UnknownEvent) else payload.__dict__)
@@ -339,6 +354,7 @@ class Event:
             "worker_id": self.worker_id,
             "created_at": self.created_at,
             "format_version": self.format_version,
+            "chain": self.chain,
             "payload": json.loads(self.payload_json()),
         }
 

@@ -7,13 +7,15 @@ loader in ``toren.agents``, or a plain dict-backed registry in tests) hands it a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toren.core.flow import Concurrency
 from toren.core.model_types import ToolSpec, Usage
 from toren.core.ports import ModelProvider
+from toren.core.schedule import ScheduleDef
 from toren.errors import AgentNotFound
 
 if TYPE_CHECKING:
@@ -93,6 +95,10 @@ class AgentProgram:
     # The agent's price table (defaults plus its agent.yaml overrides); wins over the
     # runtime-wide ``TickDeps.pricing``.
     pricing: Pricing | None = None
+    # The agent's schedules (agent.yaml ``schedules:``), the same on each of its processes.
+    schedules: tuple[ScheduleDef, ...] = ()
+    # The process's concurrency limit (agent.yaml ``concurrency:``; toren.core.flow).
+    concurrency: Concurrency | None = None
 
 
 class AgentResolver(Protocol):
@@ -116,6 +122,8 @@ class Registry:
         tools: Mapping[str, ToolDef] | None = None,
         code_version: str = "dev",
         limits: Limits | None = None,
+        schedules: Sequence[ScheduleDef] = (),
+        concurrency: Concurrency | None = None,
     ) -> AgentProgram:
         program = AgentProgram(
             agent=agent,
@@ -124,6 +132,8 @@ class Registry:
             tools=dict(tools or {}),
             code_version=code_version,
             limits=limits or Limits(),
+            schedules=tuple(schedules),
+            concurrency=concurrency,
         )
         self.programs[(agent, process)] = program
         return program

@@ -76,6 +76,18 @@ class RunRecord:
     blocked_error: RecordedError | None = None
     blocked_attempts: int = 0
     blocked_since: float | None = None
+    # A scheduled run's origin (toren.core.schedule): the schedule's id and nominal time.
+    # Read by a run's own endpoint; a list of runs leaves it unset.
+    schedule_id: str | None = None
+    scheduled_for: float | None = None
+    # Flow control (toren.core.flow): the key whose limit the run counts against.
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int = 0
+    # Tool calls that failed (recorded with an error), counted as they are written: a
+    # built-in loop shows the model the error and may still complete (docs/agent-yaml.md,
+    # on_tool_error). 0 on runs recorded before 0.2.
+    tool_errors: int = 0
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
     # large to list whole; the value itself is then None.
     summaries: Mapping[str, ValueSummary] | None = None
@@ -119,10 +131,25 @@ class RunRecord:
             "lease_recoveries": self.lease_recoveries,
             "invalidations": self.invalidations,
             "retries": self.retries,
+            "tool_errors": self.tool_errors,
             "forked_from": (
                 None
                 if self.forked_from is None
                 else {"run_id": self.forked_from, "at": self.forked_at}
+            ),
+            "schedule": (
+                None
+                if self.schedule_id is None
+                else {"id": self.schedule_id, "nominal": _utc(self.scheduled_for)}
+            ),
+            "concurrency": (
+                None
+                if self.concurrency_key is None
+                else {
+                    "key": self.concurrency_key,
+                    "limit": self.concurrency_limit,
+                    "priority": self.priority,
+                }
             ),
             "blocked": self.blocked_dict(),
             "lease": (
@@ -159,6 +186,16 @@ class NewRun:
     events: Sequence[Event] = ()
     forked_from: str | None = None
     forked_at: str | None = None
+    # A scheduled run: its schedule's id and nominal time (toren.core.schedule).
+    schedule_id: str | None = None
+    scheduled_for: float | None = None
+    # Flow control (toren.core.flow): the run's concurrency key and its limit, its
+    # priority in the key's queue, and what a start does while the key has unfinished
+    # runs (``reject``: refused; ``cancel_previous``: they are asked to cancel).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    priority: int = 0
+    on_conflict: str = "enqueue"
 
 
 @dataclass(frozen=True)
@@ -184,6 +221,7 @@ class RunDelta:
     steps: int = 0
     invalidations: int = 0
     code_version: str | None = None
+    tool_errors: int = 0  # set by the store, from the events it writes
 
 
 @dataclass(frozen=True)
@@ -222,3 +260,11 @@ class InboxMessage:
 @dataclass(frozen=True)
 class Appended:
     events: list[Event] = field(default_factory=list)
+
+
+def _utc(moment: float | None) -> str | None:
+    if moment is None:
+        return None
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(moment, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

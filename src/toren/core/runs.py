@@ -10,6 +10,7 @@ from typing import Any
 
 from toren.core.clock import Clock, SystemClock
 from toren.core.events import RunStarted, make_event
+from toren.core.flow import MAX_KEY, Concurrency
 from toren.core.inputs import check_message_name, json_data
 from toren.core.ports import RunStore
 from toren.core.program import AgentResolver
@@ -70,6 +71,9 @@ async def start(
     process: str = "main",
     idempotency_key: str | None = None,
     clock: Clock | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    priority: int = 0,
 ) -> Started:
     """Create a run (queued) and wake the workers. The same ``idempotency_key`` returns the
     same run; reusing it with another agent, process or input is an error. An input that
@@ -83,8 +87,11 @@ async def start(
             f"idempotency key must be a non-empty string of at most {MAX_IDEMPOTENCY_KEY} "
             f"characters, got {idempotency_key!r}"
         )
-    agents.resolve(agent, process)  # raises AgentNotFound with the known names
+    program = agents.resolve(agent, process)  # raises AgentNotFound with the known names
     input = json_data(input, "run input", "input")
+    key, limit, on_conflict = _flow(
+        program.concurrency, agent, process, input, concurrency_key, concurrency_limit
+    )
     now = (clock or SystemClock()).now()
     run_id = new_run_id(now)
     started = make_event(
@@ -94,9 +101,51 @@ async def start(
         created_at=now,
     )
     run, created = await store.create_run(
-        NewRun(run_id, agent, process, input, idempotency_key, now, started)
+        NewRun(
+            run_id,
+            agent,
+            process,
+            input,
+            idempotency_key,
+            now,
+            started,
+            concurrency_key=key,
+            concurrency_limit=limit,
+            priority=priority,
+            on_conflict=on_conflict,
+        )
     )
     return Started(run, created)
+
+
+def _flow(
+    configured: Concurrency | None,
+    agent: str,
+    process: str,
+    input: Any,
+    key: str | None,
+    limit: int | None,
+) -> tuple[str | None, int | None, str]:
+    """The run's concurrency key, limit and conflict policy: the caller's key and limit
+    win over the agent's ``concurrency:``; a caller's key needs a limit from one of them."""
+    if key is not None and not 0 < len(key) <= MAX_KEY:
+        raise InvalidInput(f"a concurrency key is 1 to {MAX_KEY} characters; got {len(key)}")
+    if limit is not None and not 1 <= limit <= 1_000_000:
+        raise InvalidInput(f"a concurrency limit is 1 to 1000000; got {limit!r}")
+    if configured is None:
+        if key is None and limit is None:
+            return None, None, "enqueue"
+        if key is None or limit is None:
+            raise InvalidInput(
+                f"agent {agent!r} process {process!r} declares no 'concurrency:'; a start "
+                "that sets a concurrency key must give its limit too (and a limit, a key)"
+            )
+        return key, limit, "enqueue"
+    return (
+        key if key is not None else configured.key_for(agent, process, input),
+        limit if limit is not None else configured.limit,
+        configured.on_conflict,
+    )
 
 
 async def send_message(

@@ -28,6 +28,7 @@ from toren.core.aborts import (
     Parking,
     StoreFailed,
 )
+from toren.core.audit import tail
 from toren.core.context import Context
 from toren.core.effects import error_dict, json_value, recorded_error
 from toren.core.events import (
@@ -146,10 +147,12 @@ class TickRunner:
             program = self.state.deps.agents.resolve(run.agent, run.process)
         except (AgentNotFound, AgentConfigError) as exc:
             if run.cancel_requested:  # nothing of the agent is needed to cancel its run
+                self.state.writer.chain = tail(await self.state.store.load_events(self.run_id))
                 return await self._finish_cancelled()
             return await self._defer(exc)
         self.state.code_version = self.state.deps.code_version or program.code_version
         events = await self.state.store.load_events(self.run_id)
+        self.state.writer.chain = tail(events)
         self.state.journal = Journal.fold(self.run_id, events)
         self._correct_totals(run)
         self.state.bodies.known = {h for e in events for h in tool_refs(e)}

@@ -22,10 +22,11 @@ from typing import Any
 
 from toren.core.fencing import lease_clock
 from toren.core.records import Lease, WorkerInfo
+from toren.core.scheduler import POLL, Scheduler
 from toren.core.takeover import take_over_gone
 from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
 from toren.core.values import TickStatus
-from toren.errors import CorruptRow, StorageError
+from toren.errors import CorruptRow, StorageError, TorenError
 
 log = logging.getLogger("toren.worker")
 RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
@@ -85,6 +86,7 @@ class LocalWorkerRuntime:
         self._loops: list[asyncio.Task[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self.started_at: float | None = None
+        self.scheduler = Scheduler(deps.store.schedules, deps.clock)
 
     @property
     def code_version(self) -> str:
@@ -122,6 +124,8 @@ class LocalWorkerRuntime:
         ]
         if self.settings.retention.finished_after is not None:
             self._loops.append(asyncio.ensure_future(self._retention_loop()))
+        if self.settings.schedules:
+            self._loops.append(asyncio.ensure_future(self._schedule_loop()))
 
     async def __aenter__(self) -> LocalWorkerRuntime:
         await self.start()
@@ -363,6 +367,68 @@ class LocalWorkerRuntime:
                 log.exception("worker %s: prune failed; retrying later", self.worker_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), wait)
+
+    # -- schedules ------------------------------------------------------------------------
+
+    async def _schedule_loop(self) -> None:
+        """Declare this code's agent.yaml schedules (again whenever an agent's code version
+        changes: ``toren dev`` reloads), then fire what is due, sleeping until the next
+        nominal time or :data:`~toren.core.scheduler.POLL` (toren.core.scheduler)."""
+        declared: dict[str, str] = {}
+        while not self._stopping.is_set():
+            wait = POLL
+            try:
+                declared = await self._declare_schedules(declared)
+                await self.scheduler.look()
+                wait = await self.scheduler.sleep_for()
+            except Exception:
+                log.exception("worker %s: the scheduler failed; looking again", self.worker_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), wait)
+
+    async def _declare_schedules(self, declared: dict[str, str]) -> dict[str, str]:
+        """Write the agents' schedule definitions when their code versions changed since
+        the last declaration; the versions declared."""
+        programs = {}
+        for name in self.deps.agents.names():
+            try:
+                programs[name] = self.deps.agents.resolve(name, "main")
+            except TorenError:
+                continue  # a broken agent: its schedules stay as the last good code left them
+        versions = {name: p.code_version for name, p in programs.items()}
+        if versions == declared:
+            return declared
+        await self._declare_limits(sorted(programs))
+        assert self.started_at is not None
+        await self.deps.store.schedules.declare(
+            [d for p in programs.values() for d in p.schedules],
+            agents=sorted(programs),
+            code_version=self.code_version,
+            started_at=self.started_at,
+            now=self.deps.clock.now(),
+        )
+        return versions
+
+    async def _declare_limits(self, agents: list[str]) -> None:
+        """This code's concurrency limits, for the runs still queued under them: a changed
+        limit takes effect without restarting anything, a removed one releases its runs
+        (toren.core.flow)."""
+        limits: list[tuple[str, str, int | None]] = []
+        for name in agents:
+            for process in _processes(self.deps.agents, name):
+                try:
+                    program = self.deps.agents.resolve(name, process)
+                except TorenError:
+                    continue
+                concurrency = program.concurrency
+                limits.append((name, process, concurrency.limit if concurrency else None))
+        changed = await self.deps.store.set_concurrency_limits(limits)
+        if changed:
+            log.info(
+                "worker %s applied its concurrency limits to %d queued runs",
+                self.worker_id,
+                changed,
+            )
 
     # -- heartbeats -----------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from toren.core.audit import chain
 from toren.core.clock import Clock, monotonic_of
 from toren.core.events import Event
 from toren.core.ports import JournalStore
@@ -38,6 +39,7 @@ class Writer:
     __slots__ = (
         "_tally",
         "barrier",
+        "chain",
         "clock",
         "code_version",
         "lease",
@@ -62,6 +64,10 @@ class Writer:
         self.next_flush = float("-inf")
         self.code_version = "dev"
         self.record: RunRecord | None = None
+        # The ``chain`` of the run's last stored event: every write of the run goes
+        # through this writer, one at a time under its lock, so the events it chains are
+        # stored in the order it chains them (docs/event-log.md#the-chain).
+        self.chain: str | None = None
 
     @property
     def pending(self) -> Totals:
@@ -114,6 +120,7 @@ class Writer:
             if used is not None:
                 self.add(used)
             delta = self.due_delta()
+            chained = chain(self.chain, events)
             try:
                 stored = await self.store.append(
                     self.lease,
@@ -126,6 +133,7 @@ class Writer:
             except MessageConsumed:
                 self._refused(delta, step, used)
                 raise
+            self.chain = chained
             record = self.record
             if record is not None and record.blocked_error is not None:
                 # The first step written since the run was blocked: it moves again.
@@ -163,9 +171,12 @@ class Writer:
     async def invalidations(self, events: Sequence[Event]) -> list[Event]:
         async with self.lock:  # counted under the lock, as a step's usage is (see append)
             self._tally[5] += len(events)
-            return await self.store.append(
+            chained = chain(self.chain, events)
+            stored = await self.store.append(
                 self.lease, events, delta=self.due_delta(), now=self.clock.now()
             )
+            self.chain = chained
+            return stored
 
     def due_delta(self) -> RunDelta | None:
         """The pending totals, when it is time to write them to the run row."""
@@ -195,7 +206,10 @@ class Writer:
                 await barrier
         async with self.lock:
             release = Release(**{**release.__dict__, "delta": self.take()})
-            return await self.store.release(self.lease, release, now=self.clock.now())
+            chained = chain(self.chain, release.events)
+            stored = await self.store.release(self.lease, release, now=self.clock.now())
+            self.chain = chained
+            return stored
 
 
 def _negated(t: Totals) -> Totals:

@@ -18,12 +18,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from toren.core.audit import chain
 from toren.core.events import Event
 from toren.core.jsontext import dumps
 from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
+from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, CreateTable, Migration, applies, render
 from toren.store.sql import (
@@ -42,6 +44,7 @@ from toren.store.sql import (
     settle,
     step_conflict,
     with_seq,
+    with_tool_errors,
 )
 
 T = TypeVar("T")
@@ -52,7 +55,8 @@ _TOTALS = (
     "input_tokens = input_tokens + %s::bigint, output_tokens = output_tokens + %s::bigint, "
     "cost_nanousd = cost_nanousd + %s::bigint, saved_nanousd = saved_nanousd + %s::bigint, "
     "steps = steps + %s::bigint, invalidations = invalidations + %s::bigint, "
-    "code_version = COALESCE(%s::text, code_version) "
+    "code_version = COALESCE(%s::text, code_version), "
+    "tool_errors = tool_errors + %s::bigint "
 )
 _LEASED = "WHERE id = %s AND lease_owner = %s AND lease_epoch = %s"
 # The ways a statement checks the lease: a share lock (a concurrent claim waits), the run
@@ -94,16 +98,17 @@ def _insert_events(n_events: int, gate: str) -> str:
     """``INSERT INTO events ... RETURNING seq`` for ``n_events`` events, inserted only if
     the CTE named ``gate`` has a row."""
     event_rows = ", ".join(
-        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, %s)"
+        "(%s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, %s::bigint, "
+        "%s, %s::text)"
         for _ in range(n_events)
     )
     return (
         "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-        "code_version, worker_id, created_at, format_version, payload) "
+        "code_version, worker_id, created_at, format_version, payload, chain) "
         "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
-        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+        "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload, v.chain "
         f"FROM (VALUES {event_rows}) AS v (run_id, stream, position, generation, slot, "
-        "type, digest, code_version, worker_id, created_at, format_version, payload) "
+        "type, digest, code_version, worker_id, created_at, format_version, payload, chain) "
         f"WHERE EXISTS (SELECT 1 FROM {gate}) RETURNING seq"
     )
 
@@ -163,6 +168,7 @@ def _totals_params(delta: RunDelta | None, now: float) -> list[Any]:
         d.steps,
         d.invalidations,
         d.code_version,
+        d.tool_errors,
     ]
 
 
@@ -203,17 +209,18 @@ def _is_present(
 # cost 7x more to escape); WITH ORDINALITY + ORDER BY keep each run's events in
 # order, so its sequence numbers ascend as in a single-run append.
 APPEND_MANY = (
-    "WITH l AS (SELECT id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv "
+    "WITH l AS (SELECT id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv, te "
     "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::boolean[], "
     "%b::double precision[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
-    "%b::bigint[], %b::bigint[], %b::text[]) "
-    "AS l (id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv)), "
+    "%b::bigint[], %b::bigint[], %b::text[], %b::bigint[]) "
+    "AS l (id, owner, epoch, totals, now, it, ot, cost, saved, steps, inv, cv, te)), "
     "lk AS (SELECT r.id FROM runs r JOIN l ON r.id = l.id AND r.lease_owner = l.owner "
     "AND r.lease_epoch = l.epoch ORDER BY r.id FOR NO KEY UPDATE OF r), "
     "upd AS (UPDATE runs r SET updated_at = l.now, input_tokens = r.input_tokens + l.it, "
     "output_tokens = r.output_tokens + l.ot, cost_nanousd = r.cost_nanousd + l.cost, "
     "saved_nanousd = r.saved_nanousd + l.saved, steps = r.steps + l.steps, "
-    "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version) "
+    "invalidations = r.invalidations + l.inv, code_version = COALESCE(l.cv, r.code_version), "
+    "tool_errors = r.tool_errors + l.te "
     "FROM l WHERE l.totals AND r.id = l.id AND r.id IN (SELECT id FROM lk)), "
     "fence AS (SELECT id FROM lk), "
     "b AS (INSERT INTO blobs (hash, body, size, run_id, shares) SELECT v.hash, min(v.body), "
@@ -225,13 +232,14 @@ APPEND_MANY = (
     "THEN 1 ELSE 0 END WHERE excluded.shares > 0 OR blobs.run_id IS NULL "
     "OR blobs.run_id <> excluded.run_id) "
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
     "SELECT v.run_id, v.stream, v.position, v.generation, v.slot, v.type, v.digest, "
-    "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload "
+    "v.code_version, v.worker_id, v.created_at, v.format_version, v.payload, v.chain "
     "FROM unnest(%b::text[], %b::text[], %b::bigint[], %b::bigint[], %b::text[], %b::text[], "
-    "%b::text[], %b::text[], %b::text[], %b::double precision[], %b::bigint[], %b::text[]) "
+    "%b::text[], %b::text[], %b::text[], %b::double precision[], %b::bigint[], %b::text[], "
+    "%b::text[]) "
     "WITH ORDINALITY AS v (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload, ord) "
+    "code_version, worker_id, created_at, format_version, payload, chain, ord) "
     "WHERE v.run_id IN (SELECT id FROM fence) ORDER BY v.ord RETURNING run_id, seq"
 )
 
@@ -244,9 +252,9 @@ CREATE_RUN = (
     "created_at, updated_at) VALUES (%s, %s, %s, 'queued', %s, %s, %s::double precision, "
     f"%s::double precision) ON CONFLICT DO NOTHING RETURNING {RUN_COLUMNS}), "
     "e AS (INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
     "SELECT %s, %s, %s::bigint, %s::bigint, %s, %s, %s, %s, %s, %s::double precision, "
-    "%s::bigint, %s WHERE EXISTS (SELECT 1 FROM r)) "
+    "%s::bigint, %s, %s WHERE EXISTS (SELECT 1 FROM r)) "
     f"SELECT {RUN_COLUMNS}, pg_notify('{CHANNEL}', '') FROM r"
 )
 RENEW = (
@@ -270,7 +278,7 @@ CLAIM = (
     "status = 'running', "
     "lease_recoveries = runs.lease_recoveries + "
     "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
-    f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} "
+    f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} {UNKEYED}"
     "{only}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
     "FOR UPDATE SKIP LOCKED) c "
     "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status"
@@ -315,9 +323,9 @@ class _Append:
 
 
 def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
-    runs: list[list[Any]] = [[] for _ in range(12)]
+    runs: list[list[Any]] = [[] for _ in range(13)]
     blob_cols: list[list[Any]] = [[], [], [], []]
-    event_cols: list[list[Any]] = [[] for _ in range(12)]
+    event_cols: list[list[Any]] = [[] for _ in range(13)]
     for job in batch:
         lease, d = job.lease, job.delta
         totals = d or RunDelta()
@@ -334,6 +342,7 @@ def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
             totals.steps,
             totals.invalidations,
             totals.code_version,
+            totals.tool_errors,
         )
         for col, value in zip(runs, row, strict=True):
             col.append(value)
@@ -465,6 +474,8 @@ class PostgresStore(SqlStore, Pruning):
             return await self._append_in_transaction(
                 lease, events, blobs=blobs, delta=delta, consume_inbox=consume_inbox, now=now
             )
+        # Counted here, not above: the generic path (SqlStore.append) counts its own.
+        delta = with_tool_errors(events, delta)
         blobs = blobs or {}
         loop = asyncio.get_running_loop()
         if self._batcher.empty and loop_is_idle(loop):
@@ -621,9 +632,16 @@ class PostgresStore(SqlStore, Pruning):
     async def create_run(self, run: NewRun) -> tuple[RunRecord, bool]:
         """One round trip on the loop for a new run (row, RunStarted, NOTIFY); a fork, or
         a run that already exists (its id or idempotency key was used), takes the generic
-        path (:meth:`_create_run_in_transaction`)."""
-        if run.events or run.forked_from is not None:
+        path (:meth:`_create_run_in_transaction`), and so does a run with a concurrency key
+        or a schedule (their columns, and a start's conflict policy)."""
+        if (
+            run.events
+            or run.forked_from is not None
+            or run.concurrency_key is not None
+            or run.schedule_id is not None
+        ):
             return await self._create_run_in_transaction(run)
+        chain(None, [run.started_event])
         params = (*new_run_values(run), *event_params(run.started_event))
         rows = await self._fetch_async(CREATE_RUN, params)
         if rows:
@@ -632,8 +650,9 @@ class PostgresStore(SqlStore, Pruning):
 
     async def _create_run_in_transaction(self, run: NewRun) -> tuple[RunRecord, bool]:
         """Fallback to the generic path (``SqlStore.create_run``) for what the one-statement
-        CTE does not express: a fork (its copied events and lineage), and a run whose id or
-        idempotency key exists (returned as it is, or named as a conflict)."""
+        CTE does not express: a fork (its copied events and lineage), a run of a concurrency
+        key or a schedule, and a run whose id or idempotency key exists (returned as it
+        is, or named as a conflict)."""
         return await super().create_run(run)
 
     async def renew(
@@ -729,7 +748,33 @@ class PostgresStore(SqlStore, Pruning):
             return []
         sql, params = _claim_statement(worker_id, limit, now, ttl, only)
         rows = await self._fetch_async(sql, params)
-        return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in rows]
+        leases = [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in rows]
+        if len(leases) < limit and await self._keyed_waiting(now, only):
+            rest = limit - len(leases)
+            leases += await self._run(
+                lambda cur: claim_keyed(
+                    self,
+                    cur,
+                    dialect="postgres",
+                    worker_id=worker_id,
+                    limit=rest,
+                    now=now,
+                    ttl=ttl,
+                    only=only,
+                )
+            )
+        return leases
+
+    async def _keyed_waiting(self, now: float, only: str | None) -> bool:
+        """Any queued run of a concurrency key that could start now (one index probe on
+        the loop: a worker with no keyed runs pays no transaction for them)."""
+        only_sql, only_params = ("AND id = %s ", (only,)) if only else ("", ())
+        rows = await self._fetch_async(
+            "SELECT 1 FROM runs WHERE status = 'queued' AND concurrency_key IS NOT NULL "
+            f"AND (not_before IS NULL OR not_before <= %s) {only_sql}LIMIT 1",
+            (now, *only_params),
+        )
+        return bool(rows)
 
     async def next_due(self, *, now: float) -> float | None:
         """See ``SqlStore.next_due``; on the loop (an idle worker asks after each claim

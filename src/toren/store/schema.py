@@ -230,6 +230,55 @@ SCHEMA: tuple[Migration, ...] = (
         (*(c.strip() for c in LIST_COLUMNS.split(",")), *summary_expressions("sqlite")),
         dialect="sqlite",
     ),
+    # --- 0.2.0: schedules (toren.core.schedule; docs/schedules.md) ----------------------
+    # One row per schedule, from agent.yaml (``source``: the code version that declared
+    # it and the start time of its worker: the newest wins, as in the storm guard) or the
+    # API. ``next_fire_at`` is the next nominal time not yet decided: every firing moves
+    # it on with a compare-and-set in the same transaction that starts the run(s), so one
+    # decision lands per nominal time whatever the number of workers.
+    CreateTable(
+        "schedules",
+        (
+            _c("id", "text", primary_key=True),
+            _c("agent", "text", not_null=True),
+            _c("name", "text", not_null=True),
+            _c("process", "text", not_null=True, default="'main'"),
+            _c("spec", "text", not_null=True),
+            _c("input", "text"),
+            _c("source", "text", not_null=True, default="'api'"),
+            _c("code_version", "text"),
+            _c("declared_at", "real"),
+            _c("paused", "int", not_null=True, default="0"),
+            _c("note", "text"),
+            _c("removed", "int", not_null=True, default="0"),
+            _c("next_fire_at", "real"),
+            _c("buffered_at", "real"),
+            _c("last_fired_at", "real"),
+            _c("last_run_id", "text"),
+            _c("last_skip_at", "real"),
+            _c("last_skip_reason", "text"),
+            _c("fires", "int", not_null=True, default="0"),
+            _c("skips", "int", not_null=True, default="0"),
+            _c("lateness_total", "real", not_null=True, default="0"),
+            _c("created_at", "real", not_null=True),
+            _c("updated_at", "real", not_null=True),
+        ),
+    ),
+    CreateIndex("schedules_due", "schedules", ("removed", "paused", "next_fire_at")),
+    # A scheduled run's origin: which schedule, for which nominal time.
+    AddColumn("runs", _c("schedule_id", "text")),
+    AddColumn("runs", _c("scheduled_for", "real")),
+    CreateIndex("runs_schedule_id", "runs", ("schedule_id", "id")),
+    # --- 0.2.0: flow control (toren.core.flow; docs/flow-control.md) -------------------
+    # A run's concurrency key and limit, and its priority in the key's queue.
+    AddColumn("runs", _c("concurrency_key", "text")),
+    AddColumn("runs", _c("concurrency_limit", "int")),
+    AddColumn("runs", _c("priority", "int", not_null=True, default="0")),
+    CreateIndex("runs_concurrency", "runs", ("concurrency_key", "status")),
+    # Since 0.2: each event's link in its run's hash chain (docs/digest.md §7), NULL on
+    # events written before; and the tool errors a run recorded (docs/agent-yaml.md).
+    AddColumn("events", _c("chain", "text")),
+    AddColumn("runs", _c("tool_errors", "int", not_null=True, default="0")),
 )
 
 

@@ -19,10 +19,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
+from toren.core.audit import chain
 from toren.core.events import Event, parse_payload
+from toren.core.flow import Queued
 from toren.core.jsontext import dumps
 from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import (
+    ConcurrencyConflict,
     CorruptEventLog,
     IdempotencyConflict,
     LeaseLost,
@@ -41,6 +44,8 @@ from toren.store.base import (
     WorkerInfo,
     read_json,
 )
+from toren.store.flow import queued_because, set_limits, unfinished_of
+from toren.store.schedules import SqlSchedules
 from toren.store.schema import LIST_COLUMNS, summary_expressions
 
 T = TypeVar("T")
@@ -63,22 +68,23 @@ RUN_COLUMNS = (
     "updated_at, lease_owner, lease_epoch, lease_expires_at, not_before, cancel_requested, "
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
-    "blocked_error, blocked_attempts, blocked_since"
+    "blocked_error, blocked_attempts, blocked_since, schedule_id, scheduled_for, "
+    "concurrency_key, concurrency_limit, priority, tool_errors"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
-    "worker_id, created_at, format_version, payload"
+    "worker_id, created_at, format_version, payload, chain"
 )
 INSERT_EVENT = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
-    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    "code_version, worker_id, created_at, format_version, payload, chain) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # The same insert, guarded by the lease: it inserts nothing unless the lease still holds.
 INSERT_EVENT_FENCED = (
     "INSERT INTO events (run_id, stream, position, generation, slot, type, digest, "
-    "code_version, worker_id, created_at, format_version, payload) "
-    "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
+    "code_version, worker_id, created_at, format_version, payload, chain) "
+    "SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM runs "
     "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?{lock})"
 )
 # A body another run stored first is counted as shared (``shares``), never left as it is:
@@ -157,10 +163,19 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         blocked_error=read_json(row[27], "runs", "blocked_error", id=run_id),
         blocked_attempts=row[28],
         blocked_since=row[29],
+        schedule_id=row[30],
+        scheduled_for=row[31],
+        concurrency_key=row[32],
+        concurrency_limit=row[33],
+        priority=row[34],
+        tool_errors=row[35],
     )
 
 
-_LISTED_NAMES = tuple(c.strip() for c in LIST_COLUMNS.split(","))  # RunRecord fields
+# What a list reads: the columns of the covering index runs_list, then the columns added
+# since (read from the table: one lookup by rowid per listed row on SQLite).
+LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors"
+_LISTED_NAMES = tuple(c.strip() for c in LISTED_COLUMNS.split(","))  # RunRecord fields
 _LISTED = len(_LISTED_NAMES)  # the summary expressions follow these columns
 _RUN_DEFAULTS = {
     f.name: f.default for f in dataclasses.fields(RunRecord) if f.default is not dataclasses.MISSING
@@ -246,6 +261,8 @@ def event_from_row(row: Sequence[Any]) -> Event:
     values = event.__dict__
     values.update(zip(_ENVELOPE_COLUMNS, row, strict=False))  # the payload column left out
     values["payload"] = parse_payload(type_, row[12], run_id=run_id, seq=seq)
+    # A row of the 0.1 column list (no ``chain``) reads as an event written before 0.2.
+    values["chain"] = row[13] if len(row) > 13 else None
     return event
 
 
@@ -267,6 +284,7 @@ def event_params(event: Event) -> tuple[Any, ...]:
         event.created_at,
         event.format_version,
         event.payload_json(),
+        event.chain,
     )
 
 
@@ -321,13 +339,7 @@ class SqlStore:
                             "use a new key for a different run"
                         )
                     return existing, False
-            self._x(
-                cur,
-                "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
-                "created_at, updated_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)",
-                new_run_values(run),
-            )
-            self._x(cur, INSERT_EVENT, event_params(run.started_event))
+            self._insert_new_run(cur, run)
             if run.events or run.forked_from is not None:
                 self._insert_events(cur, run.events)
                 self._x(
@@ -348,6 +360,57 @@ class SqlStore:
         if result[1]:
             await self.notify()
         return result
+
+    def _insert_new_run(self, cur: Cursor, run: NewRun) -> None:
+        """A new run's row and its ``RunStarted`` (no idempotency check: the caller's)."""
+        if run.concurrency_key is not None and run.on_conflict != "enqueue":
+            unfinished = unfinished_of(self, cur, run.concurrency_key)
+            if unfinished and run.on_conflict == "reject":
+                raise ConcurrencyConflict(
+                    f"run {unfinished[0]!r} of concurrency key {run.concurrency_key!r} is "
+                    "not finished, and this agent refuses a second start meanwhile "
+                    "(concurrency.on_conflict: reject); wait for it, or cancel it",
+                    runs=unfinished,
+                )
+            for other in unfinished:  # cancel_previous: their slots free as they end
+                self._cancel_in(cur, other, now=run.created_at)
+        self._x(
+            cur,
+            "INSERT INTO runs (id, agent, process, status, input, idempotency_key, "
+            "created_at, updated_at, schedule_id, scheduled_for, concurrency_key, "
+            "concurrency_limit, priority) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                *new_run_values(run),
+                run.schedule_id,
+                run.scheduled_for,
+                run.concurrency_key,
+                run.concurrency_limit,
+                run.priority,
+            ),
+        )
+        chain(None, [run.started_event, *run.events])  # a run's first links (digest.md §7)
+        self._x(cur, INSERT_EVENT, event_params(run.started_event))
+
+    @functools.cached_property
+    def schedules(self) -> SqlSchedules:
+        """The schedules' statements (toren.store.schedules)."""
+        return SqlSchedules(self)
+
+    async def queued_because(self, run: RunRecord) -> Queued | None:
+        """Why a queued run of a concurrency key waits (None for any other run)."""
+        if run.status != "queued" or run.concurrency_key is None:
+            return None
+        key, limit = run.concurrency_key, run.concurrency_limit or 1
+        return await self._run(
+            lambda cur: queued_because(self, cur, run.id, key, limit), write=False
+        )
+
+    async def set_concurrency_limits(self, limits: Sequence[tuple[str, str, int | None]]) -> int:
+        """A deploy's concurrency limits, applied to the runs still queued (toren.store.flow)."""
+        changed = await self._run(lambda cur: set_limits(self, cur, limits))
+        if changed:
+            await self.notify()
+        return changed
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         def tx(cur: Cursor) -> RunRecord | None:
@@ -392,7 +455,7 @@ class SqlStore:
             params.append(updated_after)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         if summary:
-            columns = f"{LIST_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
+            columns = f"{LISTED_COLUMNS}, {', '.join(summary_expressions(self.dialect))}"
             source = "runs INDEXED BY runs_list" if self.dialect == "sqlite" else "runs"
         else:
             columns, source = RUN_COLUMNS, "runs"
@@ -484,6 +547,14 @@ class SqlStore:
             if paused:
                 gc.enable()
 
+    async def payload_texts(self, run_id: str) -> dict[int, str]:
+        """Each event's payload exactly as stored, by seq: what its chain hashes
+        (``toren runs verify``; a tick reads parsed events only)."""
+        rows = await self._event_rows(
+            "SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        return {int(seq): text for seq, text in rows if isinstance(text, str)}
+
     async def _event_rows(self, sql: str, params: Sequence[Any]) -> list[Any]:
         def tx(cur: Cursor) -> list[Any]:
             return list(self._x(cur, sql, params).fetchall())
@@ -533,7 +604,8 @@ class SqlStore:
             "UPDATE runs SET updated_at = ?, input_tokens = input_tokens + ?, "
             "output_tokens = output_tokens + ?, cost_nanousd = cost_nanousd + ?, "
             "saved_nanousd = saved_nanousd + ?, steps = steps + ?, "
-            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version) "
+            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version), "
+            "tool_errors = tool_errors + ? "
             "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
             (
                 now,
@@ -544,6 +616,7 @@ class SqlStore:
                 d.steps,
                 d.invalidations,
                 d.code_version,
+                d.tool_errors,
                 lease.run_id,
                 lease.worker_id,
                 lease.epoch,
@@ -595,6 +668,7 @@ class SqlStore:
         lease moved says so even if its message is gone too), ``MessageConsumed`` when the
         lease holds but ``consume_inbox`` is no longer an unconsumed message of the run;
         either way nothing is written."""
+        delta = with_tool_errors(events, delta)
 
         def tx(cur: Cursor) -> list[Event]:
             fenced = delta is None and bool(events)
@@ -828,15 +902,18 @@ class SqlStore:
 
         return await self._run(tx, write=False)
 
+    def _cancel_in(self, cur: Cursor, run_id: str, *, now: float) -> None:
+        self._x(
+            cur,
+            "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
+            "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
+            "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
+            (now, now, run_id),
+        )
+
     async def request_cancel(self, run_id: str, *, now: float) -> RunRecord:
         def tx(cur: Cursor) -> RunRecord:
-            self._x(
-                cur,
-                "UPDATE runs SET cancel_requested = 1, updated_at = ?, "
-                "not_before = CASE WHEN lease_owner IS NULL THEN ? ELSE not_before END "
-                "WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')",
-                (now, now, run_id),
-            )
+            self._cancel_in(cur, run_id, now=now)
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
             found = row.fetchone()
             if found is None:
@@ -871,6 +948,14 @@ class SqlStore:
                     run_id=run_id,
                     status=row[0],
                 )
+            # Nobody holds the run (checked above, under the row's lock): the log's last
+            # event is the one this follows (docs/event-log.md#the-chain).
+            last = self._x(
+                cur,
+                "SELECT chain FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1",
+                (run_id,),
+            ).fetchone()
+            chain(None if last is None else last[0], [event])
             self._insert_events(cur, [event])
             found = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
             return run_from_row(found.fetchone())
@@ -1051,10 +1136,25 @@ _SEQ = "seq"
 assert _SEQ in {f.name for f in fields(Event)}
 
 
+def with_tool_errors(events: Sequence[Event], delta: RunDelta | None) -> RunDelta | None:
+    """``delta`` plus the failed tool calls among ``events``: counted on the run row in
+    the transaction that writes them (a step with a tool error then writes the totals
+    with it; other steps are untouched)."""
+    failed = 0
+    for event in events:
+        if event.type == "ToolCallRecorded" and event.payload.error is not None:  # type: ignore[attr-defined]
+            failed += 1
+    if not failed:
+        return delta
+    base = delta or RunDelta()
+    return dataclasses.replace(base, tool_errors=base.tool_errors + failed)
+
+
 def with_seq(event: Event, seq: int) -> Event:
     """``event`` as stored: a copy carrying the sequence the database gave it."""
     copy = object.__new__(Event)
     values = copy.__dict__
     values.update(event.__dict__)
+    values.pop("_payload_text", None)  # written: a journal keeps stored events
     values[_SEQ] = int(seq)
     return copy

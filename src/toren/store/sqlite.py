@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.errors import SchemaError, StorageError
 from toren.store.base import Lease
+from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import Pruning
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import CLAIMABLE, Cursor, InlineGate, SqlStore, settle
@@ -298,7 +299,7 @@ class SQLiteStore(SqlStore, Pruning):
         only_sql, only_params = ("AND id = ? ", (only,)) if only else ("", ())
         rows = cur.execute(
             f"SELECT id, lease_owner, lease_epoch, status FROM runs WHERE {CLAIMABLE} "
-            f"{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ?",
+            f"{UNKEYED}{only_sql}ORDER BY COALESCE(not_before, created_at) LIMIT ?",
             (now, now, now, *only_params, limit),
         ).fetchall()
         leases = []
@@ -311,6 +312,17 @@ class SQLiteStore(SqlStore, Pruning):
                 (worker_id, epoch + 1, now + ttl, int(recovered), run_id),
             )
             leases.append(Lease(run_id, worker_id, epoch + 1, recovered, status))
+        if len(leases) < limit:  # queued runs of concurrency keys with room
+            leases += claim_keyed(
+                self,
+                cur,
+                dialect="sqlite",
+                worker_id=worker_id,
+                limit=limit - len(leases),
+                now=now,
+                ttl=ttl,
+                only=only,
+            )
         return leases
 
     async def migrate(self) -> None:

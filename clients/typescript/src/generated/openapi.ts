@@ -73,7 +73,10 @@ export interface paths {
          * Re-derive every digest of a run from its stored events and blobs
          * @description Per step: `verified` (the digest re-derives byte for byte from the log),
          *     `unverifiable` (the log lacks an input; `note` says which) or `mismatch` (with the
-         *     step's seq, stream and position). The rules are docs/digest.md.
+         *     step's seq, stream and position); `response`: whether the recorded answer and usage
+         *     match the step's response digest (`not covered` for events of an earlier version).
+         *     `chain`: the run's hash chain, with each break's seq and position. `ok` is false on
+         *     any mismatch or break. The rules are docs/digest.md.
          */
         get: operations["verify_run"];
         put?: never;
@@ -271,6 +274,110 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/schedules": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List schedules */
+        get: operations["list_schedules"];
+        put?: never;
+        /** Create a schedule */
+        post: operations["create_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{agent}/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A schedule, with its recent runs */
+        get: operations["get_schedule"];
+        put?: never;
+        post?: never;
+        /** Delete a schedule (its runs stay) */
+        delete: operations["delete_schedule"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{agent}/{name}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Pause a schedule */
+        post: operations["pause_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{agent}/{name}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Resume a schedule (from now: paused times are not caught up) */
+        post: operations["resume_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{agent}/{name}/trigger": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Start a run of the schedule now */
+        post: operations["trigger_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/schedules/{agent}/{name}/backfill": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Start the runs of a past range's times (each at most once) */
+        post: operations["backfill_schedule"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -309,6 +416,34 @@ export interface components {
             /** Agents */
             agents: components["schemas"]["AgentInfo"][];
         };
+        /** Backfill */
+        Backfill: {
+            /**
+             * Start
+             * Format: date-time
+             * @description The first time of the range (with its offset).
+             */
+            start: string;
+            /**
+             * End
+             * Format: date-time
+             * @description The end of the range, excluded.
+             */
+            end: string;
+        };
+        /** BackfillDone */
+        BackfillDone: {
+            /**
+             * Started
+             * @description Runs started for times of the range that had none.
+             */
+            started: number;
+            /**
+             * Already Ran
+             * @description Times of the range that already had their run.
+             */
+            already_ran: number;
+        };
         /** Blocked */
         Blocked: {
             /**
@@ -333,6 +468,129 @@ export interface components {
              * @description When it is tried again.
              */
             retry_at?: number | null;
+        };
+        /** ChainBreakOut */
+        ChainBreakOut: {
+            /** Seq */
+            seq: number;
+            /** Stream */
+            stream: string;
+            /** Position */
+            position: number | null;
+            /** Event Type */
+            event_type: string;
+            /** Note */
+            note: string;
+        };
+        /**
+         * ChainOut
+         * @description The run's hash chain (docs/digest.md §7).
+         */
+        ChainOut: {
+            /**
+             * Linked
+             * @description Events whose chain re-derives.
+             */
+            linked: number;
+            /**
+             * Not Covered
+             * @description Events written without a chain (an earlier version).
+             */
+            not_covered: number;
+            /** Breaks */
+            breaks: components["schemas"]["ChainBreakOut"][];
+            /**
+             * Head
+             * @description The last event's chain.
+             */
+            head: string | null;
+        };
+        /** Concurrency */
+        Concurrency: {
+            /**
+             * Key
+             * @description The concurrency key the run counts against.
+             */
+            key: string;
+            /**
+             * Limit
+             * @description Runs of the key that may run or wait at once.
+             */
+            limit: number | null;
+            /**
+             * Priority
+             * @description Its priority in the key's queue (higher first).
+             */
+            priority: number;
+        };
+        /**
+         * CreateSchedule
+         * @description A schedule made at run time: ``agent`` plus the keys of an agent.yaml schedule.
+         */
+        CreateSchedule: {
+            /**
+             * Name
+             * @description Unique within the agent.
+             */
+            name: string;
+            /**
+             * Cron
+             * @description Five cron fields (minute hour day-of-month month day-of-week), matched in `zone`, e.g. `0 9 * * 1-5`. Exactly one of `cron` and `every`.
+             */
+            cron?: string | null;
+            /**
+             * Every
+             * @description A fixed interval (`10m`, `1h`, or seconds), counted from the Unix epoch in whole seconds (at least 1 s).
+             */
+            every?: number | string | null;
+            /**
+             * Zone
+             * @description The IANA time zone `cron` is read in.
+             * @default UTC
+             */
+            zone: string;
+            /**
+             * Process
+             * @description The process each firing starts.
+             * @default main
+             */
+            process: string;
+            /**
+             * Input
+             * @description The input of each run it starts.
+             */
+            input?: unknown;
+            /**
+             * Overlap
+             * @description What a due time does while the last run still runs.
+             * @default skip
+             * @enum {string}
+             */
+            overlap: "skip" | "buffer_one" | "allow_all" | "cancel_previous";
+            /**
+             * Catch Up
+             * @description When several times were missed: fire only the latest, or all.
+             * @default latest
+             * @enum {string}
+             */
+            catch_up: "latest" | "all";
+            /**
+             * Catch Up Window
+             * @description A missed time older than this never fires.
+             * @default 1d
+             */
+            catch_up_window: number | string;
+            /**
+             * Jitter
+             * @description Fire each time up to this much later (spreads load).
+             * @default 0
+             */
+            jitter: number | string;
+            /**
+             * Agent
+             * @description The agent whose process it starts.
+             */
+            agent: string;
         };
         /**
          * ErrorBody
@@ -394,6 +652,11 @@ export interface components {
             created_at: number;
             /** Format Version */
             format_version: number;
+            /**
+             * Chain
+             * @description The event's link in its run's hash chain (docs/digest.md §7); null on events written before 0.2.
+             */
+            chain?: string | null;
             /** Payload */
             payload: {
                 [key: string]: unknown;
@@ -491,6 +754,14 @@ export interface components {
             /** Message Id */
             message_id: number;
         };
+        /** Note */
+        Note: {
+            /**
+             * Note
+             * @description Why (shown in lists).
+             */
+            note?: string | null;
+        };
         /** PlanReport */
         PlanReport: {
             /** Plans */
@@ -517,6 +788,28 @@ export interface components {
              * @default false
              */
             more: boolean;
+        };
+        /** QueuePlace */
+        QueuePlace: {
+            /** Key */
+            key: string;
+            /** Limit */
+            limit: number;
+            /**
+             * Holding
+             * @description Runs of the key running or waiting now.
+             */
+            holding: number;
+            /**
+             * Position
+             * @description 1: the next of the key to start.
+             */
+            position: number;
+            /**
+             * Reason
+             * @description The same, in words.
+             */
+            reason: string;
         };
         /** Ready */
         Ready: {
@@ -561,6 +854,15 @@ export interface components {
              * @description The new value.
              */
             new: unknown;
+        };
+        /** ResponseCounts */
+        ResponseCounts: {
+            /** Verified */
+            verified: number;
+            /** Mismatch */
+            mismatch: number;
+            /** Not Covered */
+            not_covered: number;
         };
         /**
          * RetryRunRequest
@@ -630,8 +932,20 @@ export interface components {
              * @default 0
              */
             retries: number;
+            /**
+             * Tool Errors
+             * @description Tool calls that failed (recorded with an error). The built-in loop shows the model the error and goes on, unless the agent sets `on_tool_error: fail` (docs/agent-yaml.md). 0 on runs recorded before 0.2.
+             * @default 0
+             */
+            tool_errors: number;
             /** @description The run and step this run was forked from, if forked. */
             forked_from?: components["schemas"]["Lineage"] | null;
+            /** @description The run's concurrency key, limit and priority, if any. */
+            concurrency?: components["schemas"]["Concurrency"] | null;
+            /** @description Why a queued run of a concurrency key waits, and its place (on a run's own endpoint; null otherwise). */
+            queue?: components["schemas"]["QueuePlace"] | null;
+            /** @description The schedule and nominal time that started this run, if a schedule did (on a run's own endpoint; lists leave it null). */
+            schedule?: components["schemas"]["ScheduleOrigin"] | null;
             /** @description Set while the run's ticks fail on an infrastructure error (no API key, provider unreachable, database error, agent not deployed): what failed and when it is tried again. Null otherwise. */
             blocked?: components["schemas"]["Blocked"] | null;
             /** @description The worker holding the run and until when its lease runs (a run held by a worker that is gone waits for this time). Null when no worker holds it. */
@@ -696,7 +1010,7 @@ export interface components {
             run_id: string;
             /**
              * Ok
-             * @description No mismatch.
+             * @description No mismatch of a request or a response, no break of the chain.
              */
             ok: boolean;
             /** Steps */
@@ -707,8 +1021,102 @@ export interface components {
             unverifiable: number;
             /** Mismatch */
             mismatch: number;
+            responses: components["schemas"]["ResponseCounts"];
+            chain: components["schemas"]["ChainOut"];
             /** Checks */
             checks: components["schemas"]["StepCheck"][];
+        };
+        /**
+         * Schedule
+         * @description A schedule as ``GET /v1/schedules`` shows it (docs/schedules.md).
+         */
+        Schedule: {
+            /** Id */
+            id: string;
+            /** Agent */
+            agent: string;
+            /** Name */
+            name: string;
+            /** Process */
+            process: string;
+            /** Cron */
+            cron: string | null;
+            /** Every */
+            every: number | null;
+            /** Zone */
+            zone: string;
+            /** Jitter */
+            jitter: number;
+            /** Overlap */
+            overlap: string;
+            /** Catch Up */
+            catch_up: string;
+            /** Catch Up Window */
+            catch_up_window: number;
+            /** Input */
+            input?: unknown;
+            /**
+             * Source
+             * @description `agent.yaml` (deployed with the agent) or `api`.
+             */
+            source: string;
+            /** Code Version */
+            code_version: string | null;
+            /** Paused */
+            paused: boolean;
+            /** Note */
+            note: string | null;
+            /** Next Fire At */
+            next_fire_at: string | null;
+            /** Upcoming */
+            upcoming: string[];
+            /** Buffered */
+            buffered: string | null;
+            /** Last Fired For */
+            last_fired_for: string | null;
+            /** Last Run Id */
+            last_run_id: string | null;
+            /** Last Run Status */
+            last_run_status: string | null;
+            /** Last Skip */
+            last_skip: {
+                [key: string]: string;
+            } | null;
+            /** Fires */
+            fires: number;
+            /** Skips */
+            skips: number;
+            /** Mean Lateness Seconds */
+            mean_lateness_seconds: number | null;
+            /** Recent Runs */
+            recent_runs?: components["schemas"]["ScheduledRun"][];
+        };
+        /** ScheduleList */
+        ScheduleList: {
+            /** Schedules */
+            schedules: components["schemas"]["Schedule"][];
+        };
+        /** ScheduleOrigin */
+        ScheduleOrigin: {
+            /**
+             * Id
+             * @description The schedule that started the run, `agent/name`.
+             */
+            id: string;
+            /**
+             * Nominal
+             * @description The scheduled time it fired for (UTC, ISO 8601).
+             */
+            nominal: string | null;
+        };
+        /** ScheduledRun */
+        ScheduledRun: {
+            /** Id */
+            id: string;
+            /** Status */
+            status: string;
+            /** Nominal */
+            nominal: string | null;
         };
         /** SendMessageRequest */
         SendMessageRequest: {
@@ -754,6 +1162,22 @@ export interface components {
              * @description Deprecated spelling of `idempotency_key`, accepted until 0.3.0; the response then carries `Deprecation: true` and a `Warning` header.
              */
             idempotencyKey?: string | null;
+            /**
+             * Concurrency Key
+             * @description A concurrency key for this run (a queue name, a tenant, a ticket): at most `concurrency_limit` runs of one key run or wait at once; the others stay queued. Overrides the agent's `concurrency:` key (docs/flow-control.md).
+             */
+            concurrency_key?: string | null;
+            /**
+             * Concurrency Limit
+             * @description The limit of `concurrency_key` (required with a key, unless the agent declares `concurrency:`).
+             */
+            concurrency_limit?: number | null;
+            /**
+             * Priority
+             * @description Within a concurrency key's queue, higher starts first; then FIFO.
+             * @default 0
+             */
+            priority: number;
         };
         /**
          * StepCheck
@@ -786,6 +1210,15 @@ export interface components {
              * @description Why it cannot be verified, what does not match, or how a 0.1 log was read.
              */
             note: string | null;
+            /**
+             * Response
+             * @description The recorded answer, error and usage against the step's response digest (docs/digest.md §6): `not covered` when an earlier version recorded it, `none` for a step kind without one.
+             * @default none
+             * @enum {string}
+             */
+            response: "verified" | "mismatch" | "not covered" | "none";
+            /** Response Note */
+            response_note?: string | null;
         };
         /**
          * StreamFinding
@@ -1968,6 +2401,578 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    list_schedules: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScheduleList"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    create_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSchedule"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    delete_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    pause_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["Note"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    resume_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["Note"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Schedule"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    trigger_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    backfill_schedule: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent: string;
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Backfill"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BackfillDone"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description not_found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description unsupported_media_type */
+            415: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description invalid_request */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
                 };
             };
         };

@@ -470,6 +470,9 @@ function renderRun() {
         blocked.retry_at ? ` · next try ${clock(blocked.retry_at)}` : "",
         blocked.since ? ` · since ${stamp(blocked.since)}` : ""));
   }
+  const queue = run.status === "queued" && run.queue ? run.queue : null;
+  $("run-queued").hidden = !queue;
+  if (queue) $("run-queued").textContent = queue.reason;
   const lease = run.lease && !TERMINAL.has(run.status) ? run.lease : null;
   $("run-lease").hidden = !lease;
   if (lease) $("run-lease").textContent = `held by worker ${lease.worker} until ${clock(lease.expires_at)}`;
@@ -479,6 +482,8 @@ function renderRun() {
   $("s-cost").title = `$${u.cost_usd || 0} exactly`;
   $("s-saved").textContent = usd(u.saved_by_replay_usd);
   $("s-inval").textContent = num(run.invalidations);
+  $("s-toolerr").textContent = num(run.tool_errors || 0);
+  $("s-toolerr").classList.toggle("bad", Boolean(run.tool_errors));
   $("s-version").textContent = run.code_version || "–";
   $("run-input").textContent = json(run.input);
   const out = $("run-output");

@@ -140,6 +140,15 @@ function blockedBadge(run) {
   return h("span", { class: "badge err blocked", title: message }, ` blocked ×${b.attempts}`);
 }
 
+// Tool calls that failed: the built-in loop showed the model the error and went on, so a
+// completed run may carry them (docs/agent-yaml.md, on_tool_error).
+function toolErrorsBadge(run) {
+  const n = run.tool_errors || 0;
+  if (!n) return null;
+  return h("span", { class: "badge cut tool-errors", title: "tool calls that failed; the model saw the errors" },
+    ` ⚠ ${n} tool error${n === 1 ? "" : "s"}`);
+}
+
 function row(run) {
   const u = run.usage || {};
   const fresh = !first && !known.has(run.id);
@@ -147,7 +156,7 @@ function row(run) {
     cell("Run", h("a", { href: `/runs/${run.id}` }, run.id), "id"),
     cell("Agent", [h("span", { class: "agent" }, run.agent), h("span", { class: "proc" }, ` · ${run.process}`)]),
     cell("Input", h("span", { class: "input-summary", title: inputSummary(run) }, inputSummary(run)), "input"),
-    cell("Status", [pill(run.status), blockedBadge(run), run.cancel_requested && !TERMINAL.has(run.status)
+    cell("Status", [pill(run.status), blockedBadge(run), toolErrorsBadge(run), run.cancel_requested && !TERMINAL.has(run.status)
       ? h("span", { class: "badge", title: "cancellation requested" }, " cancelling") : null]),
     cell("Steps", num(u.steps), "num"),
     cell("Tokens", num((u.input_tokens || 0) + (u.output_tokens || 0)), "num"),

@@ -1,0 +1,398 @@
+"""The schedules' SQL (both dialects; see toren.store.sql for the conventions).
+
+Every firing is one write transaction: a compare-and-set on the schedule row's
+``next_fire_at`` and ``buffered_at`` (the values the decision was made from), the new
+runs with their ``RunStarted`` events (idempotency key ``schedule:{id}:{nominal}``, the
+unique index as a second guard), and a cancel request for ``cancel_previous``. A worker
+that loses the race, dies before its commit or loses its connection mid-way changes
+nothing: the next look decides again from the row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from toren.core.jsontext import dumps
+from toren.core.records import NewRun
+from toren.core.schedule import (
+    Firing,
+    ScheduleDef,
+    ScheduleSpec,
+    ScheduleState,
+    next_after,
+    schedule_id,
+)
+from toren.core.values import TERMINAL_STATUSES
+from toren.errors import InvalidInput, ScheduleNotFound
+
+T = TypeVar("T")
+Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; not imported: sql imports this)
+
+
+class Host(Protocol):
+    """What the statements need of the store they run in (toren.store.sql.SqlStore)."""
+
+    async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T: ...
+    def _x(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+    def _insert_new_run(self, cur: Cursor, run: NewRun) -> None: ...
+    def _cancel_in(self, cur: Cursor, run_id: str, *, now: float) -> None: ...
+    async def notify(self) -> None: ...
+
+
+COLUMNS = (
+    "s.id, s.agent, s.name, s.process, s.spec, s.input, s.source, s.code_version, "
+    "s.declared_at, s.paused, s.note, s.removed, s.next_fire_at, s.buffered_at, "
+    "s.last_fired_at, s.last_run_id, s.last_skip_at, s.last_skip_reason, s.fires, s.skips, "
+    "s.lateness_total, s.created_at, s.updated_at, r.status"
+)
+FROM = "schedules s LEFT JOIN runs r ON r.id = s.last_run_id"
+
+
+def _state(row: Sequence[Any]) -> ScheduleState:
+    return ScheduleState(
+        id=row[0],
+        agent=row[1],
+        name=row[2],
+        process=row[3],
+        spec=ScheduleSpec.from_dict(json.loads(row[4])),
+        input=json.loads(row[5]) if row[5] is not None else None,
+        source=row[6],
+        code_version=row[7],
+        declared_at=row[8],
+        paused=bool(row[9]),
+        note=row[10],
+        removed=bool(row[11]),
+        next_fire_at=row[12],
+        buffered_at=row[13],
+        last_fired_at=row[14],
+        last_run_id=row[15],
+        last_skip_at=row[16],
+        last_skip_reason=row[17],
+        fires=row[18],
+        skips=row[19],
+        lateness_total=row[20],
+        created_at=row[21],
+        updated_at=row[22],
+        last_run_status=row[23],
+    )
+
+
+class SqlSchedules:
+    """The ``ScheduleStore`` port over a :class:`~toren.store.sql.SqlStore`."""
+
+    def __init__(self, store: Host) -> None:
+        self._store = store
+
+    def _x(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor:
+        return self._store._x(cur, sql, params)
+
+    def _get(self, cur: Cursor, sid: str) -> ScheduleState | None:
+        row = self._x(cur, f"SELECT {COLUMNS} FROM {FROM} WHERE s.id = ?", (sid,)).fetchone()
+        return _state(row) if row is not None else None
+
+    def _taken(self, cur: Cursor, run: NewRun) -> bool:
+        """A run already holds this key (a backfill or an earlier firing started it)."""
+        row = self._x(
+            cur, "SELECT id FROM runs WHERE idempotency_key = ?", (run.idempotency_key,)
+        ).fetchone()
+        return row is not None
+
+    async def get(self, sid: str) -> ScheduleState | None:
+        return await self._store._run(lambda cur: self._get(cur, sid), write=False)
+
+    async def all(self, *, include_removed: bool = False) -> list[ScheduleState]:
+        def tx(cur: Cursor) -> list[ScheduleState]:
+            where = "" if include_removed else " WHERE s.removed = 0"
+            rows = self._x(cur, f"SELECT {COLUMNS} FROM {FROM}{where} ORDER BY s.id").fetchall()
+            return [_state(row) for row in rows]
+
+        return await self._store._run(tx, write=False)
+
+    async def due(self, *, now: float, limit: int) -> list[ScheduleState]:
+        """Schedules with a time due (jitter is applied by the caller's decision) or a
+        buffered time, neither paused nor removed, earliest first."""
+
+        def tx(cur: Cursor) -> list[ScheduleState]:
+            rows = self._x(
+                cur,
+                f"SELECT {COLUMNS} FROM {FROM} WHERE s.removed = 0 AND s.paused = 0 AND "
+                "(s.next_fire_at <= ? OR s.buffered_at IS NOT NULL) "
+                "ORDER BY s.next_fire_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            return [_state(row) for row in rows]
+
+        return await self._store._run(tx, write=False)
+
+    async def next_due(self) -> float | None:
+        """The earliest next nominal time of an active schedule (the scheduler's sleep)."""
+
+        def tx(cur: Cursor) -> float | None:
+            row = self._x(
+                cur,
+                "SELECT MIN(next_fire_at) FROM schedules WHERE removed = 0 AND paused = 0",
+            ).fetchone()
+            return row[0] if row and row[0] is not None else None
+
+        return await self._store._run(tx, write=False)
+
+    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[bool]:
+        """Apply decisions in one transaction, each only if its row still holds what it
+        was made from (False for one another worker decided first: nothing of it is
+        written). Rows are taken in id order, so two workers applying overlapping batches
+        on PostgreSQL wait for each other instead of deadlocking."""
+        order = sorted(range(len(firings)), key=lambda i: firings[i].schedule.id)
+
+        def tx(cur: Cursor) -> list[bool]:
+            applied = [False] * len(firings)
+            for i in order:
+                applied[i] = self._apply_one(cur, firings[i], now)
+            return applied
+
+        applied = await self._store._run(tx)
+        if any(ok and f.runs for ok, f in zip(applied, firings, strict=True)):
+            await self._store.notify()
+        return applied
+
+    def _apply_one(self, cur: Cursor, firing: Firing, now: float) -> bool:
+        s, d = firing.schedule, firing.decision
+        last_skip = d.skips[-1] if d.skips else None
+        last_run = firing.runs[-1].id if firing.runs else None
+        done = self._x(
+            cur,
+            "UPDATE schedules SET next_fire_at = ?, buffered_at = ?, "
+            "last_fired_at = COALESCE(?, last_fired_at), "
+            "last_run_id = COALESCE(?, last_run_id), "
+            "last_skip_at = COALESCE(?, last_skip_at), "
+            "last_skip_reason = COALESCE(?, last_skip_reason), "
+            "fires = fires + ?, skips = skips + ?, lateness_total = lateness_total + ?, "
+            "updated_at = ? "
+            "WHERE id = ? AND removed = 0 AND paused = 0 AND next_fire_at = ? AND "
+            + ("buffered_at IS NULL" if s.buffered_at is None else "buffered_at = ?"),
+            (
+                d.next_fire_at,
+                d.buffered,
+                d.fire[-1] if d.fire else None,
+                last_run,
+                last_skip.nominal if last_skip else None,
+                last_skip.reason if last_skip else None,
+                len(d.fire),
+                len(d.skips),
+                firing.lateness,
+                now,
+                s.id,
+                s.next_fire_at,
+                *(() if s.buffered_at is None else (s.buffered_at,)),
+            ),
+        ).rowcount
+        if done != 1:
+            return False
+        for run in firing.runs:
+            if not self._taken(cur, run):
+                self._store._insert_new_run(cur, run)
+        if d.cancel is not None:
+            self._store._cancel_in(cur, d.cancel, now=now)
+        return True
+
+    async def start(self, sid: str, runs: Sequence[NewRun]) -> list[NewRun]:
+        """Start runs of a schedule outside its timeline (trigger, backfill): each
+        idempotent by its key; the ones that were new."""
+
+        def tx(cur: Cursor) -> list[NewRun]:
+            if self._get(cur, sid) is None:
+                raise ScheduleNotFound(f"no schedule {sid!r}")
+            made = []
+            for run in runs:
+                if not self._taken(cur, run):
+                    self._store._insert_new_run(cur, run)
+                    made.append(run)
+            return made
+
+        made = await self._store._run(tx)
+        if made:
+            await self._store.notify()
+        return made
+
+    async def create(self, definition: ScheduleDef, *, now: float) -> ScheduleState:
+        def tx(cur: Cursor) -> ScheduleState:
+            if self._get(cur, definition.id) is not None:
+                raise InvalidInput(
+                    f"a schedule {definition.id!r} already exists; delete it first, or "
+                    "choose another name"
+                )
+            self._insert(cur, definition, source="api", version=None, at=None, now=now)
+            found = self._get(cur, definition.id)
+            assert found is not None
+            return found
+
+        return await self._store._run(tx)
+
+    def _insert(
+        self,
+        cur: Cursor,
+        d: ScheduleDef,
+        *,
+        source: str,
+        version: str | None,
+        at: float | None,
+        now: float,
+    ) -> None:
+        self._x(
+            cur,
+            "INSERT INTO schedules (id, agent, name, process, spec, input, source, "
+            "code_version, declared_at, next_fire_at, created_at, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                d.id,
+                d.agent,
+                d.name,
+                d.process,
+                dumps(d.spec.to_dict()),
+                dumps(d.input),
+                source,
+                version,
+                at,
+                next_after(d.spec, now),
+                now,
+                now,
+            ),
+        )
+
+    async def declare(
+        self,
+        definitions: Sequence[ScheduleDef],
+        *,
+        agents: Sequence[str],
+        code_version: str,
+        started_at: float,
+        now: float,
+    ) -> None:
+        """A worker's agent.yaml schedules for ``agents``: written unless a worker of a
+        newer deploy (a later ``started_at``) declared them last, as in the
+        invalidation-storm guard. A schedule of these agents that came from agent.yaml and
+        is no longer declared is marked removed (its row and history stay)."""
+
+        def tx(cur: Cursor) -> None:
+            declared = {d.id for d in definitions}
+            for d in definitions:
+                old = self._get(cur, d.id)
+                if old is None:
+                    self._insert(
+                        cur, d, source="agent.yaml", version=code_version, at=started_at, now=now
+                    )
+                    continue
+                if old.source != "agent.yaml" or (old.declared_at or 0) > started_at:
+                    continue  # made through the API, or a newer deploy's definition
+                same = (old.spec, old.process, old.input, old.removed) == (
+                    d.spec,
+                    d.process,
+                    json.loads(dumps(d.input)),
+                    False,
+                )
+                if same and old.code_version == code_version:
+                    continue
+                # A changed timing starts from now: times the old spec would have fired
+                # are not caught up under the new one.
+                next_fire = (
+                    old.next_fire_at
+                    if old.spec == d.spec and not old.removed
+                    else (next_after(d.spec, now))
+                )
+                self._x(
+                    cur,
+                    "UPDATE schedules SET process = ?, spec = ?, input = ?, code_version = ?, "
+                    "declared_at = ?, removed = 0, next_fire_at = ?, updated_at = ? "
+                    "WHERE id = ?",
+                    (
+                        d.process,
+                        dumps(d.spec.to_dict()),
+                        dumps(d.input),
+                        code_version,
+                        started_at,
+                        next_fire,
+                        now,
+                        d.id,
+                    ),
+                )
+            for agent in agents:
+                rows = self._x(
+                    cur,
+                    "SELECT id, declared_at FROM schedules WHERE agent = ? AND "
+                    "source = 'agent.yaml' AND removed = 0",
+                    (agent,),
+                ).fetchall()
+                for sid, declared_at in rows:
+                    if sid not in declared and (declared_at or 0) <= started_at:
+                        self._x(
+                            cur,
+                            "UPDATE schedules SET removed = 1, code_version = ?, "
+                            "declared_at = ?, buffered_at = NULL, updated_at = ? WHERE id = ?",
+                            (code_version, started_at, now, sid),
+                        )
+
+        await self._store._run(tx)
+
+    async def set_paused(
+        self, sid: str, paused: bool, note: str | None, *, now: float
+    ) -> ScheduleState:
+        """Pause or resume. A resumed schedule starts from now: the times it was paused
+        over are not caught up (a pause means "don't")."""
+
+        def tx(cur: Cursor) -> ScheduleState:
+            old = self._get(cur, sid)
+            if old is None or old.removed:
+                raise ScheduleNotFound(f"no schedule {sid!r}")
+            next_fire = old.next_fire_at
+            if old.paused and not paused:
+                next_fire = next_after(old.spec, now)
+            self._x(
+                cur,
+                "UPDATE schedules SET paused = ?, note = ?, next_fire_at = ?, updated_at = ? "
+                "WHERE id = ?",
+                (int(paused), note, next_fire, now, sid),
+            )
+            found = self._get(cur, sid)
+            assert found is not None
+            return found
+
+        return await self._store._run(tx)
+
+    async def delete(self, sid: str, *, now: float) -> None:
+        """Remove a schedule (its row stays, marked removed, with its history; its runs are
+        untouched). A schedule declared in agent.yaml comes back when a newer deploy
+        declares it again."""
+
+        def tx(cur: Cursor) -> None:
+            old = self._get(cur, sid)
+            if old is None or old.removed:
+                raise ScheduleNotFound(f"no schedule {sid!r}")
+            self._x(
+                cur,
+                "UPDATE schedules SET removed = 1, buffered_at = NULL, updated_at = ? WHERE id = ?",
+                (now, sid),
+            )
+
+        await self._store._run(tx)
+
+    async def runs_of(self, sid: str, *, limit: int) -> list[tuple[str, str, float | None]]:
+        """The schedule's newest runs: (id, status, nominal time)."""
+
+        def tx(cur: Cursor) -> list[tuple[str, str, float | None]]:
+            rows = self._x(
+                cur,
+                "SELECT id, status, scheduled_for FROM runs WHERE schedule_id = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (sid, limit),
+            ).fetchall()
+            return [(r[0], r[1], r[2]) for r in rows]
+
+        return await self._store._run(tx, write=False)
+
+
+def is_running(status: str | None) -> bool:
+    return status is not None and status not in TERMINAL_STATUSES
+
+
+__all__ = ["SqlSchedules", "is_running", "schedule_id"]

@@ -1,0 +1,54 @@
+"""A worker process for the concurrency-key fleet test: serves the `job` agent (limit 2 per
+`input.key`), whose one tool step calls the test's loopback server, until SIGTERM.
+
+    python -m tests.core.flow_worker DB_URL SERVER_URL
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import httpx
+
+import toren
+from toren.config import LeaseSettings
+from toren.core.flow import Concurrency
+from toren.providers.base import ToolSpec
+
+
+def registry(server: str) -> toren.Registry:
+    async def work(key: str, run: str) -> dict[str, Any]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            response = await http.get(f"{server}/work", params={"key": key, "run": run})
+            response.raise_for_status()
+            return {"done": True}
+
+    async def job(ctx: toren.Context, input: Any) -> Any:
+        return await ctx.tool("work", {"key": input["key"], "run": ctx.run_id})
+
+    reg = toren.Registry()
+    reg.add(
+        "job",
+        job,
+        tools={"work": toren.ToolDef("work", work, ToolSpec("work"))},
+        concurrency=Concurrency(limit=2, key=("key",)),
+    )
+    return reg
+
+
+async def main(url: str, server: str) -> None:
+    store = await toren.connect(url)
+    settings = toren.Settings(lease=LeaseSettings(ttl=2.0, heartbeat=0.2), poll_interval=0.05)
+    deps = toren.TickDeps(store=store, agents=registry(server), settings=settings)
+    worker = toren.LocalWorkerRuntime(deps, concurrency=16)
+    await worker.start()
+    worker.install_signal_handlers()
+    print("ready", flush=True)
+    await worker.wait_stopped()
+    await store.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,178 @@
+"""Concurrency keys across a fleet on PostgreSQL: 300 runs over 20 keys with a limit of 2
+per key, three worker processes SIGKILLed at random meanwhile. A loopback server that the
+runs' tool calls counts, per key, how many calls are in progress at once: never more than
+2, and every run completes (a killed worker's slots come back when its leases run out)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+import toren
+from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
+from tests.core.flow_worker import registry
+
+ROOT = Path(__file__).parents[2]
+RUNS, KEYS, LIMIT = 300, 20, 2
+pytestmark = pytest.mark.slow
+
+
+class Desk:
+    """What the loopback server saw: calls in progress per key, the most at once, and the
+    calls served to the end per run."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: Counter[str] = Counter()
+        self.peak: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+
+
+def serve(desk: Desk) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            query = parse_qs(urlsplit(self.path).query)
+            key, run = query["key"][0], query["run"][0]
+            with desk.lock:
+                desk.active[key] += 1
+                desk.peak[key] = max(desk.peak[key], desk.active[key])
+            try:
+                # 50 ms of "work", cut short when the caller is gone (its worker was
+                # killed): a dead call is no longer in progress.
+                gone = _wait_or_gone(self.connection, 0.05)
+                if not gone:
+                    body = b'{"ok": true}'
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    with desk.lock:
+                        desk.finished[run] += 1
+            finally:
+                with desk.lock:
+                    desk.active[key] -= 1
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _wait_or_gone(conn: socket.socket, seconds: float) -> bool:
+    readable, _, _ = select.select([conn], [], [], seconds)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def pg() -> Iterator[str]:
+    require_pg()
+    name = create_pg_database()
+    try:
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
+def _worker(url: str, server: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.core.flow_worker", url, server],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
+
+
+def _end(process: subprocess.Popen[str], sig: int) -> None:
+    process.send_signal(sig)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    assert process.stdout is not None
+    process.stdout.close()
+
+
+async def _start(url: str, server: str) -> list[str]:
+    store = await toren.connect(url)
+    try:
+        reg = registry(server)
+        return [
+            (await toren.start_run(store, reg, "job", {"key": f"k{i % KEYS}", "i": i})).id
+            for i in range(RUNS)
+        ]
+    finally:
+        await store.close()
+
+
+async def _finished(url: str, ids: list[str]) -> int:
+    store = await toren.connect(url)
+    try:
+        return sum([(await store.get_run(i)).status == "completed" for i in ids])  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg: str) -> None:
+    desk = Desk()
+    server = serve(desk)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    rng = random.Random(os.urandom(8))
+    try:
+        ids = asyncio.run(_start(pg, base))
+        workers = [_worker(pg, base) for _ in range(3)]
+        kills = 0
+        deadline = time.monotonic() + 300
+        try:
+            while (done := asyncio.run(_finished(pg, ids))) < RUNS:
+                assert time.monotonic() < deadline, f"only {done} of {RUNS} runs completed"
+                # Kill a random worker after a random number of served calls.
+                target = sum(desk.finished.values()) + rng.randint(5, 25)
+                while sum(desk.finished.values()) < target and time.monotonic() < deadline:
+                    if asyncio.run(_finished(pg, ids)) == RUNS:
+                        break
+                    time.sleep(0.05)
+                if kills < 8 and asyncio.run(_finished(pg, ids)) < RUNS:
+                    victim = rng.randrange(3)
+                    _end(workers[victim], signal.SIGKILL)
+                    kills += 1
+                    workers[victim] = _worker(pg, base)
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    _end(w, signal.SIGTERM)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert kills >= 3
+    assert max(desk.peak.values()) <= LIMIT, desk.peak
+    assert max(desk.peak.values()) == LIMIT  # the limit was reached, not just respected
+    assert set(desk.finished) == set(ids)  # every run's call was served to the end
