@@ -226,9 +226,7 @@ class PlanRunner:
         """The replayed step, or None: the step would run live (its branch holds).
         ``asking`` builds the request's parts, needed only to say what changed in a
         finding: a replayed step (nearly every one) never builds them. ``reusable``: the
-        tool policy (:func:`toren.core.policy.tool_reusable`), asked as the tick asks it.
-        No ``live_versions``: a plan answers what new code would do to the run, whichever
-        workers are live when it is made, so it never reports a back-off."""
+        tool policy, as the tick asks it. No ``live_versions`` (see core/policy.py)."""
         answer = self.journal.request(
             stream, pos, kind, digest, code_version=self.code_version, reusable=reusable
         )
