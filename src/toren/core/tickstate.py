@@ -199,7 +199,7 @@ class TickState:
         self.writer = Writer(deps.store, lease, deps.clock)
         self.parker = Parker()
         self.writer.code_version = deps.code_version or "dev"
-        self.inbox = asyncio.Lock()  # taking a message: see LiveSteps._await_message
+        self.inbox = asyncio.Lock()  # taking a message: see DurableWaits.await_message
         self.interrupted = False  # the tick resumes a run cut off (replayed cost is saved)
         self.live_versions: LiveVersions = NO_GUARD
         self.replayed = self.executed = self.invalidations = 0
