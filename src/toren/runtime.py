@@ -24,6 +24,7 @@ from toren.config import Settings
 from toren.core.live import LiveHub
 from toren.core.program import Pricing
 from toren.core.tick import TickDeps
+from toren.integrations import adapt_entry
 from toren.providers.base import (
     DeltaCallback,
     ModelProvider,
@@ -78,6 +79,7 @@ def runtime_providers() -> dict[str, ModelProvider]:
     return {
         "scripted": ScriptedProvider(),
         "openai": _LazyProvider("openai"),
+        "openai-responses": _LazyProvider("openai-responses"),
         "anthropic": _LazyProvider("anthropic"),
     }
 
@@ -113,7 +115,7 @@ class Runtime:
 
 
 def make_resolver(root: str | Path, settings: Settings) -> DirectoryResolver:
-    return DirectoryResolver(root, code_version=settings.code_version)
+    return DirectoryResolver(root, code_version=settings.code_version, adapt_entry=adapt_entry)
 
 
 def build_deps(

@@ -192,7 +192,11 @@ CASES = [
     Case(
         "custom-provider-without-type",
         "name: a\nmodel: ollama:llama3\nproviders:\n  ollama: {base_url: 'http://x/v1'}\n",
-        (":4:", "at 'providers.ollama.type'", "one of ['anthropic', 'openai', 'scripted']"),
+        (
+            ":4:",
+            "at 'providers.ollama.type'",
+            "one of ['anthropic', 'openai', 'openai-responses', 'scripted']",
+        ),
     ),
     Case(
         "api-key-in-provider",

@@ -127,6 +127,13 @@ def test_dev_watches_only_what_the_code_version_counts(tmp_path: Path) -> None:
     assert not resolver.is_code_change(tmp_path / "agents" / "README.md")
     (tmp_path / "agents" / "two").mkdir()
     assert resolver.is_code_change(tmp_path / "agents" / "two")  # an agent directory made
+    # Beside the agents: the database directory of `toren dev` (with its journal), a
+    # virtualenv, git: no agent there, no reload (issue 40 item 10).
+    (tmp_path / "agents" / ".toren").mkdir()
+    assert not resolver.is_code_change(tmp_path / "agents" / ".toren")
+    assert not resolver.is_code_change(tmp_path / "agents" / ".toren" / "toren.db-journal")
+    assert not resolver.is_code_change(tmp_path / "agents" / ".git" / "index")
+    assert not resolver.is_code_change(tmp_path / "agents" / "__pycache__" / "x.py")
     single = DirectoryResolver(one)
     assert single.is_code_change(one / "tools.py")
     assert not single.is_code_change(one / "docs" / "notes.md")

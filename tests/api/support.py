@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -41,6 +42,15 @@ def registry() -> toren.Registry:
         await ctx.model("scripted:echo", [{"role": "user", "content": f"decided {decision}"}])
         return {"decision": decision}
 
+    async def mend(ctx: toren.Context, input: Any) -> Any:
+        """Fails until the file ``input["fixed"]`` exists (a fix deployed), then waits for
+        a message ``approve``: a retried run that is not over when its stream is read."""
+        await ctx.model("scripted:echo", [{"role": "user", "content": "draft a refund"}])
+        if not Path(input["fixed"]).exists():
+            raise RuntimeError("not fixed yet")
+        decision = await ctx.wait_for_message("approve")
+        return {"decision": decision}
+
     async def slow(ctx: toren.Context, input: Any) -> Any:
         n = int(input.get("n", 10)) if isinstance(input, dict) else 10
         for i in range(n):
@@ -64,6 +74,7 @@ def registry() -> toren.Registry:
 
     reg.add("echo", echo)
     reg.add("approval", approval)
+    reg.add("mend", mend)
     reg.add("slow", slow, tools=tools)
     reg.add("slow", slow, process="batch", tools=tools)
     reg.add("leaky", leaky, tools=tools)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from decimal import Decimal
 
 import pytest
@@ -21,6 +22,7 @@ from toren.client import (
     TorenAPIError,
     TorenClient,
     TorenConnectionError,
+    TorenMessageWarning,
 )
 from toren.client._protocol import SSEParser
 from toren.errors import TorenError
@@ -199,3 +201,40 @@ async def test_client_errors_never_carry_a_key(monkeypatch: pytest.MonkeyPatch) 
         with pytest.raises(TorenConnectionError) as conn:
             await nowhere.health()
     assert plain not in str(conn.value) and "[redacted]" in str(conn.value)
+
+
+async def test_a_message_under_a_name_the_run_does_not_wait_for_is_kept_with_a_warning(
+    api: Api,
+) -> None:
+    """Issue 40 item 4: the API's answer and the Python client name the names the run
+    waits for; the message is kept and does not wake the run."""
+    run = await api.client.start_run("approval", {})
+    await _until_waiting(api, run.id)
+    async with api.http() as http:
+        answer = await http.post(
+            f"/v1/runs/{run.id}/messages", json={"name": "aprove", "payload": "yes"}
+        )
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert body["waiting_for"] == ["approve"]
+    assert "waiting for 'approve', not 'aprove'" in body["warning"]
+    # Any message wakes the run to look (then it waits again): the client's warning on
+    # a second run that has had no message yet.
+    other = await api.client.start_run("approval", {})
+    await _until_waiting(api, other.id)
+    with pytest.warns(TorenMessageWarning, match="waiting for 'approve', not 'aprove'"):
+        await api.client.send_message(other.id, "aprove", "again")
+    await _until_waiting(api, run.id)
+    events = (await api.client.events(run.id, limit=100)).events
+    assert "MessageReceived" not in [e.type for e in events], "not taken by the run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the name it waits for: no warning
+        await api.client.send_message(run.id, "approve", "yes")
+    assert (await api.client.wait(run.id, timeout=20)).status == "completed"
+
+
+async def _until_waiting(api: Api, run_id: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while (await api.client.get_run(run_id)).status != "waiting":
+        assert asyncio.get_running_loop().time() < deadline, "the run never waited"
+        await asyncio.sleep(0.02)

@@ -148,6 +148,7 @@ async def test_agents_health_ready_metrics_plan(api: Api) -> None:
         "approval": ["main"],
         "echo": ["main"],
         "leaky": ["main"],
+        "mend": ["main"],
         "slow": ["batch", "main"],
     }
     run = await api.client.start_run("echo", {"n": 2})

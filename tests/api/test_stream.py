@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 
-from toren.client import AsyncTorenClient, Delta, Event, TorenAPIError
+from toren.client import AsyncTorenClient, Delta, Event, TorenAPIError, TorenClient
+from toren.client._protocol import SSEMessage, StreamState
+from toren.redact import Redactor
 from toren.store import Store
 
 from .proxy import dropping_proxy
@@ -160,3 +164,73 @@ async def test_streams_poll_the_store_without_a_live_hub(store: Store) -> None:
         run = await api.client.start_run("slow", {"n": 5})
         seqs = [item.seq async for item in api.client.stream(run.id) if isinstance(item, Event)]
         assert seqs == [e.seq for e in await store.load_events(run.id)]
+
+
+async def _failed_then_retried(api: Api, fixed: Path) -> str:
+    """A run failed by its code, then retried once the code is fixed: it goes on from its
+    log and waits for a message ``approve`` (so it is not over when it is streamed)."""
+    run = await api.client.start_run("mend", {"fixed": str(fixed)})
+    assert (await api.client.wait(run.id, timeout=20)).status == "failed"
+    fixed.write_text("fixed")
+    retried = await api.client.retry(run.id)
+    assert retried.status not in ("failed", "completed")
+    return run.id
+
+
+async def _approve_when_waiting(api: Api, run_id: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 20
+    while (await api.client.get_run(run_id)).status != "waiting":
+        assert asyncio.get_running_loop().time() < deadline, "the retried run never waited"
+        await asyncio.sleep(0.02)
+    await api.client.send_message(run_id, "approve", "yes")
+
+
+async def test_stream_of_a_retried_run_ends_with_its_current_attempt(
+    api: Api, tmp_path: Path
+) -> None:
+    """After POST /retry, the RunFailed of the earlier attempt is in the log: the stream
+    delivers it and goes on until the new attempt ends (issue 40 item 1)."""
+    run_id = await _failed_then_retried(api, tmp_path / "fixed")
+    approver = asyncio.create_task(_approve_when_waiting(api, run_id))
+    async with api.http() as http, http.stream("GET", f"/v1/runs/{run_id}/stream") as r:
+        messages = await asyncio.wait_for(read_sse(r, until=is_end), 30)
+    await approver
+    types = [m["data"]["type"] for m in messages if m.get("event") == "event"]
+    assert types.index("RunFailed") < types.index("RunRetried") < types.index("RunCompleted")
+    assert types[-1] == "RunCompleted"
+    end = messages[-1]
+    assert end["event"] == "end" and end["data"]["run"]["status"] == "completed"
+    assert end["data"]["run"]["output"] == {"decision": "yes"}
+
+
+async def test_client_streams_of_a_retried_run_follow_the_new_attempt(
+    api: Api, tmp_path: Path
+) -> None:
+    """The Python clients' ``stream()`` after ``retry()``: to the new attempt's end."""
+    run_id = await _failed_then_retried(api, tmp_path / "fixed")
+    approver = asyncio.create_task(_approve_when_waiting(api, run_id))
+
+    async def collect() -> list[str]:
+        return [e.type async for e in api.client.stream(run_id) if isinstance(e, Event)]
+
+    types = await asyncio.wait_for(collect(), 30)
+    await approver
+    assert types[-1] == "RunCompleted" and "RunRetried" in types
+
+    def read_sync() -> list[str]:  # the sync client (in a thread: the server is in this loop)
+        with TorenClient(api.url, TOKEN) as sync:
+            return [e.type for e in sync.stream(run_id) if isinstance(e, Event)]
+
+    assert await asyncio.to_thread(read_sync) == types
+
+
+def test_an_end_message_of_a_run_that_goes_on_is_not_the_end() -> None:
+    """An older server ends a retried run's stream at the earlier attempt's RunFailed,
+    with the run back to ``running``: the client does not stop there (it reconnects
+    after the last event and reads on)."""
+    state = StreamState("run_1", 0, False, Redactor())
+    running = json.dumps({"run": {"id": "run_1", "agent": "a", "status": "running"}})
+    assert state.handle(SSEMessage("end", running)) is None and not state.done
+    done = json.dumps({"run": {"id": "run_1", "agent": "a", "status": "completed"}})
+    assert state.handle(SSEMessage("end", done)) is None and state.done
+    assert state.final is not None and state.final.status == "completed"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,3 +86,42 @@ def test_a_blocked_run_shows_why_and_completes_once_the_key_is_back(
     assert fake.openai.served == 2
     final = json.loads(invoke(runner, "runs", "show", run_id, *where, "--json").stdout)
     assert final["status"] == "completed" and final["blocked"] is None
+
+
+ENTRY_AGENT = """\
+async def main(ctx, input):
+    reply = await ctx.model("openai:gpt-4o-mini", [{"role": "user", "content": str(input)}])
+    return reply.text
+"""
+
+
+def test_an_entry_agent_without_its_key_stops_with_one_error_and_one_hint(
+    runner: CliRunner, chain: Path, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 40 item 5: the model is chosen in code, so its provider is known only at the
+    call. The command stops there: the error line, then the hint (no log line between),
+    and the run is kept blocked, its next try said to be a worker's once due."""
+    for var in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    agent = chain.parent / "coded"
+    agent.mkdir()
+    (agent / "agent.yaml").write_text("name: coded\nentry: agent:main\n")
+    (agent / "agent.py").write_text(ENTRY_AGENT)
+    started = invoke(runner, "run", "coded", "hi", "--database-url", db_url)
+    assert started.exit_code == 5, started.output
+    where = ("--agents", "coded", "--database-url", db_url)
+    run_id = json.loads(invoke(runner, "runs", "list", *where, "--json").stdout)[0]["id"]
+    error, hint = started.stderr.splitlines()
+    assert error.startswith("error: no OpenAI API key — set OPENAI_API_KEY"), started.stderr
+    assert hint.startswith(f"hint: run {run_id} is kept as it is (blocked, attempt 1;")
+    assert "retries it by itself" in hint and f"toren runs resume {run_id}" in hint
+    assert re.search(r"\d\d:\d\d:\d\d", hint) is None, "no clock time that is soon past"
+
+    deadline = time.monotonic() + 30
+    while True:  # the next try passes within seconds: then it is said to be a worker's
+        shown = invoke(runner, "runs", "show", run_id, *where)
+        if "(due: a 'toren worker' or 'toren dev' takes it)" in " ".join(shown.stdout.split()):
+            break
+        assert time.monotonic() < deadline, shown.stdout
+        time.sleep(0.1)
+    assert re.search(r"blocked\s+blocked: no OpenAI API key", shown.stdout), shown.stdout

@@ -75,6 +75,13 @@ def test_init_scaffolds_and_refuses_to_overwrite(runner: CliRunner, tmp_path: Pa
     assert "def get_weather" in (target / "tools.py").read_text()
     for name in ("Dockerfile", "compose.yaml", "README.md", "script.yaml", "prompts/system.md"):
         assert (target / name).is_file(), name
+    # Toren from an index or from a checkout: both named, and the one place that says how.
+    readme = " ".join((target / "README.md").read_text().split())
+    assert "pip install /path/to/toren" in readme and "from your package index" in readme
+    assert '"Installing Toren" of Toren\'s docs/deploy.md' in readme
+    deploy = (Path(__file__).parents[2] / "docs" / "deploy.md").read_text()
+    assert "## Installing Toren: from a package index or from a checkout" in deploy
+    assert "Until `toren-run` is published" not in deploy  # it is both, said once
 
     again = invoke(runner, "init", str(target))
     assert again.exit_code == 5
@@ -109,8 +116,14 @@ def test_scaffolded_agent_runs_and_is_inspectable(
     out = result.stdout
     assert "◆ model scripted:script.yaml" in out
     assert "⚙ tool get_weather" in out
-    assert "✔ completed" in out and "sunny in Paris" in out
+    assert "✔ completed" in out and "always looks up Paris" in out
     assert (tmp_path / "hello" / ".toren" / "toren.db").is_file()
+    # Asked about Lyon, it does not answer about Paris as if it were Lyon (issue 40 item 10).
+    lyon = invoke(runner, "run", "hello", "What is the weather in Lyon?")
+    assert lyon.exit_code == 0, lyon.output
+    said = " ".join(lyon.stdout.split())
+    assert "You asked: What is the weather in Lyon?" in said
+    assert "always looks up Paris" in said and "sunny in Paris" not in said
 
     run_id = last_run_id(runner, tmp_path / "hello")
     shown = invoke(runner, "runs", "show", run_id, "--agents", "hello", "--json")
@@ -677,3 +690,64 @@ def test_log_lines_never_carry_a_key(
     assert "provider call failed for [redacted]" in logged and "401 Unauthorized" in logged
     assert key not in logged
     assert ("Traceback" in logged) is debug
+
+
+def test_a_name_that_is_also_a_directory_runs_where_the_rule_says(
+    runner: CliRunner, chain: Path
+) -> None:
+    """From a folder holding ``chain/`` (issue 40 item 2): with ``--agents .`` the agents
+    root wins (the run is in ./.toren, where ``toren dev`` of the folder looks); without
+    it the directory is its own project, and a warning names the other database."""
+    rooted = invoke(runner, "run", "chain", "--agents", ".")
+    assert rooted.exit_code == 0, rooted.output
+    assert "warning" not in rooted.stderr
+    assert not (chain / ".toren").exists()
+    listed = json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)
+    assert [r["agent"] for r in listed] == ["chain"]
+
+    own = invoke(runner, "run", "chain")
+    assert own.exit_code == 0, own.output
+    assert (chain / ".toren" / "toren.db").is_file()
+    warning = " ".join(own.stderr.split())
+    assert warning.startswith("warning: running the directory"), own.stderr
+    assert str(chain / ".toren" / "toren.db") in warning
+    assert "toren run chain --agents ." in warning
+    assert len(json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)) == 1
+
+    by_path = invoke(runner, "run", "./chain", "--agents", ".")  # a path to one of its agents
+    assert by_path.exit_code == 0 and "warning" not in by_path.stderr
+    assert len(json.loads(invoke(runner, "runs", "list", "--agents", ".", "--json").stdout)) == 2
+    quiet = invoke(runner, "run", "./chain")  # a path: the directory, as asked, no warning
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr
+
+
+def test_send_under_a_name_the_run_does_not_wait_for_warns_and_keeps_it(
+    runner: CliRunner, chain: Path
+) -> None:
+    """Issue 40 item 4: the message is kept (exit 0) with a warning naming the names the
+    run waits for; it does not wake the run."""
+    assert invoke(runner, "run", "chain", "--input", '{"ask": true}').exit_code == 4
+    run_id = last_run_id(runner, chain)
+    typo = invoke(runner, "runs", "send", run_id, "aproval", "yes", "--agents", "chain")
+    assert typo.exit_code == 0, typo.output
+    warning = " ".join(typo.stderr.split())
+    assert warning.startswith(f"warning: run {run_id!r} is waiting for 'approval', not 'aproval'")
+    shown = json.loads(invoke(runner, "runs", "show", run_id, "--agents", "chain", "--json").stdout)
+    assert shown["status"] == "waiting" and shown["waiting_for"] == ["approval"]
+    right = invoke(runner, "runs", "send", run_id, "approval", "yes", "--agents", "chain")
+    assert right.exit_code == 0 and "warning" not in right.stderr
+
+
+def test_runs_help_says_which_subcommands_take_url_and_json() -> None:
+    """Issue 40 item 9: `toren runs --help` claimed every subcommand takes --url and
+    --json; each one that does not is named as an exception."""
+    from toren.cli.main import cli
+
+    group = cli.commands["runs"]  # type: ignore[attr-defined]
+    text = " ".join(str(group.help).split())
+    no_url = text.partition("(--url);")[2].partition("--json")[0]
+    no_json = text.partition("--json for scripting")[2].partition(")")[0]
+    for name, command in group.commands.items():
+        options = {o for p in command.params for o in getattr(p, "opts", ())}
+        assert (name in no_url.replace(",", " ").split()) == ("--url" not in options), name
+        assert (name in no_json.replace(",", " ").split()) == ("--json" not in options), name

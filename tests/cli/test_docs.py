@@ -99,3 +99,17 @@ def test_every_documented_option_exists() -> None:
                 if o.startswith("--")
             }
             assert shown <= documented, (name, sorted(shown - documented))
+
+
+def test_agent_yaml_docs_show_the_schema_line_toren_init_writes(tmp_path: Path) -> None:
+    """Issue 40 item 9: docs/agent-yaml.md shows, as a YAML block of its own, the first
+    line that `toren init` writes; and the `n` row does not call leaving `n` out an error
+    (the OpenAI provider accepts it left out)."""
+    from toren.cli.project import scaffold
+
+    scaffold(tmp_path / "hello")
+    first = (tmp_path / "hello" / "agent.yaml").read_text().splitlines()[0]
+    doc = (Path(__file__).parents[2] / "docs" / "agent-yaml.md").read_text(encoding="utf-8")
+    assert f"```yaml\n{first}\n```" in doc
+    (row,) = [line for line in doc.splitlines() if line.startswith("| `n` |")]
+    assert "leaving it out) fails" not in row and "leave it out" in row

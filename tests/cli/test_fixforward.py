@@ -250,3 +250,109 @@ def test_cli_fork_with_an_edited_prompt_sees_exactly_the_requests_from_the_fork(
     after = json.loads(invoke(runner, "runs", "show", source, "--json", *where).stdout)
     assert after == shown_before
     assert raw_log(db_url, source) == stored_before  # byte for byte, as stored
+
+
+GATED_AGENT = '''\
+"""A step, then a failure until the file named by the input exists (a fix deployed);
+retried, one more step behind a gate the test opens."""
+from pathlib import Path
+
+
+async def main(ctx, input):
+    await ctx.tool("note", {"text": "before the failure"})
+    if not Path(input["fixed"]).exists():
+        raise RuntimeError("not fixed yet")
+    return await ctx.tool("gate", {"path": input["gate"]})
+'''
+
+GATED_TOOLS = '''\
+import asyncio
+from pathlib import Path
+
+
+def note(text: str) -> dict:
+    """Note something."""
+    return {"noted": text}
+
+
+async def gate(path: str) -> dict:
+    """Wait until the file at path exists (the test opens the gate)."""
+    Path(path + ".started").write_text("started")
+    for _ in range(6000):
+        if Path(path).exists():
+            return {"gate": "open"}
+        await asyncio.sleep(0.01)
+    raise TimeoutError("the gate never opened")
+'''
+
+
+class _WatchStreams:
+    """ASGI middleware noting each SSE body chunk that carried a RunRetried event."""
+
+    def __init__(self, app: Any, seen: list[bytes]) -> None:
+        self.app = app
+        self.seen = seen
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/stream"):
+            return await self.app(scope, receive, send)
+
+        async def watching(message: Any) -> None:
+            await send(message)
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if b'"RunRetried"' in body:
+                self.seen.append(body)
+
+        return await self.app(scope, receive, watching)
+
+
+async def test_cli_retry_over_http_follows_the_new_attempt_to_its_end(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``toren runs retry ID --url``: the run's stream holds the earlier attempt's
+    RunFailed; the command follows the new attempt (held at a gate until the stream has
+    passed that RunFailed) until it ends, and marks only the steps recorded before the
+    retry as replayed (issue 40 item 1)."""
+    for var in ("TOREN_DATABASE_URL", "TOREN_API_URL", "TOREN_API_TOKEN", "TOREN_AGENTS"):
+        monkeypatch.delenv(var, raising=False)
+    root = tmp_path / "agents"
+    (root / "gated").mkdir(parents=True)
+    (root / "gated" / "agent.yaml").write_text("name: gated\nentry: agent:main\n")
+    (root / "gated" / "agent.py").write_text(GATED_AGENT)
+    (root / "gated" / "tools.py").write_text(GATED_TOOLS)
+    fixed, gate = tmp_path / "fixed", tmp_path / "gate"
+    runtime = await open_runtime(root, db_url, toren.Settings(poll_interval=0.05))
+    try:
+        worker = toren.LocalWorkerRuntime(runtime.deps)
+        app = create_app(runtime.store, runtime.resolver, runtime=worker, tokens=["t" * 32])
+        streamed: list[bytes] = []
+        app.add_middleware(_WatchStreams, seen=streamed)
+        async with (
+            worker,
+            running_server(app) as server,
+            AsyncTorenClient(server.url, "t" * 32) as client,
+        ):
+            run = await client.start_run("gated", {"fixed": str(fixed), "gate": str(gate)})
+            assert (await client.wait(run.id, timeout=30)).status == "failed"
+            fixed.write_text("fixed")
+            where = ("--url", server.url, "--token", "t" * 32)
+            retried = asyncio.create_task(
+                asyncio.to_thread(invoke, CliRunner(), "runs", "retry", run.id, *where)
+            )
+            # The gate opens once the command's stream has sent the RunRetried (past the
+            # old RunFailed), or once the command gave up following.
+            deadline = asyncio.get_running_loop().time() + 30
+            while not streamed and not retried.done():
+                assert asyncio.get_running_loop().time() < deadline, "the command never streamed"
+                await asyncio.sleep(0.02)
+            gate.write_text("open")
+            result = await asyncio.wait_for(retried, 60)
+            assert (await client.wait(run.id, timeout=30)).status == "completed"
+    finally:
+        await close_runtime(runtime)
+    assert result.exit_code == 0, result.output
+    assert "✔ completed" in result.output, result.output
+    lines = result.output.splitlines()
+    (gate_line,) = [line for line in lines if "tool gate(" in line]
+    (note_line,) = [line for line in lines if "tool note(" in line]
+    assert "replayed" in note_line and "replayed" not in gate_line, result.output

@@ -215,3 +215,38 @@ def test_interrupted_run_says_how_to_resume(
     rest, _ = run.communicate(timeout=20)
     assert run.returncode == 130, seen + rest
     assert "toren runs resume run_" in rest
+
+
+def test_worker_on_postgresql_without_psycopg_says_to_install_it(
+    tmp_path: Path, chain: Path
+) -> None:
+    """Issue 40 item 8: the postgres extra missing is a package to install, not a
+    database URL to check. (A ``psycopg`` that cannot be imported stands first on the
+    path, as when the extra was never installed.)"""
+    shadow = tmp_path / "shadow" / "psycopg"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'psycopg'\")\n")
+    done = subprocess.run(
+        [
+            *toren_exe(),
+            "worker",
+            "--agents",
+            str(chain),
+            "--database-url",
+            "postgresql://postgres@127.0.0.1:5432/postgres",
+        ],
+        env=sub_env(PYTHONPATH=str(shadow.parent)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 5, done.stderr
+    error, hint = [
+        line for line in done.stderr.splitlines() if line.startswith(("error:", "hint:"))
+    ]
+    assert error == (
+        "error: PostgreSQL support needs psycopg, which is not installed: "
+        "pip install 'toren-run[postgres]'"
+    )
+    assert hint.startswith("hint: install it where toren runs: pip install 'toren-run[postgres]'")
+    assert "--database-url" not in hint

@@ -85,3 +85,23 @@ def test_bad_retention_arguments_are_usage_errors(runner: CliRunner, chain: Path
     assert both.exit_code == 2 and "either run ids or --finished-before" in both.output
     unknown = invoke(runner, "runs", "export", "--agents", "chain", "run_000000000000aaaaaaaaaa")
     assert unknown.exit_code == 5 and "no run with id" in unknown.output
+
+
+def test_counts_of_one_are_singular(runner: CliRunner, chain: Path, tmp_path: Path) -> None:
+    """Issue 40 item 10: "exported 1 run", "1 mismatch", not "1 runs", "1 mismatches"."""
+    from toren.cli._common import counted
+
+    assert invoke(runner, "run", "chain").exit_code == 0
+    listed = json.loads(invoke(runner, "runs", "list", "--agents", "chain", "--json").stdout)
+    archive = tmp_path / "one.jsonl"
+    where = ("--agents", "chain", "-o", str(archive))
+    exported = invoke(runner, "runs", "export", listed[0]["id"], *where)
+    assert exported.exit_code == 0, exported.output
+    assert exported.stderr.strip() == "exported 1 run"
+    assert [counted(n, "mismatch", "mismatches") for n in (0, 1, 2)] == [
+        "0 mismatches",
+        "1 mismatch",
+        "2 mismatches",
+    ]
+    checked = invoke(runner, "runs", "verify", "--all", "--agents", "chain")
+    assert "1 run, " in checked.stdout and "0 mismatches" in checked.stdout, checked.output

@@ -84,7 +84,7 @@ def test_a_tampered_payload_byte_is_a_mismatch_with_its_position(
     assert re.search(
         rf"MISMATCH\s+seq {seq}\s+{stream}:{position} \(generation 0\)\s+tool", done.output
     )
-    assert "1 mismatches" in done.output
+    assert "1 mismatch;" in done.output and "1 mismatches" not in done.output
 
     report = _reports(_verify(url, run_id, "--json").stdout)[0]
     (bad,) = [c for c in report["checks"] if c["verdict"] == "mismatch"]

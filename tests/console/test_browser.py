@@ -104,7 +104,7 @@ async def test_an_edited_prompt_shows_the_superseded_suffix_and_the_digests(
         child = page.locator('.stream[data-stream="main"] .children .stream[data-stream="main/2"]')
         await expect(child).to_contain_text("Order A-17: two items")
         await expect(page.get_by_label("Name")).to_have_value("approve")
-        await page.get_by_label("Payload (JSON)").fill('{"by": "ada"}')
+        await page.get_by_label("Payload").fill('{"by": "ada"}')
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#msg-status")).to_contain_text("Message sent")
 
@@ -143,6 +143,15 @@ async def test_an_edited_prompt_shows_the_superseded_suffix_and_the_digests(
         )
         await expect(new.nth(4).locator(".badge.reused")).to_contain_text("reused result")
         await expect(new.nth(5)).to_contain_text("“approve”")
+        # Both counts say what they count (issue 40 item 10): the run's every recorded
+        # step, superseded ones included; the stream's current steps.
+        run = await sqlite_store.get_run(run_id)
+        steps = page.locator("#s-steps")
+        await expect(page.locator("dt", has_text="Steps recorded")).to_be_visible()
+        assert run is not None and run.steps > 6  # the superseded v1 steps count here
+        await expect(steps).to_have_text(str(run.steps))
+        heading = page.locator('.stream[data-stream="main"] > h3')
+        await expect(heading).to_contain_text("6 current steps")
         await expect(page.locator("#run-output")).to_contain_text("Hi Ada! Great news")
         await expect(page.locator("#controls")).to_be_hidden()
 
@@ -161,7 +170,7 @@ async def test_send_a_message_to_a_waiting_run(sqlite_store: Store, chromium: An
         page = await page_with_token(chromium, server)
         await page.goto(f"{server.url}/runs/{run_id}")
         await expect(page.locator("#waiting-hint")).to_contain_text("waiting for “approve”")
-        payload = page.get_by_label("Payload (JSON)")
+        payload = page.get_by_label("Payload")
         await payload.fill("{approved: yes}")
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#msg-status")).to_contain_text("not valid JSON")
@@ -177,6 +186,34 @@ async def test_send_a_message_to_a_waiting_run(sqlite_store: Store, chromium: An
         await expect(received).to_contain_text("message “approve”")
         run = await server.store.get_run(run_id)
         assert run.output == {"decision": {"approved": True, "by": "ada"}}
+
+
+async def test_a_plain_text_message_is_sent_as_a_string_under_the_name_waited_for(
+    sqlite_store: Store, chromium: Any
+) -> None:
+    """Issue 40 item 7: as the start form and `toren runs send` do, text that is not JSON
+    is a string; the name is pre-filled with the one the run waits for; a name it does not
+    wait for is kept, and the page says which names it waits for."""
+    async with serve(sqlite_store) as server:
+        run_id = await server.start("approval", {"customer": "ada"})
+        await server.wait_status(run_id, "waiting")
+        page = await page_with_token(chromium, server)
+        await page.goto(f"{server.url}/runs/{run_id}")
+        name = page.get_by_label("Name")
+        await expect(name).to_have_value("approve")
+        await name.fill("aprove")
+        await page.get_by_label("Payload").fill("not yet")
+        await page.get_by_role("button", name="Send message").click()
+        await expect(page.locator("#msg-status")).to_contain_text(
+            "is waiting for 'approve', not 'aprove'"
+        )
+        await name.fill("approve")
+        await page.get_by_label("Payload").fill("Yes please")
+        await page.get_by_role("button", name="Send message").click()
+        await expect(page.locator("#msg-status")).to_contain_text("Message sent")
+        await expect(page.locator("#run-status")).to_have_text("completed")
+        run = await server.store.get_run(run_id)
+        assert run.output == {"decision": "Yes please"}
 
 
 async def test_cancel_a_run(sqlite_store: Store, chromium: Any) -> None:
@@ -262,7 +299,7 @@ async def test_replay_plan_view(sqlite_store: Store, chromium: Any) -> None:
         card = page.get_by_role("article", name=re.compile(f"{run_id}: would be invalidated"))
         await expect(card.locator(".finding")).to_contain_text("#3")
         await expect(card.locator(".finding")).to_contain_text("digest mismatch")
-        await expect(card.locator(".finding")).to_contain_text("2 steps, 1 model calls")
+        await expect(card.locator(".finding")).to_contain_text("2 steps, 1 model call")
         await expect(card.get_by_role("list", name="What changed")).to_have_text(
             "message 3 (user) changed"
         )
@@ -342,7 +379,7 @@ async def test_a_run_of_ten_thousand_steps_renders_only_a_window(
         page = await page_with_token(chromium, server)
         await page.goto(f"{server.url}/runs/{run.id}")
         main = page.locator('.stream[data-stream="main"]')
-        await expect(main.locator("h3")).to_contain_text("10000 steps", timeout=60_000)
+        await expect(main.locator("h3")).to_contain_text("10000 current steps", timeout=60_000)
         await expect(page.locator("#timeline-legend")).to_contain_text("10002 events")
         await expect(main.locator(".step[data-kind]")).to_have_count(200)
         earlier = main.locator(".step.earlier")
@@ -384,7 +421,7 @@ async def test_a_model_call_cut_off_in_flight_is_shown_and_its_cost_explained(
         await expect(row).to_have_count(1)
         await expect(page.locator("#announcer")).to_contain_text("cut off")
         await expect(main.locator(".step.pending")).to_have_count(0)  # its text ended there
-        await expect(main.locator("h3")).to_contain_text("0 steps · 1 model call cut off")
+        await expect(main.locator("h3")).to_contain_text("0 current steps · 1 model call cut off")
 
         server.provider.hold.set()
         await server.start_worker()  # the step runs again on the next worker
@@ -394,7 +431,7 @@ async def test_a_model_call_cut_off_in_flight_is_shown_and_its_cost_explained(
         await expect(steps.nth(0)).to_have_attribute("data-cut-off", "")
         await expect(steps.nth(1)).to_have_attribute("data-kind", "model")
         await expect(steps.nth(1)).not_to_have_class(re.compile("cut-off"))
-        await expect(main.locator("h3")).to_contain_text("1 step · 1 model call cut off")
+        await expect(main.locator("h3")).to_contain_text("1 current step · 1 model call cut off")
         await expect(page.locator("#timeline-legend")).to_contain_text("1 model call cut off")
 
         await expect(row.locator(".badge.cut")).to_have_text("✂ cut off")
@@ -457,7 +494,7 @@ async def test_a_call_cut_off_in_a_superseded_suffix_is_shown_with_it(
         await expect(main.locator("> .steps > .step.cut-off")).to_have_count(1)
 
         server.registry.add("approval", edited_approval, code_version="a2")
-        await page.get_by_label("Payload (JSON)").fill('{"by": "ada"}')
+        await page.get_by_label("Payload").fill('{"by": "ada"}')
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#run-status")).to_have_text("completed")
 

@@ -223,7 +223,7 @@ async def test_day_to_day_console(sqlite_store: Store, chromium: Any) -> None:
             "the agent asks “Which city are you flying to?”"
         )
         # Answered from the page: the recorded question is replayed, and marked so.
-        await page.get_by_label("Payload (JSON)").fill('"Lisbon"')
+        await page.get_by_label("Payload").fill('"Lisbon"')
         await page.get_by_role("button", name="Send message").click()
         await expect(page.locator("#run-status")).to_have_text("completed")
         first = page.locator('.stream[data-stream="main"] .step[data-pos="0"]')

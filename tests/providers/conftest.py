@@ -9,6 +9,7 @@ import pytest
 from toren.providers.anthropic import AnthropicProvider
 from toren.providers.base import RetryPolicy
 from toren.providers.openai import OpenAIProvider
+from toren.providers.openai_responses import OpenAIResponsesProvider
 
 from .fakes import FAKE_KEY, FakeEndpoint, FakeModelServer, serve_fake_models
 
@@ -57,7 +58,7 @@ def sleeps() -> SleepRecorder:
     return SleepRecorder()
 
 
-Provider: TypeAlias = OpenAIProvider | AnthropicProvider
+Provider: TypeAlias = OpenAIProvider | OpenAIResponsesProvider | AnthropicProvider
 
 
 def make_provider(
@@ -69,6 +70,8 @@ def make_provider(
     config.setdefault("rand", no_jitter)
     if name == "openai":
         return OpenAIProvider(base_url=fake.openai_url, sleep=sleeps, **config)
+    if name == "openai-responses":
+        return OpenAIResponsesProvider(base_url=fake.openai_url, sleep=sleeps, **config)
     return AnthropicProvider(base_url=fake.anthropic_url, sleep=sleeps, **config)
 
 
@@ -82,12 +85,15 @@ class Vendor:
     sleeps: SleepRecorder
 
 
-@pytest.fixture(params=["openai", "anthropic"])
+ENDPOINTS = {"openai": "openai", "openai-responses": "responses", "anthropic": "anthropic"}
+
+
+@pytest.fixture(params=["openai", "openai-responses", "anthropic"])
 async def vendor(
     request: pytest.FixtureRequest, fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[Vendor]:
     name: str = request.param
     provider = make_provider(name, fake_models, sleeps)
-    endpoint = fake_models.openai if name == "openai" else fake_models.anthropic
+    endpoint: FakeEndpoint = getattr(fake_models, ENDPOINTS[name])
     yield Vendor(name, provider, endpoint, sleeps)
     await provider.aclose()

@@ -1,4 +1,5 @@
-"""Loopback fakes of the OpenAI and Anthropic HTTP APIs, for driving the real SDKs.
+"""Loopback fakes of the OpenAI (Chat Completions and Responses) and Anthropic HTTP APIs,
+for driving the real SDKs.
 
 The fakes speak the real wire formats (JSON bodies, SSE streams, error envelopes and
 ``Retry-After``), so a test exercises the official SDK end to end with nothing patched.
@@ -325,6 +326,149 @@ def openai_error_event(broken: Break) -> str:
     return f"data: {json.dumps({'error': error})}\n\n"
 
 
+# --- OpenAI Responses ----------------------------------------------------------------
+
+
+def _responses_usage(reply: Completion) -> dict[str, Any]:
+    return {
+        "input_tokens": reply.input_tokens,
+        "input_tokens_details": {"cached_tokens": reply.cache_read_tokens},
+        "output_tokens": reply.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": reply.input_tokens + reply.output_tokens,
+    }
+
+
+def _responses_message(reply: Completion, status: str = "completed") -> dict[str, Any]:
+    text = reply.text if status == "completed" else ""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [part] if status == "completed" else [],
+    }
+
+
+def _responses_call(index: int, call: FakeToolCall, status: str = "completed") -> dict[str, Any]:
+    return {
+        "id": f"fc_fake_{index}",
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.text() if status == "completed" else "",
+        "status": status,
+    }
+
+
+def _responses_output(reply: Completion) -> list[dict[str, Any]]:
+    output = [_responses_message(reply)] if reply.text or not reply.tool_calls else []
+    return output + [_responses_call(i, c) for i, c in enumerate(reply.tool_calls)]
+
+
+def _responses_json(
+    reply: Completion, request: dict[str, Any], *, final: bool = True
+) -> dict[str, Any]:
+    """A Responses ``response`` object; ``stop_reason="length"`` makes it incomplete."""
+    incomplete = reply.stop_reason == "length"
+    status = ("incomplete" if incomplete else "completed") if final else "in_progress"
+    return {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": 1700000000,
+        "model": request["model"],
+        "status": status,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete and final else None,
+        "instructions": request.get("instructions"),
+        "metadata": {},
+        "output": _responses_output(reply) if final else [],
+        "parallel_tool_calls": True,
+        "temperature": request.get("temperature"),
+        "tool_choice": "auto",
+        "tools": request.get("tools") or [],
+        "top_p": None,
+        "usage": _responses_usage(reply) if final else None,
+    }
+
+
+class _Sequenced:
+    """Numbers the events of one Responses stream (``sequence_number``)."""
+
+    def __init__(self) -> None:
+        self.number = 0
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> str:
+        event = {"type": kind, "sequence_number": self.number, **data}
+        self.number += 1
+        return f"event: {kind}\ndata: {json.dumps(event)}\n\n"
+
+
+def _responses_events(reply: Completion, request: dict[str, Any]) -> Iterator[str]:
+    event = _Sequenced()
+    opening = _responses_json(reply, request, final=False)
+    yield event("response.created", {"response": opening})
+    yield event("response.in_progress", {"response": opening})
+    index = 0
+    if reply.text or not reply.tool_calls:
+        yield from _responses_text_events(event, index, reply)
+        index += 1
+    for number, call in enumerate(reply.tool_calls):
+        yield from _responses_call_events(event, index, number, call, reply.chunk_size)
+        index += 1
+    final = _responses_json(reply, request)
+    kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+    yield event(kind, {"response": final})
+
+
+def _responses_text_events(event: _Sequenced, index: int, reply: Completion) -> Iterator[str]:
+    where = {"item_id": "msg_fake", "output_index": index, "content_index": 0}
+    yield event(
+        "response.output_item.added",
+        {"output_index": index, "item": _responses_message(reply, "in_progress")},
+    )
+    empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+    yield event("response.content_part.added", {**where, "part": empty})
+    for piece in _pieces(reply.text, reply.chunk_size):
+        yield event("response.output_text.delta", {**where, "delta": piece, "logprobs": []})
+    yield event("response.output_text.done", {**where, "text": reply.text, "logprobs": []})
+    done = {**empty, "text": reply.text}
+    yield event("response.content_part.done", {**where, "part": done})
+    yield event(
+        "response.output_item.done", {"output_index": index, "item": _responses_message(reply)}
+    )
+
+
+def _responses_call_events(
+    event: _Sequenced, index: int, number: int, call: FakeToolCall, size: int
+) -> Iterator[str]:
+    item_id = f"fc_fake_{number}"
+    yield event(
+        "response.output_item.added",
+        {"output_index": index, "item": _responses_call(number, call, "in_progress")},
+    )
+    where = {"item_id": item_id, "output_index": index}
+    for piece in _pieces(call.text(), size):
+        yield event("response.function_call_arguments.delta", {**where, "delta": piece})
+    yield event("response.function_call_arguments.done", {**where, "arguments": call.text()})
+    yield event(
+        "response.output_item.done", {"output_index": index, "item": _responses_call(number, call)}
+    )
+
+
+def render_responses(reply: Completion, request: dict[str, Any]) -> Response:
+    if request.get("stream"):
+        return _sse(_responses_events(reply, request))
+    return JSONResponse(_responses_json(reply, request))
+
+
+def responses_error_event(broken: Break) -> str:
+    """The Responses API's in-stream ``error`` event."""
+    error = {"type": "error", "code": broken.error_type, "message": broken.message}
+    return f"event: error\ndata: {json.dumps({**error, 'param': None, 'sequence_number': 0})}\n\n"
+
+
 # --- Anthropic messages --------------------------------------------------------------
 
 
@@ -418,6 +562,9 @@ class FakeModelServer:
 
     def __init__(self) -> None:
         self.openai = FakeEndpoint("openai", render_openai, openai_error, openai_error_event)
+        self.responses = FakeEndpoint(
+            "openai-responses", render_responses, openai_error, responses_error_event
+        )
         self.anthropic = FakeEndpoint(
             "anthropic", render_anthropic, anthropic_error, anthropic_error_event
         )
@@ -425,6 +572,7 @@ class FakeModelServer:
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self.openai.handle, methods=["POST"]),
+                Route("/v1/responses", self.responses.handle, methods=["POST"]),
                 Route("/v1/messages", self.anthropic.handle, methods=["POST"]),
             ]
         )
@@ -435,7 +583,8 @@ class FakeModelServer:
 
     @property
     def openai_url(self) -> str:
-        """What OpenAI SDKs take as ``base_url`` (they append ``/chat/completions``)."""
+        """What OpenAI SDKs take as ``base_url`` (they append ``/chat/completions``, or
+        ``/responses`` for the Responses API, served by :attr:`responses`)."""
         return f"{self.base_url}/v1"
 
     @property
@@ -445,6 +594,7 @@ class FakeModelServer:
 
     def reset(self) -> None:
         self.openai.reset()
+        self.responses.reset()
         self.anthropic.reset()
 
 

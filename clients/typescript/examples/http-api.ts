@@ -6,7 +6,7 @@
 import { TorenAPIError, TorenClient, isEventType } from "@toren-run/client";
 
 const client = new TorenClient("http://127.0.0.1:8000", { token: "s3cret-0123456789abcdef" }); // or { apiKey }
-const run = await client.startRun("support", { question: "Where is my order?" }, {
+const run = await client.startRun("support-agent", { message: "Where is my order A-17?" }, {
   idempotencyKey: "order-17",
 });
 for await (const item of client.stream(run.id, { deltas: true })) {   // resumes by itself

@@ -60,6 +60,11 @@ export interface StartRunOptions extends CallOptions {
   idempotencyKey?: string;
 }
 
+export interface SendMessageOptions extends CallOptions {
+  /** Receives the server's warning when the run waits for other names (default `console.warn`). */
+  onWarning?: (warning: string) => void;
+}
+
 export interface RetryOptions extends CallOptions {
   /** Raise the run's `limits.max_steps` for this run (a retry never lowers a limit). */
   maxSteps?: RetryRunRequest["max_steps"];
@@ -211,13 +216,15 @@ export class TorenClient {
   /**
    * `POST /v1/runs/{id}/messages`: send a message the run takes with
    * `ctx.wait_for_message(name)`. Returns the message's id. A finished run is a 409
-   * `run_finished`.
+   * `run_finished`. A run waiting for other names keeps the message (a later wait for
+   * its name takes it) but is not woken: the server's warning, which names the names the
+   * run waits for, goes to `options.onWarning` (default `console.warn`).
    */
   async sendMessage(
     runId: string,
     name: string,
     payload: unknown = null,
-    options: CallOptions = {},
+    options: SendMessageOptions = {},
   ): Promise<number> {
     const accepted = await this.send({
       method: "POST",
@@ -226,6 +233,9 @@ export class TorenClient {
       parse: (data) => objectWith(data, "message_id") as MessageAccepted,
       signal: options.signal,
     });
+    if (typeof accepted.warning === "string" && accepted.warning) {
+      (options.onWarning ?? console.warn)(accepted.warning);
+    }
     return accepted.message_id;
   }
 

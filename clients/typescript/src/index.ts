@@ -20,6 +20,7 @@ export {
   type ListRunsOptions,
   type PlanOptions,
   type RetryOptions,
+  type SendMessageOptions,
   type StartRunOptions,
   type WaitOptions,
 } from "./client.js";

@@ -6,14 +6,16 @@
  * last seq it delivered and, when the connection drops, the server restarts or goes
  * silent for longer than `streamTimeout` (it sends a heartbeat every 15 s), reconnects
  * with it: nothing is missed and nothing repeated. The stream ends cleanly on the `end`
- * message the server sends after the run's terminal event.
+ * message the server sends after the terminal event of the run's current attempt. An
+ * `end` whose run is not terminal (an older server ends at the `RunFailed` before a
+ * retry) is not the end: the client reconnects after the last event and reads on.
  */
 
 import { createParser, type EventSourceMessage } from "eventsource-parser";
 
 import { TorenAPIError, TorenConnectionError } from "./errors.js";
 import type { Redactor } from "./redact.js";
-import type { Delta, Event, Run, StreamEvent, StreamItem } from "./types.js";
+import { isTerminal, type Delta, type Event, type Run, type StreamEvent, type StreamItem } from "./types.js";
 import { describe, errorFromBody, linkSignals, sleep } from "./util.js";
 
 export interface StreamOptions {
@@ -201,8 +203,11 @@ function handle(
       };
     }
     case "end": {
+      const run = ((parse(target, message) as { run?: Run | null }).run ?? null) as Run | null;
+      // A run retried after its RunFailed is live again: not its end (see the top).
+      if (run !== null && !isTerminal(run)) return null;
       state.ended = true;
-      state.final = ((parse(target, message) as { run?: Run | null }).run ?? null) as Run | null;
+      state.final = run;
       return null;
     }
     case "error": {

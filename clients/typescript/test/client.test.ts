@@ -247,6 +247,21 @@ describe("messages, cancellation and plan", () => {
     });
   });
 
+  test("sendMessage under a name the run does not wait for: kept, with a warning naming the names it waits for", async () => {
+    const run = await waitingRun("approval");
+    const warnings: string[] = [];
+    const id = await client.sendMessage(run.id, "aproval", "yes", {
+      onWarning: (warning) => warnings.push(warning),
+    });
+    assert.equal(typeof id, "number");
+    assert.equal(warnings.length, 1);
+    assert.match(warnings[0]!, /waiting for 'approval', not 'aproval'/);
+    assert.equal((await client.getRun(run.id)).status, "waiting", "not woken");
+    await client.sendMessage(run.id, "approval", "yes", { onWarning: (w) => warnings.push(w) });
+    assert.equal((await client.wait(run.id)).status, "completed");
+    assert.equal(warnings.length, 1, "no warning for the name it waits for");
+  });
+
   test("cancel ends a waiting run as cancelled; its stream ends on RunCancelled", async () => {
     const run = await waitingRun("approval");
     const requested = await client.cancel(run.id);
@@ -288,7 +303,7 @@ describe("operations and auth", () => {
     const agents = await client.agents();
     const demo = agents.find((a) => a.name === "demo");
     assert.ok(demo);
-    assert.deepEqual([...demo.processes].sort(), ["approval", "gated", "main", "quick"]);
+    assert.deepEqual([...demo.processes].sort(), ["approval", "gated", "main", "mend", "quick"]);
     assert.equal(demo.error ?? null, null);
   });
 

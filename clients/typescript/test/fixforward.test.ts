@@ -113,6 +113,32 @@ describe("retry", () => {
     assert.deepEqual(retried.payload.raise_limits, { max_steps: 50 });
   });
 
+  test("stream after retry follows the new attempt past the earlier RunFailed, to its end", async () => {
+    const run = await client.startRun("demo", null, { process: "mend" });
+    assert.equal((await client.wait(run.id)).status, "failed");
+    writeFileSync(join(project.agents, "demo", "mended"), "");
+    const retried = await client.retry(run.id);
+    assert.notEqual(retried.status, "failed");
+
+    const types: string[] = [];
+    let retriedSeen = false;
+    const iterator = client.stream(run.id);
+    let step = await iterator.next();
+    while (!step.done) {
+      types.push(step.value.type);
+      retriedSeen ||= step.value.type === "RunRetried";
+      // The new attempt waits: answer it while streaming (an old RunWaiting is not it).
+      if (retriedSeen && step.value.type === "RunWaiting") {
+        await client.sendMessage(run.id, "approval", "yes");
+      }
+      step = await iterator.next();
+    }
+    assert.equal(step.value?.status, "completed", "the stream ends with the current attempt");
+    assert.deepEqual(step.value?.output, { decision: "yes" });
+    assert.ok(types.indexOf("RunFailed") < types.indexOf("RunRetried"));
+    assert.equal(types.at(-1), "RunCompleted");
+  });
+
   test("retry of a completed run: the typed 409 run_not_retryable; of an unknown run: 404", async () => {
     const run = await client.startRun("demo", null, { process: "quick" });
     assert.equal((await client.wait(run.id)).status, "completed");

@@ -61,7 +61,7 @@ SCHEMA_URL = "https://toren.run/schema/agent.schema.json"
 # Provider implementations shipped with Toren. Another name may be used in a model ref
 # when ``providers:`` declares it with one of these ``type``s (e.g. an Ollama server
 # declared as ``ollama: {type: openai, base_url: ...}``).
-KNOWN_PROVIDER_TYPES = ("anthropic", "openai", "scripted")
+KNOWN_PROVIDER_TYPES = ("anthropic", "openai", "openai-responses", "scripted")
 
 # Tools the built-in loop provides itself; they may be listed in ``tools:``.
 BUILTIN_TOOLS = ("ask_human",)
@@ -175,10 +175,11 @@ class ModelParams(BaseModel):
 class ProviderConfig(_Strict):
     """How to reach a provider. Keys are never written here, only the variable holding one."""
 
-    type: Literal["openai", "anthropic", "scripted"] | None = Field(
+    type: Literal["openai", "openai-responses", "anthropic", "scripted"] | None = Field(
         default=None,
         description="Implementation to use; defaults to the provider's name when that is "
-        "one of openai, anthropic, scripted.",
+        "one of openai, openai-responses, anthropic, scripted. openai speaks Chat "
+        "Completions, openai-responses the Responses API.",
     )
     base_url: str | None = Field(
         default=None,
@@ -300,8 +301,10 @@ class _Overridable(_Strict):
     entry: str | None = Field(
         default=None,
         pattern=ENTRY_PATTERN,
-        description="`module:function` written against the context API; replaces the "
-        "built-in loop. The module is looked up in the agent directory first.",
+        description="`module:attr` replacing the built-in loop: an async function "
+        "written against the context API, or a framework's agent object (a "
+        "`pydantic_ai.Agent` instance; see docs/pydantic-ai.md). The module is looked up "
+        "in the agent directory first.",
     )
 
     @field_validator("model")

@@ -23,10 +23,11 @@ import re
 import sys
 import traceback
 import types
+from collections import ChainMap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pydantic import ValidationError
 
@@ -48,6 +49,7 @@ from toren.agents.diagnostics import (
     describe_found,
     problems_from_pydantic,
 )
+from toren.agents.entries import EntryAdapter, EntryRefused, entry_providers, entry_tools
 from toren.agents.loop import LoopSpec, make_loop
 from toren.agents.pricing import PriceTable, default_table
 from toren.agents.tools import tools_from_module
@@ -162,15 +164,28 @@ class AgentDefinition:
                         key=f"mcp_servers.{server}",
                     )
                 tools[name] = tool
+        program_tools: Mapping[str, ToolDef] = tools
+        program_providers: Mapping[str, ModelProvider] = dict(providers or {})
+        if proc.entry_fn is not None:
+            # A framework agent's requests carry its own provider names, and its tool
+            # calls its own tool names: its adapter's providers and tools serve them (the
+            # adapter's mappings answer names known only at run time, such as MCP tools).
+            program_providers = ChainMap(
+                cast("dict[str, ModelProvider]", entry_providers(proc.entry_fn)),
+                dict(program_providers),
+            )
+            framework_tools = entry_tools(proc.entry_fn)
+            if framework_tools is not None:
+                program_tools = ChainMap(tools, cast("dict[str, ToolDef]", framework_tools))
         return AgentProgram(
             agent=self.name,
             process=proc.name,
             fn=proc.entry_fn or make_loop(self._loop_spec(proc, tools)),
-            tools=tools,
+            tools=program_tools,
             code_version=self.code_version,
             limits=proc.limits,
             processes=tuple(self.processes),
-            providers=dict(providers or {}),
+            providers=program_providers,
             pricing=self.prices.cost,
             schedules=tuple(s.definition(self.name) for s in self.config.schedules),
             concurrency=proc.concurrency,
@@ -347,21 +362,30 @@ def _locate(path: str | Path) -> tuple[Path, Path]:
     return path.parent, path
 
 
-def load_agent(path: str | Path, *, code_version: str | None = None) -> AgentDefinition:
+def load_agent(
+    path: str | Path,
+    *,
+    code_version: str | None = None,
+    adapt_entry: EntryAdapter | None = None,
+) -> AgentDefinition:
     """Load and check the agent in directory ``path`` (or at ``path``/agent.yaml).
 
     ``code_version`` overrides the directory hash as the recorded code version (e.g. the
     image's git SHA from ``TOREN_CODE_VERSION``; the caller reads the environment).
-    Raises :class:`AgentConfigError` for anything wrong with the directory.
+    ``adapt_entry`` turns an ``entry:`` naming a framework's agent object into an agent
+    function (``toren.integrations.adapt_entry``, injected by ``toren.runtime``); without
+    it an entry must name an async function. Raises :class:`AgentConfigError` for
+    anything wrong with the directory.
     """
     root, file = _locate(path)
-    return _AgentLoader(root, file).load(code_version)
+    return _AgentLoader(root, file, adapt_entry).load(code_version)
 
 
 class _AgentLoader:
-    def __init__(self, root: Path, file: Path) -> None:
+    def __init__(self, root: Path, file: Path, adapt_entry: EntryAdapter | None = None) -> None:
         self.root = root
         self.file = file
+        self.adapt_entry = adapt_entry
         self.src = str(file)
         self.lines: dict[Loc, int] = {}
         self.problems: list[Problem] = []
@@ -640,6 +664,14 @@ class _AgentLoader:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as exc:
+            hint = self._install_hint(exc.name)
+            if hint is not None:
+                self.problem(
+                    loc,
+                    f"{entry!r}, whose module imports {exc.name!r}, which is not installed",
+                    f"{hint} installed where Toren runs (pip install '{hint}')",
+                )
+                return None
             if local or exc.name != module_name.split(".")[0]:
                 raise _code_problem(
                     self.root / rel.with_suffix(".py"),
@@ -669,19 +701,40 @@ class _AgentLoader:
                 f"'{module_name}:<function>' naming an async function of that module",
             )
             return None
-        if not inspect.iscoroutinefunction(fn):
-            self.problem(
-                loc,
-                f"{entry!r}, which is "
-                + (
-                    "a plain (not async) function"
-                    if inspect.isfunction(fn)
-                    else f"a {type(fn).__name__}"
-                ),
-                "an async function: 'async def main(ctx, input)'",
-            )
-            return None
-        return fn  # type: ignore[no-any-return]
+        if inspect.iscoroutinefunction(fn):
+            return fn  # type: ignore[no-any-return]
+        if self.adapt_entry is not None:
+            try:
+                adapted = self.adapt_entry(fn, where=f"{self.src}: entry {entry!r}")
+            except EntryRefused as exc:
+                self.problem(loc, f"{entry!r}, {exc.found}", exc.expected)
+                return None
+            if adapted is not None:
+                return adapted
+        self.problem(
+            loc,
+            f"{entry!r}, which is "
+            + ("a plain (not async) function" if inspect.isfunction(fn) else _a(fn)),
+            "an async function: 'async def main(ctx, input)'"
+            + (f", or {self._frameworks()}" if self._frameworks() else ""),
+        )
+        return None
+
+    def _install_hint(self, module: str | None) -> str | None:
+        hint = getattr(self.adapt_entry, "install_hint", None)
+        return hint(module.split(".")[0]) if hint is not None and module else None
+
+    def _frameworks(self) -> str:
+        kinds = getattr(self.adapt_entry, "kinds", ())
+        return " or ".join(kinds)
+
+
+def _a(obj: object) -> str:
+    kind = type(obj)
+    name = (
+        kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    )
+    return f"an object of type {name}"
 
 
 def _merge_params(config: AgentConfig, proc: ProcessConfig) -> dict[str, Any]:

@@ -89,6 +89,9 @@ _ALIASES = {
     "anthropic:claude-sonnet-4": "anthropic:claude-sonnet-4-0",
 }
 
+# Providers billed at another's prices: the same models behind another API.
+_SAME_PRICES = {"openai-responses": "openai"}
+
 # Dated snapshots and "-latest" aliases are priced as their family:
 # gpt-4o-mini-2024-07-18, claude-3-5-sonnet-20241022, claude-3-5-sonnet-latest.
 _SNAPSHOT = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)$")
@@ -125,6 +128,8 @@ class PriceTable:
         provider, _, model = model_ref.partition(":")
         if provider in _FREE_PROVIDERS:
             return Price(Decimal(0), Decimal(0))
+        if provider in _SAME_PRICES and model_ref not in self.prices:
+            return self.lookup(f"{_SAME_PRICES[provider]}:{model}")
         candidates = [model_ref, _ALIASES.get(model_ref, "")]
         family = _SNAPSHOT.sub("", model)
         if family != model:

@@ -19,9 +19,14 @@ from toren.agents.loader import AgentDefinition
 from toren.errors import MissingProviderKey
 
 # The SDK's own variables: a provider without ``providers:`` settings reads these.
-KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
-BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL"}  # a local server needs no key
-VENDORS = {"openai": "OpenAI", "anthropic": "Anthropic"}
+KEY_VARIABLES = {
+    "openai": "OPENAI_API_KEY",
+    "openai-responses": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+}
+# A local server needs no key.
+BASE_URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "openai-responses": "OPENAI_BASE_URL"}
+VENDORS = {"openai": "OpenAI", "openai-responses": "OpenAI", "anthropic": "Anthropic"}
 
 
 def check_providers(definition: AgentDefinition, env: Mapping[str, str] | None = None) -> None:

@@ -17,8 +17,10 @@ from typing import Any, Protocol
 import yaml
 
 from toren.agents.config import ProviderConfig, parse_model_ref
+from toren.agents.entries import EntryAdapter
 from toren.agents.loader import (
     AGENT_FILE,
+    IGNORED_DIRS,
     AgentDefinition,
     directory_hash,
     is_code_path,
@@ -118,7 +120,9 @@ class DirectoryResolver:
     ``provider_factory`` builds each agent's own providers (``AgentProgram.providers``);
     the default is :func:`default_provider_factory`, ``None`` disables agent-bound
     providers. ``code_version`` overrides the directory hash (e.g. from
-    ``TOREN_CODE_VERSION``, read by the caller).
+    ``TOREN_CODE_VERSION``, read by the caller). ``adapt_entry`` lets an ``entry:`` name a
+    framework's agent object (``toren.integrations.adapt_entry``; see
+    :mod:`toren.agents.entries`).
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class DirectoryResolver:
         code_version: str | None = None,
         provider_factory: ProviderFactory | None = default_provider_factory,
         mcp_startup_timeout: float = 30.0,
+        adapt_entry: EntryAdapter | None = None,
     ) -> None:
         if isinstance(root_or_dirs, (str, Path)):
             root_or_dirs = [root_or_dirs]
@@ -135,6 +140,7 @@ class DirectoryResolver:
         self.code_version = code_version
         self.provider_factory = provider_factory
         self.mcp_startup_timeout = mcp_startup_timeout
+        self.adapt_entry = adapt_entry
         self._lock = threading.RLock()
         self._loaded: dict[Path, AgentDefinition] = {}
         self._mcp: dict[tuple[Path, str], tuple[str, McpServer]] = {}
@@ -183,6 +189,11 @@ class DirectoryResolver:
                 continue
             rel = path.relative_to(root)
             if not (root / AGENT_FILE).is_file():  # a root of agent directories
+                top = rel.parts[0] if rel.parts else ""
+                # Hidden and tool directories beside the agents (.toren/ with the
+                # database and its journal, .git/, .venv/) hold no agent.
+                if top.startswith(".") or top in IGNORED_DIRS:
+                    return False
                 if len(rel.parts) == 1:  # an agent directory itself, made or removed
                     return path.is_dir() or path in self._loaded
                 rel = Path(*rel.parts[1:])
@@ -206,7 +217,9 @@ class DirectoryResolver:
             cached = self._loaded.get(directory)
             if cached is not None and cached.content_hash == directory_hash(directory):
                 return cached
-            definition = load_agent(directory, code_version=self.code_version)
+            definition = load_agent(
+                directory, code_version=self.code_version, adapt_entry=self.adapt_entry
+            )
             self._loaded[directory] = definition
             return definition
 
@@ -283,6 +296,12 @@ class DirectoryResolver:
         self.close()
         with self._lock:
             cached, self._providers_cache = list(self._providers_cache.values()), {}
+            loaded = list(self._loaded.values())
+        for definition in loaded:  # a framework agent's own HTTP clients
+            for process in definition.processes.values():
+                closer = getattr(process.entry_fn, "aclose", None)
+                if closer is not None:
+                    await closer()
         for _, providers in cached:
             for provider in providers.values():
                 closer = getattr(provider, "aclose", None)

@@ -35,7 +35,7 @@ from toren.core.live import LiveHub
 from toren.core.plan import PLAN_LIMIT, plan_report
 from toren.core.program import AgentResolver
 from toren.core.recorded import load_blobs
-from toren.core.runs import MAX_RUNS_PAGE
+from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.runs import send_message as core_send_message
 from toren.core.runs import start as core_start
 from toren.core.values import RunStatus
@@ -620,7 +620,13 @@ async def send_message(
     if run.terminal:
         raise ApiError(409, "run_finished", f"run {run_id!r} is {run.status}; it takes no messages")
     message_id = await core_send_message(state.store, run_id, body.name, body.payload)
-    return {"run_id": run_id, "message_id": message_id}
+    waits = list(run.waiting_for or []) if run.status == RunStatus.WAITING else None
+    return {
+        "run_id": run_id,
+        "message_id": message_id,
+        "waiting_for": waits,
+        "warning": unexpected_message(run_id, body.name, waits),
+    }
 
 
 @_route(

@@ -383,6 +383,15 @@ class SendMessageRequest(BaseModel):
 class MessageAccepted(BaseModel):
     run_id: str
     message_id: int
+    waiting_for: list[str] | None = Field(
+        default=None,
+        description="The message names the run waits for now (null when it is not waiting).",
+    )
+    warning: str | None = Field(
+        default=None,
+        description="Set when the run waits for other names: the message is kept (a later "
+        "`wait_for_message` of its name takes it) but does not wake the run.",
+    )
 
 
 class AgentInfo(BaseModel):

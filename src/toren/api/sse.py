@@ -23,6 +23,10 @@ Wire format (``text/event-stream``)::
     event: end                  the run ended; the last message of the stream
     data: {"run": {...Run JSON...}}
 
+The stream ends on the terminal event of the run's *current* attempt: a ``RunFailed``
+followed by a ``RunRetried`` (``POST /v1/runs/{id}/retry``) belongs to an earlier attempt,
+and the stream goes on with the new one.
+
     event: error                the stream cannot continue (e.g. an unknown resume id)
     data: {"error": {"code": "...", "message": "..."}}
 """
@@ -114,6 +118,9 @@ class RunStream:
         # One redactor per step in flight: a secret may be split across its deltas.
         self._delta_text: dict[tuple[Any, Any], StreamRedactor] = {}
         self._last_write = time.monotonic()
+        # Whether the last terminal event delivered is not followed by a RunRetried: the
+        # current attempt has ended. Kept across pages and wake-ups.
+        self._ended = False
 
     async def body(self) -> AsyncIterator[bytes]:
         # Subscribe before the first read: a wake-up between the read and the wait is kept.
@@ -141,20 +148,29 @@ class RunStream:
         while not self.closing():
             # The row is read before the events: a run's terminal status is committed
             # with its last events, so once the row says terminal, the read below has all.
-            finished = False
+            row_ended = False
             if check_row:
                 run = await self.store.get_run(self.run_id)
-                finished = run is None or run.terminal
+                row_ended = run is None or run.terminal
             batch = await self.store.load_events(self.run_id, after_seq=self.last, limit=PAGE)
             for event in batch:
                 yield self._event(event)
-                finished = finished or event.type in TERMINAL_TYPES
+                if event.type in TERMINAL_TYPES:
+                    self._ended = True
+                elif event.type == "RunRetried":
+                    # A new attempt: the terminal event before it (and a row read before
+                    # it) no longer ends the stream.
+                    self._ended = row_ended = False
             if len(batch) == PAGE:
                 check_row = False
                 continue
-            if finished:
-                yield await self._end()
-                return
+            if self._ended or row_ended:
+                end = await self._end()
+                if end is not None:
+                    yield end
+                    return
+                self._ended, check_row = False, True  # retried meanwhile: read on
+                continue
             # A model call already streaming when this reader came: its text so far,
             # as one delta, before the deltas that follow it.
             # Through the step's redactor, as every delta: a secret may sit in it.
@@ -207,8 +223,12 @@ class RunStream:
     def _fresh(self, delta: dict[str, Any]) -> bool:
         return (delta.get("stream"), delta.get("position")) not in self._recorded
 
-    async def _end(self) -> bytes:
+    async def _end(self) -> bytes | None:
+        """The ``end`` message, or None when the run is no longer terminal (it was retried
+        since the events were read: its RunRetried is in the log by now)."""
         run = await self.store.get_run(self.run_id)
+        if run is not None and not run.terminal:
+            return None
         return message("end", {"run": self.redact(run.to_dict()) if run is not None else None})
 
     async def _wait(

@@ -147,6 +147,12 @@ def hint_for(exc: BaseException) -> str:
         )
     if isinstance(exc, CorruptRow):
         return "repair the row named above (or restore the database); Toren never skips it"
+    if isinstance(exc, StorageError) and exc.details.get("install"):
+        # A package missing here, not a database problem: the URL is fine.
+        return (
+            f"install it where toren runs: {exc.details['install']} (from a Toren checkout: "
+            "pip install '/path/to/toren[postgres]'), then run the command again"
+        )
     if isinstance(exc, StorageError):
         return "check --database-url / TOREN_DATABASE_URL and that the database is reachable"
     if isinstance(exc, OSError) and exc.filename:
@@ -304,6 +310,11 @@ def setup_logging(level: str = "error") -> None:
     server = logging.getLogger("uvicorn")
     server.handlers = [handler]
     server.propagate = False
+
+
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """``n`` and the word for that many: "1 run", "2 runs", "1 mismatch", "0 mismatches"."""
+    return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
 def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:

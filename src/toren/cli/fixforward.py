@@ -20,7 +20,7 @@ from toren.cli._common import (
     run_async,
 )
 from toren.cli.backend import UNSET, Backend, EmbeddedBackend, run_json
-from toren.cli.runs import INTERACTIVE_DRAIN, backend_options, follow, open_backend
+from toren.cli.runs import INTERACTIVE_DRAIN, backend_options, follow, last_seq, open_backend
 from toren.client import Run
 from toren.runtime import close_runtime
 
@@ -34,28 +34,36 @@ def _go(
     detach: bool,
     as_json: bool,
     action: Callable[[Backend], Awaitable[Run]],
+    *,
+    retried: str | None = None,
 ) -> int:
     """Do ``action`` (which returns the run to follow), then follow that run to its end:
     on the server with --url, else on a worker in this process. With --detach, print it
-    and return."""
+    and return. ``retried`` is the run the action sets going again: its log is read
+    before, so that only the steps recorded before are marked replayed."""
     reach = follow_up_options(agents_root)
+
+    async def before(backend: Backend) -> int | None:
+        return await last_seq(backend, retried) if retried and not (detach or as_json) else None
 
     async def remote() -> int:
         async with open_backend(url, token, agents_root, None) as backend:
+            upto = await before(backend)
             run = await action(backend)
             if detach or as_json:
                 return _print(run, reach, as_json)
-            return await follow(backend, run.id, resume_hint=False, reach=reach)
+            return await follow(backend, run.id, resume_hint=False, reach=reach, replayed_upto=upto)
 
     async def embedded() -> int:
         runtime = await open_existing_runtime(agents_root, database_url, code_version)
         backend = EmbeddedBackend(runtime)
         try:
+            upto = await before(backend)
             run = await action(backend)
             if detach or as_json:
                 return _print(run, reach, as_json)
             await backend.start_worker(run.id)
-            return await follow(backend, run.id, reach=reach)
+            return await follow(backend, run.id, reach=reach, replayed_upto=upto)
         finally:
             try:
                 await backend.stop_worker(INTERACTIVE_DRAIN)
@@ -142,7 +150,17 @@ def retry(
         return await backend.retry(run_id, max_steps=max_steps, max_cost_usd=max_cost_usd)
 
     raise SystemExit(
-        _go(url, token, agents_root, database_url, code_version, detach, as_json, action)
+        _go(
+            url,
+            token,
+            agents_root,
+            database_url,
+            code_version,
+            detach,
+            as_json,
+            action,
+            retried=run_id,
+        )
     )
 
 

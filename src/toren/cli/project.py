@@ -66,7 +66,10 @@ responses:
   - text: "Let me check the weather."
     tool_calls:
       - {name: get_weather, arguments: {city: "Paris"}}
-  - text: "It is sunny in Paris today, up to 21 °C. (get_weather said: {last_tool})"
+  # A script cannot read the question: it looks up Paris whatever the city, and says so.
+  - text: >-
+      You asked: {last_user} This scripted model (script.yaml) always looks up Paris:
+      {last_tool}. Set model: in agent.yaml to a real model to ask about any city.
 default: {text: "done"}
 latency: 0.1        # seconds per call, so the live view has something to show
 stream_chunk: 6     # characters per streamed delta
@@ -95,10 +98,15 @@ README = """\
 A [Toren](https://toren.run) agent.
 
 ```console
-$ pip install -e .          # toren-run>=0.1,<1
+$ pip install -e .          # this project and toren-run>=0.1,<1, from your package index
 $ toren run . "What is the weather in Paris?"
 $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 ```
+
+Toren from a checkout instead of a package index: install it first into the same
+environment (`pip install /path/to/toren`), then `pip install -e .` finds `toren-run`
+there and takes nothing from the index for it. Both ways, for this machine and for the
+image, are in "Installing Toren" of Toren's docs/deploy.md.
 
 - `agent.yaml`: the model, instructions and tools. It runs offline with the `scripted`
   model (`script.yaml`); switch the `model:` line to `openai:gpt-4o-mini` for a real one.
@@ -106,9 +114,9 @@ $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 - `tools.py`: the agent's tools.
 - `Dockerfile`, `compose.yaml`: PostgreSQL, workers and the API with `docker compose up`.
 
-The image installs `toren-run` from PyPI. To install a wheel instead (one you built from a
-Toren checkout with `pip wheel --no-deps -w wheels/ PATH/TO/toren`), put it in `wheels/`
-and name it when you build:
+The image installs `toren-run` from your package index. From a checkout instead, build a
+wheel of it into `wheels/` (`pip wheel --no-deps -w wheels/ /path/to/toren`) and name it
+when you build:
 
 ```console
 $ docker compose build --build-arg TOREN_WHEEL=toren_run-0.1.0-py3-none-any.whl
@@ -117,6 +125,227 @@ $ docker compose up -d
 
 Upgrading and rolling back: see Toren's docs/deploy.md.
 """
+
+
+PYDANTIC_AI_YAML = """\
+$schema: {schema}
+name: {name}
+description: A pydantic-ai agent on Toren. Edit app.py; `toren dev` reloads it.
+
+# The entry names a pydantic_ai.Agent: each of its model requests and tool calls is a
+# durable step (see Toren's docs/pydantic-ai.md).
+entry: app:agent
+
+limits:
+  max_steps: 20
+"""
+
+PYDANTIC_AI_APP = '''\
+"""A pydantic-ai agent, unmodified: Toren runs it from agent.yaml's `entry: app:agent`.
+
+Offline and deterministic: the model is pydantic-ai's FunctionModel (`offline_model`
+below), no API key needed. For a real model, replace `model=` with one of:
+
+    model = "openai:gpt-4o-mini"                  # needs OPENAI_API_KEY
+    model = "anthropic:claude-haiku-4-5"          # needs ANTHROPIC_API_KEY
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+from pydantic_ai import Agent, ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from toren import tool
+
+
+class Forecast(BaseModel):
+    city: str
+    summary: str
+
+
+def offline_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Asks for the weather once, then answers with what the tool returned."""
+    returns = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart)]
+    if not returns:
+        return ModelResponse(
+            parts=[
+                TextPart(content="Let me check the weather."),
+                ToolCallPart(
+                    tool_name="get_weather",
+                    args={"city": "Paris"},
+                    tool_call_id="call-1",
+                ),
+            ]
+        )
+    weather = returns[-1].content
+    summary = f"{weather['forecast']}, up to {weather['high_c']} °C"
+    return ModelResponse(
+        parts=[
+            ToolCallPart(
+                tool_name="final_result",
+                args={"city": "Paris", "summary": summary},
+                tool_call_id="call-2",
+            )
+        ]
+    )
+
+
+agent = Agent(
+    FunctionModel(offline_model),
+    instructions="You are a friendly assistant. Use get_weather before talking about weather.",
+    output_type=Forecast,
+)
+
+
+@agent.tool_plain
+@tool(side_effects=False)  # a read: after an invalidation it runs again (fresh data)
+def get_weather(city: str) -> dict[str, object]:
+    """Today's weather for a city (a stand-in: call a real weather API here)."""
+    return {"city": city, "forecast": "sunny", "high_c": 21}
+'''
+
+PYDANTIC_AI_PYPROJECT = """\
+[project]
+name = "{name}"
+version = "0.1.0"
+description = "A pydantic-ai agent on Toren."
+requires-python = ">=3.11"
+dependencies = ["toren-run[pydantic-ai]>=0.1,<1"]
+"""
+
+PYDANTIC_AI_README = """\
+# {name}
+
+A [pydantic-ai](https://ai.pydantic.dev) agent run by [Toren](https://toren.run): every
+model request and tool call is a durable step.
+
+```console
+$ pip install -e .          # toren-run[pydantic-ai]>=0.1,<1
+$ toren run . "What is the weather in Paris?"
+$ toren dev                 # worker + API + console on http://127.0.0.1:8000
+```
+
+- `agent.yaml`: `entry: app:agent` names the pydantic-ai agent.
+- `app.py`: the agent. It runs offline with pydantic-ai's `FunctionModel`; set
+  `model="openai:gpt-4o-mini"` for a real one.
+
+See Toren's docs/pydantic-ai.md for what becomes a step and what a deploy does.
+"""
+
+# -- the openai-agents template: an OpenAI Agents SDK agent, offline on the scripted model --
+
+OA_AGENT_YAML = """\
+$schema: {schema}
+name: {name}
+description: An OpenAI Agents SDK agent run by Toren. Edit app.py; `toren dev` reloads it.
+
+# The entry names the SDK Agent object; Toren runs it with the SDK's Runner and records
+# every model call, tool call and handoff as a step (docs/openai-agents.md).
+entry: app:agent
+
+# The scripted model of app.py reads script.yaml from this directory.
+providers:
+  scripted: {{}}
+
+limits:
+  max_steps: 20
+  max_cost_usd: 0.10
+"""
+
+OA_APP_PY = '''\
+"""An OpenAI Agents SDK agent. Toren runs it unmodified: `toren run . "Weather in Paris?"`.
+
+Offline and deterministic: its model is Toren's scripted model (script.yaml). For a real
+one, replace `model=` with one of these (and export OPENAI_API_KEY):
+
+    from agents import OpenAIResponsesModel
+    from openai import AsyncOpenAI
+    model = OpenAIResponsesModel(model="gpt-4.1", openai_client=AsyncOpenAI())
+"""
+
+from __future__ import annotations
+
+from agents import Agent, function_tool
+
+from toren.integrations.openai_agents import TorenModel, tool_options
+
+
+@function_tool
+def get_weather(city: str) -> dict[str, object]:
+    """Today's weather for a city (a stand-in: call a real weather API here)."""
+    return {{"city": city, "forecast": "sunny", "high_c": 21}}
+
+
+# A read: after a prompt edit it runs again instead of reusing the recorded result.
+get_weather = tool_options(get_weather, side_effects=False)
+
+agent = Agent(
+    name="{name}",
+    instructions="You are a friendly assistant. Use get_weather before talking about "
+    "the weather. Answer in one or two sentences.",
+    model=TorenModel("scripted:script.yaml"),
+    tools=[get_weather],
+)
+'''
+
+OA_SCRIPT_YAML = """\
+# The `scripted` model: turn i (the number of assistant messages so far) gets
+# responses[i]; past the end, `default`. Placeholders: {{last_user}}, {{last_tool}}, {{turn}}.
+responses:
+  - tool_calls:
+      - {{name: get_weather, arguments: {{city: "Paris"}}}}
+  - text: "It is sunny in Paris today, up to 21 °C. (get_weather said: {{last_tool}})"
+default: {{text: "done"}}
+stream_chunk: 6
+"""
+
+OA_PYPROJECT = """\
+[project]
+name = "{name}"
+version = "0.1.0"
+description = "An OpenAI Agents SDK agent on Toren."
+requires-python = ">=3.11"
+# Pinned to the 0.x line: minors are additive; a major is a decision.
+dependencies = ["toren-run[openai-agents]>=0.1,<1"]
+"""
+
+OA_README = """\
+# {name}
+
+An [OpenAI Agents SDK](https://openai.github.io/openai-agents-python/) agent run by
+[Toren](https://toren.run): every model call, tool call and handoff is a recorded step,
+so a crash, a restart or a deploy resumes the run without paying for a call twice.
+
+```console
+$ pip install -e .          # toren-run[openai-agents]
+$ toren run . "What is the weather in Paris?"
+$ toren dev                 # worker + API + console on http://127.0.0.1:8000
+```
+
+- `app.py`: the SDK `Agent` (`entry: app:agent` in `agent.yaml`). It runs offline on
+  Toren's scripted model (`script.yaml`); switch `model=` to an `OpenAIResponsesModel`
+  for a real one.
+- Toren's docs/openai-agents.md: what is recorded, approvals, what is supported.
+"""
+
+
+def openai_agents_files(name: str) -> dict[str, str | Callable[[], str]]:
+    """The ``--template openai-agents`` project: an SDK agent that runs offline."""
+    return {
+        "agent.yaml": OA_AGENT_YAML.format(schema=SCHEMA_URL, name=name),
+        "app.py": OA_APP_PY.format(name=name),
+        "script.yaml": OA_SCRIPT_YAML.format(),
+        "pyproject.toml": OA_PYPROJECT.format(name=name),
+        ".gitignore": GITIGNORE,
+        "README.md": OA_README.format(name=name),
+        "Dockerfile": _docker("render_project_dockerfile"),
+        "compose.yaml": _docker("render_project_compose"),
+        ".dockerignore": _docker("render_project_dockerignore"),
+    }
+
+
+TEMPLATES = ("default", "openai-agents", "pydantic-ai")
 
 
 def _docker(name: str) -> Callable[[], str]:
@@ -134,8 +363,24 @@ def agent_name(directory: Path) -> str:
     return name or "agent"
 
 
-def project_files(name: str) -> dict[str, str | Callable[[], str]]:
+def project_files(name: str, template: str = "default") -> dict[str, str | Callable[[], str]]:
     """Relative path -> content (or a function producing it) of a new project."""
+    docker = {
+        "Dockerfile": _docker("render_project_dockerfile"),
+        "compose.yaml": _docker("render_project_compose"),
+        ".dockerignore": _docker("render_project_dockerignore"),
+    }
+    if template == "openai-agents":
+        return openai_agents_files(name)
+    if template == "pydantic-ai":
+        return {
+            "agent.yaml": PYDANTIC_AI_YAML.format(schema=SCHEMA_URL, name=name),
+            "app.py": PYDANTIC_AI_APP,
+            "pyproject.toml": PYDANTIC_AI_PYPROJECT.format(name=name),
+            ".gitignore": GITIGNORE,
+            "README.md": PYDANTIC_AI_README.format(name=name),
+            **docker,
+        }
     return {
         "agent.yaml": AGENT_YAML.format(schema=SCHEMA_URL, name=name),
         "prompts/system.md": SYSTEM_PROMPT,
@@ -150,14 +395,16 @@ def project_files(name: str) -> dict[str, str | Callable[[], str]]:
     }
 
 
-def scaffold(directory: Path, *, force: bool = False, name: str | None = None) -> list[Path]:
+def scaffold(
+    directory: Path, *, force: bool = False, name: str | None = None, template: str = "default"
+) -> list[Path]:
     """Write a new project into ``directory``; refuses to overwrite unless ``force``.
 
     All or nothing: every file is rendered and written to a staging directory first, then
     moved into place; if a move fails, the files already moved are taken back out and the
     originals put back, so a failure never leaves a half-written (or half-overwritten)
     project."""
-    files = project_files(name or agent_name(directory.resolve()))
+    files = project_files(name or agent_name(directory.resolve()), template)
     existing = [rel for rel in files if (directory / rel).exists()]
     if existing and not force:
         fail(
@@ -239,19 +486,30 @@ def _move_in(directory: Path, staged: Path, backup: Path, rels: list[str]) -> No
         'toren init hello && cd hello && toren run . "Hi"',
         "toren init . --name support-bot",
         "toren init hello --force     # overwrite the scaffold's files",
+        "toren init weather --template pydantic-ai   # a pydantic-ai Agent as the entry",
+        "toren init triage --template openai-agents  # an OpenAI Agents SDK Agent",
     )
 )
 @click.argument("directory", default=".", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--force", is_flag=True, help="Overwrite files that already exist.")
 @click.option("--name", default=None, help="Agent name (default: the directory's name).")
-def init(directory: Path, force: bool, name: str | None) -> None:
+@click.option(
+    "--template",
+    type=click.Choice(TEMPLATES),
+    default="default",
+    show_default=True,
+    help="What the agent is written with: Toren's built-in loop, an OpenAI Agents SDK "
+    "Agent (needs toren-run[openai-agents]) or a pydantic-ai Agent (needs "
+    "toren-run[pydantic-ai]). All run offline.",
+)
+def init(directory: Path, force: bool, name: str | None, template: str) -> None:
     if name is not None and not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", name):
         raise click.BadParameter(
             f"{name!r} is not a valid agent name: letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
             param_hint="--name",
         )
-    written = scaffold(directory, force=force, name=name)
+    written = scaffold(directory, force=force, name=name, template=template)
     console = out()
     console.print(f"created agent project in [bold]{directory}[/]:")
     for path in written:

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 import click
 
-from toren.cli._common import database_url_for, examples, out, run_async
+from toren.cli._common import counted, database_url_for, examples, out, run_async
 from toren.core.values import TERMINAL_STATUSES, RunStatus
 from toren.durations import parse_duration
 from toren.store import Store, connect
@@ -170,7 +170,10 @@ def prune_command(
 
                 def progress(done: PruneResult) -> None:
                     if not as_json:
-                        click.echo(f"pruned {done.runs} runs ({done.events} events)", err=True)
+                        click.echo(
+                            f"pruned {counted(done.runs, 'run')} ({counted(done.events, 'event')})",
+                            err=True,
+                        )
 
                 total = await prune(
                     store,
@@ -190,13 +193,15 @@ def prune_command(
         click.echo(json.dumps(result))
     elif result["dry_run"]:
         out().print(
-            f"would prune {result['runs']} runs ({result['events']} events) that finished "
+            f"would prune {counted(result['runs'], 'run')} "
+            f"({counted(result['events'], 'event')}) that finished "
             f"before {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(before))}"
         )
     else:
         out().print(
-            f"pruned {result['runs']} runs: {result['events']} events, {result['inbox']} "
-            f"inbox messages, {result['blobs']} message bodies"
+            f"pruned {counted(result['runs'], 'run')}: {counted(result['events'], 'event')}, "
+            f"{counted(result['inbox'], 'inbox message')}, "
+            f"{counted(result['blobs'], 'message body', 'message bodies')}"
         )
 
 
@@ -246,7 +251,7 @@ def export_command(
                 return await export_runs(store, ids, handle)
 
     count = run_async(go)
-    click.echo(f"exported {count} runs", err=True)
+    click.echo(f"exported {counted(count, 'run')}", err=True)
 
 
 @click.command(
@@ -275,6 +280,7 @@ def import_command(path: str, as_json: bool, agents_root: Path, database_url: st
         click.echo(json.dumps(result))
     else:
         out().print(
-            f"imported {result['runs']} runs ({result['events']} events, {result['blobs']} "
-            f"message bodies); {result['skipped']} already present"
+            f"imported {counted(result['runs'], 'run')} ({counted(result['events'], 'event')}, "
+            f"{counted(result['blobs'], 'message body', 'message bodies')}); "
+            f"{result['skipped']} already present"
         )

@@ -8,9 +8,11 @@ import contextlib
 import datetime as _dt
 import functools
 import json
+import logging
 import shlex
 import signal
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,9 +41,9 @@ from toren.cli._common import (
     settings_from,
 )
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked, run_json
-from toren.cli.view import RunView, money, short
-from toren.client import Run
-from toren.core.runs import MAX_RUNS_PAGE
+from toren.cli.view import RunView, money, next_try, short
+from toren.client import Run, TorenMessageWarning
+from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.takeover import take_over_gone
 from toren.core.values import STATUSES, RunStatus
 from toren.errors import AgentConfigError
@@ -150,26 +152,83 @@ def printed_as_json(run: Run, as_json: bool) -> bool:
     return as_json
 
 
-def locate_agent(agent: str, agents_root: Path) -> tuple[Path, str | None]:
-    """AGENT as (agents root, name). A path to an agent directory (or its agent.yaml) is
-    its own root; anything else is a name under ``agents_root``. A ``None`` name means
-    "the agent of that directory"."""
+def locate_agent(
+    agent: str, agents_root: Path, *, root_given: bool = False
+) -> tuple[Path, str | None]:
+    """AGENT as (agents root, name); a ``None`` name means "the agent of that directory".
+
+    The rule (docs/cli.md, "Which agent, which database"): ``--agents`` given (flag or
+    ``TOREN_AGENTS``) always wins: AGENT is an agent of that root (a name, or a path to
+    one of its agent directories) and runs in the root's database. Without it, a path to
+    an agent directory (or its agent.yaml), also a bare name that is a directory here, is
+    its own root with its own ``.toren/``; anything else is a name under the default root.
+    (A path given with ``--agents`` that is not one of its agents is its own root too.)
+    When that directory is also an agent of the current directory, whose database exists
+    (a ``toren dev`` here reads it), a warning says where the run goes instead."""
     path = Path(agent)
     if path.name == "agent.yaml" and path.is_file():
-        return path.parent.resolve(), None
+        path = path.parent
+    bare = "/" not in agent and "\\" not in agent and not agent.startswith(".")
+    if root_given:
+        if bare:
+            return agents_root.resolve(), agent
+        dirs = _agent_dirs(agents_root)
+        mine = [name for name, where in dirs.items() if path.is_dir() and where == path.resolve()]
+        if mine:
+            return agents_root.resolve(), mine[0]
     if path.is_dir():
         if not (path / "agent.yaml").is_file():
             raise AgentConfigError(
                 f"{path.resolve()}: found a directory without agent.yaml; expected an agent "
                 "directory (create one with 'toren init') or an agent name"
             )
-        return path.resolve(), None
-    if "/" in agent or agent.startswith("."):
+        own = path.resolve()
+        if bare:
+            _warn_other_database(own, agents_root)
+        return own, None
+    if not bare:
         raise AgentConfigError(
             f"{path}: found nothing (no such file or directory); expected an agent directory "
             "or an agent name"
         )
     return agents_root.resolve(), agent
+
+
+def _warn_other_database(own: Path, agents_root: Path) -> None:
+    """``toren run NAME`` took the directory NAME as its own project: say so when the
+    agents root also has that agent and a database, whose runs these will not be."""
+    root = agents_root.resolve()
+    theirs = root / ".toren" / "toren.db"
+    if root == own or not theirs.is_file():
+        return
+    names = [name for name, where in _agent_dirs(root).items() if where == own]
+    if not names:
+        return
+    _warn(
+        f"running the directory {own} as its own project: its runs go to "
+        f"{own / '.toren' / 'toren.db'}, not to {theirs} (the database of {root}, where "
+        f"this agent is {names[0]!r}); to run it there: "
+        f"toren run {names[0]} --agents {shlex.quote(str(agents_root))}"
+    )
+
+
+def _agent_dirs(root: Path) -> dict[str, Path]:
+    """The agents of ``root`` by name (none when it is not a directory, or its agent
+    files are broken: loading the agent says what is wrong, with its file)."""
+    from toren.agents import DirectoryResolver
+
+    if not root.is_dir():
+        return {}
+    try:
+        return {
+            name: where.resolve() for name, where in DirectoryResolver(root).agent_dirs().items()
+        }
+    except AgentConfigError:
+        return {}
+
+
+def _warn(text: str) -> None:
+    err().print(f"[yellow]warning:[/] {escape(text)}", highlight=False)
 
 
 def _single_name(root: Path) -> str:
@@ -182,11 +241,19 @@ def _single_name(root: Path) -> str:
 
 
 async def follow(
-    backend: Backend, run_id: str, *, resume_hint: bool = True, reach: str = ""
+    backend: Backend,
+    run_id: str,
+    *,
+    resume_hint: bool = True,
+    reach: str = "",
+    replayed_upto: int | None = None,
 ) -> int:
     """Follow a run in the live view until it ends or parks; returns the exit code.
     ``reach`` is what the printed follow-up commands need to find the run
-    (:func:`follow_up_options`)."""
+    (:func:`follow_up_options`). ``replayed_upto`` is the last seq recorded before the
+    run went on (default: the log as it is now); a caller that set the run going before
+    it follows (``toren runs retry``) reads it first, or steps that ran live in between
+    would be marked replayed."""
     console = out()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -197,9 +264,13 @@ async def follow(
             installed.append(sig)
     final: Run | None = None
     stalled: dict[str, Any] | None = None
+    # The worker's log line for this run's block says what the error line below says:
+    # one error line and one hint, nothing in between.
+    quiet = _NotThisRunsBlock(run_id)
+    tick_log = logging.getLogger("toren.tick")
+    tick_log.addFilter(quiet)
     # The steps already in the log are replayed from it (free) when the run goes on here.
-    recorded = await backend.events(run_id)
-    upto = max((int(e.get("seq") or 0) for e in recorded), default=0)
+    upto = await last_seq(backend, run_id) if replayed_upto is None else replayed_upto
     try:
         with RunView(console, replayed_upto=upto) as view:
             items = backend.follow(run_id).__aiter__()
@@ -240,9 +311,30 @@ async def follow(
             return EXIT_INTERRUPTED
         view.summary(final)
     finally:
+        tick_log.removeFilter(quiet)
         for sig in installed:
             loop.remove_signal_handler(sig)
     return exit_code(final, reach)
+
+
+class _NotThisRunsBlock(logging.Filter):
+    """Drops the worker's "run X blocked" lines of the run followed in the foreground,
+    which says the same thing itself (:func:`_stalled`)."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__()
+        self.run_id = run_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        blocked = str(record.msg).startswith(("run %s blocked", "run %s: blocked"))
+        return not (blocked and args[:1] == (self.run_id,))
+
+
+async def last_seq(backend: Backend, run_id: str) -> int:
+    """The seq of the run's last recorded event (0 for none)."""
+    recorded = await backend.events(run_id)
+    return max((int(e.get("seq") or 0) for e in recorded), default=0)
 
 
 def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
@@ -254,9 +346,10 @@ def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
     console.print(f"[bold red]error:[/] {escape(str(error.get('message')))}", highlight=False)
     retry = ""
     if error.get("attempts"):
+        # No clock time: the next try is due within seconds, long past when this is read.
         retry = (
-            f" (blocked, attempt {error['attempts']}; a 'toren worker' or 'toren dev' tries "
-            f"again at {_clock(error.get('retry_at'))})"
+            f" (blocked, attempt {error['attempts']}; a 'toren worker' or 'toren dev' on "
+            "this database retries it by itself)"
         )
     console.print(
         f"[dim]hint:[/] run {escape(run_id)} is kept as it is{escape(retry)}; fix the problem "
@@ -349,7 +442,9 @@ def run(
             lambda: _run_remote(url, token, name, value, process, idempotency_key, detach, reach)
         )
     else:
-        root, name_or_none = locate_agent(agent, agents_root)
+        source = click.get_current_context().get_parameter_source("agents_root")
+        given = source not in (None, click.core.ParameterSource.DEFAULT)
+        root, name_or_none = locate_agent(agent, agents_root, root_given=given)
         code = run_async(
             lambda: _run_embedded(
                 root,
@@ -435,9 +530,12 @@ def _print_detached(run: Run, reach: str, *, remote: bool) -> None:
 
 
 @click.group(
-    help="Inspect and steer runs: list, show, events, send, cancel, resume. Every "
-    "subcommand works on the embedded database (default) or a server (--url), and takes "
-    "--json for scripting."
+    help="Inspect and steer runs: list, show, events, send, cancel, resume, retry, fork; "
+    "check them (verify); keep the database small (prune, export, import). The "
+    "subcommands that inspect and steer work on the embedded database (default) or a "
+    "server (--url); verify, prune, export and import work on the database itself "
+    "(--database-url, or the embedded one), like a backup. --json for scripting: every "
+    "subcommand but resume and export (which writes JSON lines already)."
     + examples(
         "toren runs list --status waiting",
         "toren runs show run_0193... --json | jq .usage",
@@ -461,7 +559,7 @@ def stuck_rows(run: Run) -> list[tuple[str, str]]:
             (
                 "attempts",
                 f"{blocked.get('attempts')} since {_when(blocked.get('since'))}; next try "
-                f"{_clock(blocked.get('retry_at'))}",
+                f"{next_try(blocked.get('retry_at'))}",
             )
         )
     queue = run.queue
@@ -693,7 +791,9 @@ def events(
 
 @runs.command(
     help="Send a message to a run (it continues a run waiting in wait_for_message or the "
-    "ask_human tool). PAYLOAD is JSON if it parses, else a string; @file reads it."
+    "ask_human tool). PAYLOAD is JSON if it parses, else a string; @file reads it. A name "
+    "the run is not waiting for is kept for a later wait, with a warning naming the names "
+    "it waits for."
     + examples(
         "toren runs send RUN_ID human 'yes, refund it'",
         "toren runs send RUN_ID approval '{\"ok\": true}'",
@@ -719,10 +819,16 @@ def send(
     check_message(name, value)
 
     async def send_then_get(backend: Backend) -> Run:
-        await backend.send(run_id, name, value)
+        with warnings.catch_warnings():  # the client's warning: said below, in CLI words
+            warnings.simplefilter("ignore", TorenMessageWarning)
+            await backend.send(run_id, name, value)
         return await backend.get_run(run_id)
 
     found = on_backend(url, token, agents_root, database_url, send_then_get)
+    waits = found.waiting_for if found.status == RunStatus.WAITING else None
+    warning = unexpected_message(run_id, name, waits)
+    if warning is not None:
+        _warn(warning)
     if printed_as_json(found, as_json):
         return
     where = "" if url else " (or let a running 'toren dev' / 'toren worker' pick it up)"

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from toren.cli._common import EXIT_OK, database_url_for, examples, out, run_async
+from toren.cli._common import EXIT_OK, counted, database_url_for, examples, out, run_async
 from toren.core.verify import RunVerification, verify_run
 from toren.store import connect
 
@@ -96,12 +96,12 @@ async def _verify(url: str, run_id: str | None) -> list[RunVerification]:
 def _print(report: RunVerification) -> None:
     console = out()
     console.print(
-        f"[bold]run {escape(report.run_id)}[/]: {len(report.checks)} steps, "
+        f"[bold]run {escape(report.run_id)}[/]: {counted(len(report.checks), 'step')}, "
         f"{report.count('verified')} verified, {report.count('unverifiable')} cannot be "
-        f"verified, {report.count('mismatch')} mismatches; responses: "
+        f"verified, {counted(report.count('mismatch'), 'mismatch', 'mismatches')}; responses: "
         f"{report.responses('verified')} verified, {report.responses('mismatch')} altered, "
         f"{report.responses('not covered')} not covered; chain: "
-        f"{len(report.chain.breaks)} breaks",
+        f"{counted(len(report.chain.breaks), 'break')}",
         highlight=False,
     )
     for c in report.checks:
@@ -155,8 +155,9 @@ def _summary(reports: list[RunVerification]) -> None:
     total = {v: sum(r.count(v) for r in reports) for v in ("verified", "unverifiable", "mismatch")}
     steps = sum(len(r.checks) for r in reports)
     out().print(
-        f"{len(reports)} runs, {steps} steps: {total['verified']} verified, "
-        f"{total['unverifiable']} cannot be verified, {total['mismatch']} mismatches",
+        f"{counted(len(reports), 'run')}, {counted(steps, 'step')}: {total['verified']} "
+        f"verified, {total['unverifiable']} cannot be verified, "
+        f"{counted(total['mismatch'], 'mismatch', 'mismatches')}",
         highlight=False,
     )
     covered = sum(r.responses("verified") for r in reports)
@@ -164,6 +165,6 @@ def _summary(reports: list[RunVerification]) -> None:
     out().print(
         f"responses: {covered} verified, {earlier} not covered (recorded by an earlier "
         f"version), {sum(r.responses('mismatch') for r in reports)} altered; chain: "
-        f"{sum(len(r.chain.breaks) for r in reports)} breaks",
+        f"{counted(sum(len(r.chain.breaks) for r in reports), 'break')}",
         highlight=False,
     )

@@ -308,7 +308,7 @@ def _status_line(run: Run, activity: str = "working") -> str:
             message = (blocked.get("error") or {}).get("message")
             return (
                 f"blocked: {message} (attempt {blocked.get('attempts')}, next try "
-                f"{_clock(blocked.get('retry_at'))})"
+                f"{next_try(blocked.get('retry_at'))})"
             )
         owner, expires = (local.lease_owner, local.lease_expires_at) if local else (None, None)
         if local and local.foreign_lease and owner and expires and expires > time.time():
@@ -338,3 +338,11 @@ def _clock(ts: Any) -> str:
         return _dt.datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
     except (TypeError, ValueError, OSError):
         return "-"
+
+
+def next_try(retry_at: Any) -> str:
+    """When a blocked run is tried again: its time, and once that has passed, by whom
+    (only a worker retries it: nothing happens at that time without one)."""
+    due = isinstance(retry_at, int | float) and retry_at <= time.time()
+    when = _clock(retry_at)
+    return f"{when} (due: a 'toren worker' or 'toren dev' takes it)" if due else when

@@ -16,6 +16,7 @@ from toren.client._async import AsyncTorenClient
 from toren.client._errors import (
     TorenAPIError,
     TorenConnectionError,
+    TorenMessageWarning,
     TorenResponseError,
     TorenStreamTimeout,
     TorenTokenError,
@@ -34,6 +35,7 @@ __all__ = [
     "TorenAPIError",
     "TorenClient",
     "TorenConnectionError",
+    "TorenMessageWarning",
     "TorenResponseError",
     "TorenStreamTimeout",
     "TorenTokenError",

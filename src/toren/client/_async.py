@@ -211,7 +211,9 @@ class AsyncTorenClient:
     async def stream(
         self, run_id: str, *, after: int = 0, deltas: bool = False
     ) -> AsyncIterator[Event | Delta]:
-        """The run's events from ``after`` on, live, until the run ends. A dropped
+        """The run's events from ``after`` on, live, until the run ends (the terminal
+        event of its current attempt: a ``RunFailed`` followed by a ``RunRetried`` is
+        not the end). A dropped
         connection is resumed with ``Last-Event-ID``: every event arrives once, in order.
         With ``deltas=True``, token deltas of model calls in flight are yielded too.
 

@@ -62,3 +62,9 @@ class TorenTokenError(TorenAPIError):
 
     def __init__(self, message: str) -> None:
         super().__init__(0, "invalid_token", message)
+
+
+class TorenMessageWarning(UserWarning):
+    """``send_message`` to a run that waits for other names: the server kept the message
+    (a later ``wait_for_message`` of its name takes it) but it does not wake the run. The
+    text names the names the run waits for."""

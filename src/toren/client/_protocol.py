@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -16,6 +17,7 @@ import httpx
 from toren.client._errors import (
     TorenAPIError,
     TorenConnectionError,
+    TorenMessageWarning,
     TorenResponseError,
     TorenStreamTimeout,
     TorenTokenError,
@@ -90,10 +92,18 @@ def send_message(run_id: str, name: str, payload: Any) -> Call[int]:
     return Call(
         "POST",
         _run_path(run_id, "/messages"),
-        lambda d: int(d["message_id"]),
+        _message_accepted,
         json={"name": name, "payload": payload},
         has_body=True,
     )
+
+
+def _message_accepted(data: Any) -> int:
+    """The message id; the server's ``warning`` (the run waits for other names) as a
+    :class:`TorenMessageWarning` pointing at the caller's ``send_message`` line."""
+    if data.get("warning"):
+        warnings.warn(str(data["warning"]), TorenMessageWarning, stacklevel=5)
+    return int(data["message_id"])
 
 
 def cancel(run_id: str) -> Call[Run]:
@@ -397,9 +407,15 @@ class StreamState:
         if msg.event == "delta":
             return Delta.from_json(json.loads(msg.data)) if self.deltas else None
         if msg.event == "end":
-            self.done = True
             run = json.loads(msg.data).get("run")
-            self.final = Run.from_json(run) if run else None
+            final = Run.from_json(run) if run else None
+            if final is not None and not final.terminal:
+                # Not the end: the run was retried after the terminal event an older
+                # server ended on. The connection closes; the next one reads on from
+                # ``last``, past that event.
+                return None
+            self.done = True
+            self.final = final
             return None
         if msg.event == "error":
             error = json.loads(msg.data).get("error", {})

@@ -163,6 +163,21 @@ async def send_message(
     return await store.send_message(run_id, name, payload, now=(clock or SystemClock()).now())
 
 
+def unexpected_message(run_id: str, name: str, waiting_for: list[str] | None) -> str | None:
+    """The warning for a message ``name`` sent to a run that waits for other names (None
+    when it waits for this one, or does not wait). Such a message is kept, not refused: a
+    later ``ctx.wait_for_message(name)`` takes it (a run may be sent a message before it
+    asks); but it does not wake the run, which is the usual sign of a typo."""
+    if not waiting_for or name in waiting_for:
+        return None
+    names = ", ".join(repr(n) for n in waiting_for)
+    return (
+        f"run {run_id!r} is waiting for {names}, not {name!r}: the message is kept for a "
+        f"later wait_for_message({name!r}) but does not wake the run; send it under "
+        f"{waiting_for[0]!r} to continue the run"
+    )
+
+
 async def wait_for_run(
     store: RunStore, run_id: str, *, timeout: float = 60.0, until: tuple[RunStatus, ...] = ()
 ) -> RunRecord:

@@ -22,6 +22,7 @@ from toren.providers.base import ModelProvider
 _PROVIDERS: dict[str, tuple[str, str]] = {
     "openai": ("toren.providers.openai", "OpenAIProvider"),
     "anthropic": ("toren.providers.anthropic", "AnthropicProvider"),
+    "openai-responses": ("toren.providers.openai_responses", "OpenAIResponsesProvider"),
     "scripted": ("toren.providers.scripted", "ScriptedProvider"),
 }
 

@@ -60,7 +60,10 @@ def _import_psycopg() -> Any:
         import psycopg_pool
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise StorageError(
-            "PostgreSQL support needs psycopg: pip install 'toren-run[postgres]'"
+            "PostgreSQL support needs psycopg, which is not installed: "
+            "pip install 'toren-run[postgres]'",
+            missing="psycopg",
+            install="pip install 'toren-run[postgres]'",
         ) from exc
     return psycopg, psycopg_pool
 

@@ -753,6 +753,16 @@ export interface components {
             run_id: string;
             /** Message Id */
             message_id: number;
+            /**
+             * Waiting For
+             * @description The message names the run waits for now (null when it is not waiting).
+             */
+            waiting_for?: string[] | null;
+            /**
+             * Warning
+             * @description Set when the run waits for other names: the message is kept (a later `wait_for_message` of its name takes it) but does not wake the run.
+             */
+            warning?: string | null;
         };
         /** Note */
         Note: {

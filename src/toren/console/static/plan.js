@@ -17,7 +17,7 @@ function finding(f) {
     fact("What changed", changeList(f.changes) || (f.cause === CAUSE.STREAM_ENDED ? "the code ends the stream here" : "–")),
     fact("Expected digest", digestButton(f.expected_digest) || "–", f.expected_kind ? ` (${f.expected_kind})` : ""),
     fact("New digest", digestButton(f.actual_digest) || "stream ends", f.actual_kind ? ` (${f.actual_kind})` : ""),
-    fact("Superseded", `${f.suffix_steps} steps, ${f.suffix_model_calls} model calls`),
+    fact("Superseded", `${f.suffix_steps} step${f.suffix_steps === 1 ? "" : "s"}, ${f.suffix_model_calls} model call${f.suffix_model_calls === 1 ? "" : "s"}`),
     fact("Re-run cost", `${usd(f.suffix_cost_usd)} · ${num(f.suffix_tokens)} tokens`),
     fact("Written by", h("span", { class: "mono" }, f.written_by.join(", ") || "–")),
   );

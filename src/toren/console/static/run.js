@@ -380,7 +380,9 @@ function streamBox(s, ctx) {
   const cut = s.cutoffs.length;
   return h("section", { class: "stream", "aria-label": `Stream ${s.name}`, dataset: { stream: s.name } },
     h("h3", {}, "Stream ", h("span", { class: "mono" }, s.name),
-      h("span", { class: "sub" }, `${s.steps.size} step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}${cut ? ` · ${cutOffCount(cut)}` : ""}`)),
+      // Current steps only: superseded ones sit under their invalidation, and the run's
+      // "Steps recorded" (its usage) counts those too.
+      h("span", { class: "sub" }, `${s.steps.size} current step${s.steps.size === 1 ? "" : "s"}${inv ? ` · ${inv} invalidation${inv === 1 ? "" : "s"}` : ""}${cut ? ` · ${cutOffCount(cut)}` : ""}`)),
     items.length ? h("ol", { class: "steps" }, ...items) : h("p", { class: "empty" }, "No steps yet."));
 }
 
@@ -511,8 +513,12 @@ function renderRun() {
   const question = run.status === STATUS.WAITING && waitingFor.length ? askedQuestion() : null;
   $("waiting-question").hidden = !question;
   $("waiting-question").textContent = question ? `The agent asks: ${question}` : "";
+  // The name the run waits for, pre-filled; a name typed by hand stays.
   const name = $("msg-name");
-  if (!name.value && waitingFor.length) name.value = waitingFor[0];
+  if (waitingFor.length && (!name.value || name.value === name.dataset.filled) && !waitingFor.includes(name.value)) {
+    name.value = waitingFor[0];
+    name.dataset.filled = waitingFor[0];
+  }
   schedule();
 }
 
@@ -585,20 +591,27 @@ function setupControls() {
   $("message-form").addEventListener("submit", async (event) => {
     event.preventDefault();
     const status = $("msg-status");
+    // As the start form and `toren runs send`: JSON when it parses; otherwise plain text,
+    // sent as a string ("Yes please" needs no quotes).
+    const raw = $("msg-payload").value;
     let payload;
     try {
-      payload = JSON.parse($("msg-payload").value || "null");
+      payload = JSON.parse(raw || "null");
     } catch (err) {
-      status.textContent = `The payload is not valid JSON: ${err.message}`;
-      status.className = "status-line bad";
-      $("msg-payload").setAttribute("aria-invalid", "true");
-      return;
+      if (/^\s*[[{]/.test(raw)) { // meant as JSON: say what is wrong rather than guess
+        status.textContent = `The payload is not valid JSON: ${err.message}`;
+        status.className = "status-line bad";
+        $("msg-payload").setAttribute("aria-invalid", "true");
+        return;
+      }
+      payload = raw.trim();
     }
     $("msg-payload").removeAttribute("aria-invalid");
     try {
       const sent = await api(`/v1/runs/${runId}/messages`, { method: "POST", body: { name: $("msg-name").value.trim(), payload } });
-      status.textContent = `Message sent (inbox id ${sent.message_id}).`;
-      status.className = "status-line ok";
+      // A name the run does not wait for is kept, with the server's warning naming the names.
+      status.textContent = sent.warning ? `Message kept (inbox id ${sent.message_id}), but ${sent.warning}.` : `Message sent (inbox id ${sent.message_id}).`;
+      status.className = sent.warning ? "status-line bad" : "status-line ok";
       refreshSoon();
     } catch (err) {
       status.textContent = err.message;

@@ -1,0 +1,672 @@
+"""pydantic-ai agents on Toren: an unmodified ``pydantic_ai.Agent`` as a Toren agent.
+
+``entry: app:agent`` in agent.yaml names an ``Agent`` instance; :func:`adapt` turns it
+into an agent function ``async (ctx, input) -> output``. The agent drives its own loop;
+Toren owns its calls, through pydantic-ai's public extension points only:
+
+- its model is wrapped in a :class:`~pydantic_ai.models.wrapper.WrapperModel`
+  (``agent.override(model=...)``), so each model request is a Toren model step
+  (``ctx.model``). The step's digest is computed from Toren's provider-neutral request
+  (:func:`neutral_request`: messages, instructions, tool definitions, output schema,
+  model, settings), never from pydantic-ai's own serialisation, so a pydantic-ai release
+  that sends the same request keeps the same digest. The request is sent by the agent's
+  own model class (``OpenAIChatModel``, ``AnthropicModel``, ...) through a provider this
+  module hands the engine (``toren_providers``); tokens and cost are recorded as for any
+  model step; a replay answers from the log.
+- its toolsets are wrapped in :class:`~pydantic_ai.toolsets.WrapperToolset`, so each
+  tool call is a Toren tool step (``ctx.tool``) with Toren's ``side_effects`` semantics:
+  after an invalidation an identical call of a side-effecting tool reuses its result.
+- an approval-required or external tool call ends pydantic-ai's run with
+  ``DeferredToolRequests``; the adapter then waits durably (``ctx.wait_for_message``,
+  the run is ``waiting``) for one message ``approval`` (or ``tool_result``) per call and
+  continues the run with the answers.
+
+Live and replayed steps answer pydantic-ai with the same values (the model response is
+rebuilt from its neutral record in both cases, a tool's result is its JSON form), so the
+requests that follow are the same either way. See docs/pydantic-ai.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toren.agents.entries import EntryRefused
+from toren.core.model_types import (
+    TRANSPORT_PARAMS,
+    DeltaCallback,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
+from toren.core.program import AgentFn, ToolDef, raised
+from toren.errors import (
+    AgentConfigError,
+    InvalidInput,
+    LimitExceeded,
+    ModelCallFailed,
+    ToolFailed,
+)
+
+try:
+    import pydantic_ai
+    from pydantic_ai import messages as pai
+    from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelHTTPError, ModelRetry
+    from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
+    from pydantic_ai.models.wrapper import WrapperModel
+    from pydantic_ai.settings import ModelSettings
+    from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolDenied
+    from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
+    from pydantic_core import to_jsonable_python
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the extra
+    raise ModuleNotFoundError(
+        "toren.integrations.pydantic_ai needs pydantic-ai: pip install 'toren-run[pydantic-ai]'",
+        name=exc.name,
+    ) from exc
+
+if TYPE_CHECKING:
+    from pydantic_ai import RunContext
+
+    from toren.core.context import Context
+
+__all__ = [
+    "APPROVAL_MESSAGE",
+    "TOOL_RESULT_MESSAGE",
+    "adapt",
+    "from_neutral_response",
+    "neutral_request",
+]
+
+APPROVAL_MESSAGE = "approval"
+TOOL_RESULT_MESSAGE = "tool_result"
+# What a tool step records when the tool raised one of pydantic-ai's control-flow
+# exceptions (ModelRetry, ApprovalRequired, CallDeferred): an answer, replayed as the same
+# exception, never a failure of the tool.
+_RAISED = "toren.pydantic_ai.raised"
+
+_ctx: ContextVar[Context | None] = ContextVar("toren_pydantic_ai_ctx", default=None)
+
+
+@dataclass(frozen=True)
+class _ModelCall:
+    model: Model
+    messages: list[pai.ModelMessage]
+    settings: ModelSettings | None
+    params: ModelRequestParameters
+
+
+@dataclass(frozen=True)
+class _ToolCall:
+    toolset: AbstractToolset[Any]
+    name: str
+    args: dict[str, Any]
+    run_context: RunContext[Any]
+    tool: Any
+
+
+_model_call: ContextVar[_ModelCall | None] = ContextVar("toren_pydantic_ai_model", default=None)
+_tool_call: ContextVar[_ToolCall | None] = ContextVar("toren_pydantic_ai_tool", default=None)
+
+
+# -- the neutral request ------------------------------------------------------------------
+
+
+def neutral_request(
+    messages: Sequence[pai.ModelMessage],
+    settings: Mapping[str, Any] | None,
+    params: ModelRequestParameters,
+    *,
+    provider: str,
+    model: str,
+) -> ModelRequest:
+    """Toren's provider-neutral form of a pydantic-ai model request, the input of its
+    digest (canonical form in docs/digest.md, "pydantic-ai requests"). Built from the
+    request's meaning only, so timestamps, run ids and pydantic-ai's own field names and
+    serialisation never reach the digest:
+
+    - messages: the instructions (of the latest request message that has them, as
+      pydantic-ai's models send them) as a leading ``system`` message, then each part in
+      order as a Toren message (system prompts, user prompts, assistant text and tool
+      calls, tool results, retry prompts). Thinking parts are not sent back by the
+      neutral form and are left out.
+    - tools: the function tools, then the output tools (name, description, JSON schema).
+    - params: the model settings minus transport settings (timeouts, headers), plus
+      ``output_mode`` and, for native or prompted output, ``output_schema``.
+
+    Raises :class:`~toren.errors.AgentConfigError` for a part it cannot represent
+    (images, files, native tools): the run fails with that message, never silently.
+    """
+    out: list[dict[str, Any]] = []
+    instructions = _instructions(messages)
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for message in messages:
+        if isinstance(message, pai.ModelRequest):
+            out += (m for p in message.parts if (m := _request_part(p)) is not None)
+        else:
+            out.append(_assistant(message))
+    native = getattr(params, "native_tools", None) or getattr(params, "builtin_tools", None)
+    if native:
+        raise _unsupported(
+            f"native (provider-side) tools {[type(t).__name__ for t in native]}",
+            "function tools (@agent.tool), whose calls Toren records as steps",
+        )
+    tools = tuple(_tool_spec(t) for t in (*params.function_tools, *params.output_tools))
+    return ModelRequest(
+        provider=provider,
+        model=model,
+        messages=tuple(out),
+        tools=tools,
+        params=_params(settings, params),
+    )
+
+
+def _instructions(messages: Sequence[pai.ModelMessage]) -> str:
+    for message in reversed(messages):
+        if isinstance(message, pai.ModelRequest) and message.instructions:
+            return str(message.instructions)
+    return ""
+
+
+def _request_part(part: Any) -> dict[str, Any] | None:
+    if isinstance(part, pai.SystemPromptPart):
+        return {"role": "system", "content": part.content}
+    if isinstance(part, pai.UserPromptPart):
+        return {"role": "user", "content": _user_content(part.content)}
+    if isinstance(part, pai.ToolReturnPart):
+        return {
+            "role": "tool",
+            "tool_call_id": part.tool_call_id,
+            "name": part.tool_name,
+            "content": part.model_response_str(),
+        }
+    if hasattr(part, "model_response") and hasattr(part, "tool_call_id"):
+        # A retry prompt (RetryPromptPart, or RetryFeedbackPart in later releases): the
+        # answer to a tool call when it names one, else a user message.
+        text = part.model_response()
+        if getattr(part, "tool_name", None):
+            return {
+                "role": "tool",
+                "tool_call_id": part.tool_call_id,
+                "name": part.tool_name,
+                "content": text,
+            }
+        return {"role": "user", "content": text}
+    kind = type(part).__name__
+    if kind.endswith(("DeltaPart", "BaselinePart")):
+        return None  # pydantic-ai's bookkeeping of what changed, not content it sends
+    raise _unsupported(f"a message part {kind}", "text prompts, tool calls and results")
+
+
+def _user_content(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if all(isinstance(item, str) for item in content):
+        return "\n".join(content)
+    kinds = sorted({type(item).__name__ for item in content if not isinstance(item, str)})
+    raise _unsupported(f"a user prompt with {', '.join(kinds)}", "a text prompt")
+
+
+def _assistant(message: pai.ModelResponse) -> dict[str, Any]:
+    text = "".join(p.content for p in message.parts if isinstance(p, pai.TextPart))
+    calls = [
+        {"id": p.tool_call_id, "name": p.tool_name, "arguments": p.args_as_dict()}
+        for p in message.parts
+        if isinstance(p, pai.ToolCallPart)
+    ]
+    out: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _tool_spec(tool: Any) -> ToolSpec:
+    return ToolSpec(
+        name=tool.name,
+        description=tool.description or "",
+        parameters=dict(tool.parameters_json_schema),
+    )
+
+
+def _params(settings: Mapping[str, Any] | None, params: ModelRequestParameters) -> dict[str, Any]:
+    out = {
+        k: to_jsonable_python(v)
+        for k, v in (settings or {}).items()
+        if k not in TRANSPORT_PARAMS and k != "extra_body"
+    }
+    extra = (settings or {}).get("extra_body")
+    if extra:
+        out["extra_body"] = to_jsonable_python(extra)
+    mode = params.output_mode
+    out["output_mode"] = mode
+    if mode in ("native", "prompted") and params.output_object is not None:
+        out["output_schema"] = to_jsonable_python(params.output_object.json_schema)
+    if not params.allow_text_output:
+        out["allow_text_output"] = False
+    return out
+
+
+def _unsupported(found: str, expected: str) -> AgentConfigError:
+    return AgentConfigError(
+        f"the pydantic-ai agent sent {found}, which Toren's pydantic-ai integration does "
+        f"not support; expected {expected} (see docs/pydantic-ai.md, 'What is supported')"
+    )
+
+
+# -- responses --------------------------------------------------------------------------
+
+_FINISH_TO_NEUTRAL = {"tool_call": "tool_calls", "stop": "stop", "length": "length"}
+_FINISH_FROM_NEUTRAL = {"tool_calls": "tool_call", "stop": "stop", "length": "length"}
+
+
+def _to_neutral_response(response: pai.ModelResponse) -> ModelResponse:
+    text = "".join(p.content for p in response.parts if isinstance(p, pai.TextPart))
+    calls = tuple(
+        ToolCall(id=p.tool_call_id, name=p.tool_name, arguments=p.args_as_dict())
+        for p in response.parts
+        if isinstance(p, pai.ToolCallPart)
+    )
+    usage = response.usage
+    finish = getattr(response, "finish_reason", None)
+    return ModelResponse(
+        text=text,
+        tool_calls=calls,
+        usage=Usage(usage.input_tokens or 0, usage.output_tokens or 0),
+        finish_reason=_FINISH_TO_NEUTRAL.get(str(finish), "tool_calls" if calls else "stop"),
+        model=response.model_name or "",
+    )
+
+
+def from_neutral_response(response: ModelResponse, *, provider: str) -> pai.ModelResponse:
+    """The pydantic-ai response a recorded (or just recorded) neutral response stands
+    for: text, then tool calls, with the usage and model name the provider reported."""
+    parts: list[Any] = []
+    if response.text:
+        parts.append(pai.TextPart(content=response.text))
+    parts += [
+        pai.ToolCallPart(tool_name=c.name, args=dict(c.arguments), tool_call_id=c.id)
+        for c in response.tool_calls
+    ]
+    from pydantic_ai.usage import RequestUsage
+
+    return pai.ModelResponse(
+        parts=parts,
+        usage=RequestUsage(
+            input_tokens=response.usage.input_tokens, output_tokens=response.usage.output_tokens
+        ),
+        model_name=response.model or None,
+        provider_name=provider,
+        finish_reason=_FINISH_FROM_NEUTRAL.get(response.finish_reason),
+    )
+
+
+# -- the model: each request a model step -------------------------------------------------
+
+
+class _TorenModel(WrapperModel):
+    """The agent's model, its requests made model steps of the current Toren run."""
+
+    def __init__(self, wrapped: Model, provider: str) -> None:
+        super().__init__(wrapped)
+        self._provider = provider
+
+    async def request(
+        self,
+        messages: list[pai.ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+    ) -> pai.ModelResponse:
+        ctx = _current()
+        _check_steps(ctx, "model request")
+        # The request as the wrapped model will send it: its settings merged and its
+        # parameters resolved (output mode, tool schemas customised for the provider).
+        settings, params = self.wrapped.prepare_request(model_settings, model_request_parameters)
+        request = neutral_request(
+            messages, settings, params, provider=self._provider, model=self.wrapped.model_name
+        )
+        token = _model_call.set(_ModelCall(self.wrapped, messages, settings, params))
+        try:
+            response = await ctx.model(
+                f"{request.provider}:{request.model}",
+                request.messages,
+                tools=request.tools,
+                **request.params,
+            )
+        except ModelCallFailed as exc:
+            raise _http_error(exc, self.wrapped.model_name) from exc
+        finally:
+            _model_call.reset(token)
+        return from_neutral_response(response, provider=self._provider)
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[pai.ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        # ``run_stream`` and event handlers: the step is one whole request (its text
+        # deltas reach the run's SSE stream from the provider below), given to
+        # pydantic-ai as a completed stream.
+        from pydantic_ai.models import CompletedStreamedResponse
+
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(response, model_request_parameters=model_request_parameters)
+
+
+def _http_error(exc: ModelCallFailed, model: str) -> Exception:
+    status = exc.details.get("status")
+    if isinstance(status, int) and status >= 400:
+        error: Exception = ModelHTTPError(status_code=status, model_name=model, body=str(exc))
+        return error
+    return exc
+
+
+class _Provider:
+    """What the engine calls for a live model step of a pydantic-ai agent: the request
+    pydantic-ai is making right now (this task's ``_model_call``), sent by the agent's own
+    model, streamed so text deltas reach the run's SSE stream."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def complete(
+        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
+    ) -> ModelResponse:
+        call = _model_call.get()
+        if call is None:
+            raise AgentConfigError(
+                f"the model provider {self.name!r} of a pydantic-ai agent serves only the "
+                "agent's own requests; expected ctx.model calls to name another provider"
+            )
+        try:
+            if _streams(call.model):
+                response = await _streamed(call, on_delta)
+            else:
+                response = await call.model.request(call.messages, call.settings, call.params)
+        except ModelHTTPError as exc:
+            raise ModelCallFailed(
+                f"{self.name} answered HTTP {exc.status_code}: {exc.body}",
+                status=exc.status_code,
+            ) from None
+        return _to_neutral_response(response)
+
+
+def _streams(model: Model) -> bool:
+    """Whether the model streams: a ``FunctionModel`` without a ``stream_function`` (the
+    offline scaffold's) does not, and is asked for the whole response."""
+    return getattr(model, "stream_function", True) is not None
+
+
+async def _streamed(call: _ModelCall, on_delta: DeltaCallback | None) -> pai.ModelResponse:
+    async with call.model.request_stream(call.messages, call.settings, call.params) as streamed:
+        async for event in streamed:
+            text = _delta_text(event)
+            if text and on_delta is not None:
+                on_delta(text)
+        return streamed.get()
+
+
+def _delta_text(event: Any) -> str:
+    if isinstance(event, pai.PartStartEvent) and isinstance(event.part, pai.TextPart):
+        return str(event.part.content)
+    if isinstance(event, pai.PartDeltaEvent) and isinstance(event.delta, pai.TextPartDelta):
+        return str(event.delta.content_delta)
+    return ""
+
+
+class _Providers(Mapping[str, Any]):
+    """The providers a pydantic-ai agent brings: every provider name its requests carry
+    (its model's ``system``) is served by :class:`_Provider`."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, _Provider] = {}
+
+    def __getitem__(self, name: str) -> _Provider:
+        if name not in self._made:
+            self._made[name] = _Provider(name)
+        return self._made[name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._made)
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+
+# -- tools: each call a tool step ---------------------------------------------------------
+
+
+class _TorenToolset(WrapperToolset[Any]):
+    """A toolset of the agent, its calls made tool steps of the current Toren run."""
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any
+    ) -> Any:
+        toren_ctx = _current()
+        _check_steps(toren_ctx, f"call of the tool {name!r}")
+        token = _tool_call.set(_ToolCall(self.wrapped, name, tool_args, ctx, tool))
+        try:
+            result = await toren_ctx.tool(name, to_jsonable_python(tool_args))
+        finally:
+            _tool_call.reset(token)
+        if isinstance(result, dict) and _RAISED in result:
+            raise _control(result[_RAISED], result.get("args") or {})
+        return result
+
+    def visit_and_replace(self, visitor: Any) -> AbstractToolset[Any]:
+        return self  # already wrapped: pydantic-ai's own wrappers must not unwrap it
+
+
+def _control(kind: str, args: Mapping[str, Any]) -> Exception:
+    error: Exception
+    if kind == "ModelRetry":
+        error = ModelRetry(str(args.get("message", "")))
+    elif kind == "ApprovalRequired":
+        error = ApprovalRequired(metadata=args.get("metadata"))
+    else:
+        error = CallDeferred(metadata=args.get("metadata"))
+    return error
+
+
+async def _run_tool(**_: Any) -> Any:
+    """The function of every pydantic-ai tool step: the call pydantic-ai is making now
+    (this task's ``_tool_call``), run by the toolset that owns it."""
+    call = _tool_call.get()
+    if call is None:
+        raise ToolFailed("a pydantic-ai tool can only be called by its agent")
+    try:
+        result = await call.toolset.call_tool(call.name, call.args, call.run_context, call.tool)
+    except ModelRetry as exc:
+        return {_RAISED: "ModelRetry", "args": {"message": exc.message}}
+    except ApprovalRequired as exc:
+        return {_RAISED: "ApprovalRequired", "args": {"metadata": _jsonable(exc.metadata)}}
+    except CallDeferred as exc:
+        return {_RAISED: "CallDeferred", "args": {"metadata": _jsonable(exc.metadata)}}
+    return to_jsonable_python(result)
+
+
+def _jsonable(value: Any) -> Any:
+    return None if value is None else to_jsonable_python(value)
+
+
+class _Tools(Mapping[str, ToolDef]):
+    """The tools of a pydantic-ai agent as the engine sees them: the function tools it
+    declares (``side_effects``/``reexecute`` from ``@toren.tool`` on the function, or the
+    tool's ``metadata={"toren": {...}}``), and any other name it calls (MCP servers,
+    dynamic toolsets) as a side-effecting tool."""
+
+    def __init__(self, known: Mapping[str, ToolDef]) -> None:
+        self._known = dict(known)
+
+    def __getitem__(self, name: str) -> ToolDef:
+        found = self._known.get(name)
+        if found is None:
+            found = ToolDef(name=name, fn=_run_tool, spec=ToolSpec(name))
+        return found
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._known)
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
+def _declared_tools(agent: pydantic_ai.Agent[Any, Any]) -> dict[str, ToolDef]:
+    out: dict[str, ToolDef] = {}
+    for toolset in agent.toolsets:
+        for name, tool in (getattr(toolset, "tools", None) or {}).items():
+            options = dict(getattr(tool.function, "__toren_tool__", None) or {})
+            options.update((getattr(tool, "metadata", None) or {}).get("toren") or {})
+            out[name] = ToolDef(
+                name=name,
+                fn=_run_tool,
+                spec=ToolSpec(name, tool.description or ""),
+                reexecute=bool(options.get("reexecute", False)),
+                side_effects=bool(options.get("side_effects", True)),
+            )
+    return out
+
+
+# -- the agent function -------------------------------------------------------------------
+
+
+def _current() -> Context:
+    ctx = _ctx.get()
+    if ctx is None:
+        raise AgentConfigError(
+            "a pydantic-ai agent adapted by Toren was run outside a Toren run; expected "
+            "it to run through its agent.yaml entry (toren run, toren worker, the API)"
+        )
+    return ctx
+
+
+def _check_steps(ctx: Context, what: str) -> None:
+    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
+    the run's steps: every model request and tool call is one. Checked before the step is
+    taken, from positions the replay takes the same way, so a replay stops where the live
+    run did."""
+    limits = raised(ctx.program.limits, ctx.raised_limits)
+    taken = ctx.positions_taken
+    if limits.max_steps is not None and taken >= limits.max_steps:
+        raise LimitExceeded(
+            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
+            f"max_steps={limits.max_steps}: {taken} steps taken and the pydantic-ai agent "
+            f"asked for one more ({what}). Raise limits.max_steps in agent.yaml if the task "
+            "needs more steps.",
+            limit="max_steps",
+            value=limits.max_steps,
+            steps=taken,
+        )
+
+
+def _prompt(input: Any) -> str:
+    if isinstance(input, str):
+        return input
+    if isinstance(input, Mapping) and isinstance(input.get("prompt"), str):
+        return str(input["prompt"])
+    raise InvalidInput(
+        f"a pydantic-ai agent takes a text prompt; found {type(input).__name__} "
+        f"{json.dumps(input, default=str)[:200]}; expected a string, or an object with a "
+        "'prompt' string"
+    )
+
+
+async def _answers(ctx: Context, requests: DeferredToolRequests) -> DeferredToolResults:
+    """Wait durably for one answer per deferred call, in the order pydantic-ai listed
+    them: a message ``approval`` per approval-required call (``true``, ``false`` or
+    ``{"approved": false, "message": "why"}``), a message ``tool_result`` per external
+    call (the tool's result)."""
+    results = DeferredToolResults()
+    for call in requests.approvals:
+        answer = await ctx.wait_for_message(APPROVAL_MESSAGE)
+        results.approvals[call.tool_call_id] = _approval(answer)
+    for call in requests.calls:
+        results.calls[call.tool_call_id] = await ctx.wait_for_message(TOOL_RESULT_MESSAGE)
+    return results
+
+
+def _approval(answer: Any) -> bool | ToolDenied:
+    if isinstance(answer, Mapping):
+        if answer.get("approved", False):
+            return True
+        message = answer.get("message")
+        return ToolDenied(str(message)) if message else False
+    return bool(answer)
+
+
+def adapt(obj: Any, *, where: str) -> AgentFn | None:
+    """The agent function for a ``pydantic_ai.Agent`` (``None`` for any other object of
+    pydantic-ai). Raises :class:`~toren.agents.entries.EntryRefused` for an agent Toren
+    cannot run: one without a model, or one already wrapped for another durable engine."""
+    if not isinstance(obj, pydantic_ai.Agent):
+        if isinstance(obj, pydantic_ai.agent.AbstractAgent):
+            raise EntryRefused(
+                f"a {type(obj).__name__}, a pydantic-ai agent wrapped for another durable "
+                "engine (Temporal, DBOS, Prefect) or by another wrapper",
+                "the plain pydantic_ai.Agent it wraps: Toren makes its steps durable itself",
+            )
+        return None
+    if obj.model is None:
+        raise EntryRefused(
+            "a pydantic_ai.Agent without a model (it would need one passed to each run)",
+            "Agent(model=...) with its model set, e.g. Agent(OpenAIChatModel(...)) or "
+            "Agent('openai:gpt-4o-mini')",
+        )
+    agent: pydantic_ai.Agent[Any, Any] = obj
+    tools = _Tools(_declared_tools(agent))
+
+    async def run(ctx: Context, input: Any) -> Any:
+        prompt = _prompt(input)
+        from pydantic_ai.models import infer_model
+
+        model = infer_model(agent.model)
+        toren_model = _TorenModel(model, model.system)
+        toolsets = [_TorenToolset(t) for t in agent.toolsets]
+        token = _ctx.set(ctx)
+        try:
+            with _overridden(agent, toren_model, toolsets):
+                result = await agent.run(prompt)
+                while isinstance(result.output, DeferredToolRequests):
+                    answers = await _answers(ctx, result.output)
+                    result = await agent.run(
+                        message_history=result.all_messages(), deferred_tool_results=answers
+                    )
+        finally:
+            _ctx.reset(token)
+        return to_jsonable_python(result.output)
+
+    async def aclose() -> None:
+        """Close the HTTP client of the agent's model (the resolver's ``aclose``)."""
+        model = agent.model
+        client = getattr(model, "client", None) if isinstance(model, Model) else None
+        closer = getattr(client, "close", None)
+        if closer is not None:
+            await closer()
+
+    run.aclose = aclose  # type: ignore[attr-defined]
+    run.toren_providers = _Providers()  # type: ignore[attr-defined]
+    run.toren_tools = tools  # type: ignore[attr-defined]
+    run.__qualname__ = run.__name__ = f"pydantic_ai:{agent.name or where}"
+    return run
+
+
+@contextmanager
+def _overridden(
+    agent: pydantic_ai.Agent[Any, Any], model: Model, toolsets: list[AbstractToolset[Any]]
+) -> Iterator[None]:
+    with agent.override(model=model, toolsets=toolsets, tools=[]):
+        yield
