@@ -114,7 +114,7 @@ async def test_tool_calls_of_one_turn_run_concurrently() -> None:
 
 
 class _EngineAbort(BaseException):
-    """Stands for the engine's aborts (``toren.core.tickstate._Abort``): a BaseException."""
+    """Stands for the engine's aborts (``toren.core.aborts.Abort``): a BaseException."""
 
 
 def broken() -> str:

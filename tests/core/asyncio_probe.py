@@ -242,7 +242,7 @@ async def walks() -> str | None:
 
 
 class _Abort(BaseException):
-    """Stands for the engine's aborts (``toren.core.tickstate._Abort``)."""
+    """Stands for the engine's aborts (``toren.core.aborts.Abort``)."""
 
 
 async def _marks(progress: list[str], name: str) -> None:

@@ -16,7 +16,7 @@ from toren.core.ports import Store
 from toren.core.program import AgentResolver
 from toren.core.scheduler import Scheduler
 from toren.core.tick import TickDeps
-from toren.core.worker import WorkerMetrics
+from toren.core.upkeep import WorkerMetrics
 from toren.redact import Redactor
 
 PUBLIC_PATHS = frozenset({"/v1/health"})

@@ -33,8 +33,9 @@ from toren.cli._common import (
 from toren.core.live import ALL
 from toren.core.scheduler import Scheduler
 from toren.core.tick import TickDeps
+from toren.core.upkeep import WorkerMetrics
 from toren.core.values import RunStatus
-from toren.core.worker import LocalWorkerRuntime, WorkerMetrics
+from toren.core.worker import LocalWorkerRuntime
 from toren.durations import parse_duration
 from toren.errors import InvalidInput, MissingProviderKey, TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for

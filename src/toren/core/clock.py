@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -20,7 +21,7 @@ class SystemClock:
 
     def monotonic(self) -> float:
         """Seconds for intervals (latencies, the flush cadence): never goes back. A clock
-        without it gets the process's (``toren.core.tickstate.monotonic_of``)."""
+        without it gets the process's (:func:`monotonic_of`)."""
         return time.perf_counter()
 
     async def sleep(self, seconds: float) -> None:
@@ -49,3 +50,10 @@ class ManualClock:
         until = self._now + seconds
         async with self._moved:
             await self._moved.wait_for(lambda: self._now >= until)
+
+
+def monotonic_of(clock: Clock) -> Callable[[], float]:
+    """The clock's monotonic time (seconds, for intervals), or the process's when a clock
+    of the host's own has none."""
+    found = getattr(clock, "monotonic", None)
+    return found if callable(found) else time.perf_counter

@@ -50,7 +50,7 @@ class RunUsage:
 
 
 class StepRunner(Protocol):
-    """What a context calls: the tick's steps (``toren.core.steps.Steps``) or the dry run
+    """What a context calls: the tick's steps (``toren.core.steps.LiveSteps``) or the dry run
     of ``toren plan`` (``toren.core.plan.PlanRunner``). Each ``*_step`` takes the replay
     decision synchronously, at call time, and returns what to await."""
 

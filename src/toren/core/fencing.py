@@ -6,7 +6,7 @@ SIGSTOP, a VM or container pause, a long GC or swap stall) from *starting* effec
 cannot take back once it thaws: a model call is paid, an email is sent, and only the write
 that follows is refused. So each tick keeps a local deadline for its lease, measured on a
 clock that keeps counting while the process is frozen, and the one gate every live step
-passes (``toren.core.tickstate._Busy``) asks :meth:`LeaseFence.due` first:
+passes (``toren.core.tickstate.Busy``) asks :meth:`LeaseFence.due` first:
 
 * more than ``margin`` seconds left: proceed (no I/O; the heartbeat keeps the deadline far);
 * otherwise: renew the lease in one round trip fenced by its epoch

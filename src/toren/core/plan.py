@@ -21,6 +21,7 @@ from decimal import Decimal
 from functools import partial
 from typing import Any, Protocol
 
+from toren.core import policy
 from toren.core.branches import Branches
 from toren.core.changes import RequestParts, body_parts, diff, live_model_parts, recorded_parts
 from toren.core.context import Context, RunUsage
@@ -220,11 +221,15 @@ class PlanRunner:
         kind: StepKind,
         digest: str,
         asking: Callable[[], RequestParts],
+        reusable: bool = True,
     ) -> Replay | None:
         """The replayed step, or None: the step would run live (its branch holds).
         ``asking`` builds the request's parts, needed only to say what changed in a
-        finding: a replayed step (nearly every one) never builds them."""
-        answer = self.journal.request(stream, pos, kind, digest, code_version=self.code_version)
+        finding: a replayed step (nearly every one) never builds them. ``reusable``: the
+        tool policy, as the tick asks it. No ``live_versions`` (see core/policy.py)."""
+        answer = self.journal.request(
+            stream, pos, kind, digest, code_version=self.code_version, reusable=reusable
+        )
         if isinstance(answer, Replay):
             return answer
         if isinstance(answer, Supersede):
@@ -292,7 +297,8 @@ class PlanRunner:
         self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
     ) -> Awaitable[Any]:
         asking = partial(body_parts, StepKind.TOOL, {"name": name, "args": args})
-        replay = self._ask(ctx.stream, pos, StepKind.TOOL, digest, asking)
+        reusable = policy.tool_reusable(ctx.program.tools.get(name))  # as the tick asks
+        replay = self._ask(ctx.stream, pos, StepKind.TOOL, digest, asking, reusable)
         return self._replay(replay_tool, replay.step) if replay else self._hold()
 
     def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:

@@ -6,10 +6,11 @@ the agent code from the start resolving each step from the log, then execute liv
 cancelled, backs off or loses its lease.
 
 The tick is one of two drivers over the journal (the other is the dry run of ``toren
-plan``). The journal decides (replay, run, supersede, back off) and holds no I/O; the
-driver does everything else: the steps' effects (``effects``), stamping and writing what
-the journal and the effects return under the lease (``tickstate.Writer``), parking
-(``tickstate.Parker``), and this module: load, drive, release.
+plan``). The journal decides (replay, run, supersede, back off) and holds no I/O, with
+the step policies beside it (``policy``); the driver does everything else, in composed
+parts: the run's state (``tickstate.TickState``: asking, stamping, stopping), its writes
+under the lease (``writer.Writer``), parking (``parker.Parker``), the step handlers
+(``steps.LiveSteps``: the effects of each kind), and this module: load, drive, release.
 """
 
 from __future__ import annotations
@@ -19,8 +20,17 @@ import contextlib
 import logging
 from typing import Any
 
+from toren.core.aborts import (
+    BackingOff,
+    Cancelling,
+    Draining,
+    LeaseGone,
+    Parking,
+    StoreFailed,
+)
 from toren.core.audit import tail
 from toren.core.context import Context
+from toren.core.effects import error_dict, json_value, recorded_error
 from toren.core.events import (
     Event,
     RunCancelled,
@@ -29,28 +39,19 @@ from toren.core.events import (
     RunWaiting,
 )
 from toren.core.failures import failed_seqs, failure_dict
-from toren.core.fencing import lease_clock
-from toren.core.journal import Journal
+from toren.core.fencing import LeaseFence, lease_clock
+from toren.core.journal import Journal, log_totals
 from toren.core.records import Lease, Release, RunRecord
-from toren.core.steps import Steps
+from toren.core.steps import LiveSteps
 from toren.core.tickstate import (
-    FLUSH_INTERVAL,
     TickDeps,
     TickResult,
-    _BackOff,
-    _Cancel,
-    _Drain,
-    _LeaseGone,
-    _Park,
-    _StoreFailed,
-    error_dict,
-    json_value,
-    log_totals,
+    TickState,
     newest_start_by_version,
-    recorded_error,
     tool_refs,
 )
 from toren.core.values import RunStatus, TickStatus, Totals
+from toren.core.writer import FLUSH_INTERVAL
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
@@ -76,89 +77,139 @@ __all__ = [
 ]
 
 
-class TickRunner(Steps):
-    """One tick of one run. Contexts call into its steps; :meth:`run` drives it."""
+class TickRunner:
+    """One tick of one run: the driver. It holds the run's state (:class:`TickState`)
+    and hands the step handlers (:class:`LiveSteps`, holding the state) to the root
+    context, never keeping them; :meth:`run` drives it. The worker controls it through
+    :meth:`cancel`, :meth:`lose_lease`, :meth:`begin_drain` and :meth:`drain`."""
+
+    __slots__ = ("_task", "state")
+
+    def __init__(self, deps: TickDeps, lease: Lease, *, granted_at: float | None = None) -> None:
+        self.state = TickState(deps, lease, granted_at=granted_at)
+        self._task: asyncio.Task[Any] | None = None
+
+    # -- what the worker reads and tells ---------------------------------------------------
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    @property
+    def lease(self) -> Lease:
+        return self.state.lease
+
+    @property
+    def fence(self) -> LeaseFence:
+        return self.state.fence
+
+    @property
+    def releasing(self) -> bool:
+        return self.state.releasing
+
+    def cancel(self) -> None:
+        self.state.cancel()
+
+    def lose_lease(self, why: str) -> None:
+        self.state.lose_lease(why)
+
+    def begin_drain(self) -> None:
+        self.state.begin_drain()
+
+    def drain(self) -> None:
+        self.state.drain()
 
     # -- the drive ------------------------------------------------------------------------
 
     async def run(self) -> TickResult:
-        self.begin_replay()
+        self.state.begin_replay()
         try:
             return await self._run()
         except InfrastructureError as exc:  # reading the run or its log, releasing it
             await self._block(exc)
             raise
         finally:
-            self.end_replay()
+            self.state.end_replay()
             # The agent task (its frames, a cancelled task's traceback) points back at
-            # this runner: drop it, so the tick and its log are freed at once, by reference
-            # counting, not at the cycle collector's next full pass. A task still running
-            # (the tick itself was cancelled or failed) is cancelled first, never orphaned.
-            if self._task is not None and not self._task.done():
-                self._task.cancel()
+            # the state, through the root context and its steps: drop it, so the tick and
+            # its log are freed at once, by reference counting, not at the cycle
+            # collector's next full pass. A task still running (the tick itself was
+            # cancelled or failed) is cancelled first, never orphaned.
+            self.state.detach()
             self._task = None
 
     async def _run(self) -> TickResult:
-        run = await self.store.get_run(self.run_id)
+        run = await self.state.store.get_run(self.run_id)
         if run is None:
             raise RunNotFound(f"no run with id {self.run_id!r}")
-        self.writer.record = run
+        self.state.writer.record = run
         try:
-            program = self.deps.agents.resolve(run.agent, run.process)
+            program = self.state.deps.agents.resolve(run.agent, run.process)
         except (AgentNotFound, AgentConfigError) as exc:
             if run.cancel_requested:  # nothing of the agent is needed to cancel its run
-                self.writer.chain = tail(await self.store.load_events(self.run_id))
+                self.state.writer.chain = tail(await self.state.store.load_events(self.run_id))
                 return await self._finish_cancelled()
             return await self._defer(exc)
-        self.code_version = self.deps.code_version or program.code_version
-        events = await self.store.load_events(self.run_id)
-        self.writer.chain = tail(events)
-        self.journal = Journal.fold(self.run_id, events)
+        self.state.code_version = self.state.deps.code_version or program.code_version
+        events = await self.state.store.load_events(self.run_id)
+        self.state.writer.chain = tail(events)
+        self.state.journal = Journal.fold(self.run_id, events)
         self._correct_totals(run)
-        self.bodies.known = {h for e in events for h in tool_refs(e)}
-        self._interrupted = (
-            self.lease.recovered
-            or self.lease.previous_status == RunStatus.RUNNING
-            or (run.code_version is not None and run.code_version != self.code_version)
+        self.state.bodies.known = {h for e in events for h in tool_refs(e)}
+        self.state.interrupted = (
+            self.state.lease.recovered
+            or self.state.lease.previous_status == RunStatus.RUNNING
+            or (run.code_version is not None and run.code_version != self.state.code_version)
             # A fork's first tick replays the history it was copied: that is saved too.
-            or (self.journal.forked is not None and self.lease.previous_status == RunStatus.QUEUED)
+            or (
+                self.state.journal.forked is not None
+                and self.state.lease.previous_status == RunStatus.QUEUED
+            )
         )
-        if self.journal.terminal is not None:  # finished, but the row was not updated
+        if self.state.journal.terminal is not None:  # finished, but the row was not updated
             return await self._finish_from_log()
         if run.cancel_requested:
             return await self._finish_cancelled()
-        if any(e.code_version != self.code_version for e in events if e.digest):
-            await self._load_live_versions()
-        root = Context(self, run.process, program, run.input)
-        telemetry = self.deps.telemetry
+        if any(e.code_version != self.state.code_version for e in events if e.digest):
+            await self.state.load_live_versions()
+        # The steps hold the state; neither the state nor this driver keeps them: only the
+        # root context does, and only the agent task holds that (see run()'s finally).
+        root = Context(LiveSteps(self.state), run.process, program, run.input)
+        telemetry = self.state.deps.telemetry
         with (
             telemetry.run_span(
-                self.run_id, agent=run.agent, process=run.process, code_version=self.code_version
+                self.run_id,
+                agent=run.agent,
+                process=run.process,
+                code_version=self.state.code_version,
             )
             if telemetry is not None
             else contextlib.nullcontext()
         ):
             self._task = asyncio.ensure_future(self._main(root))
+            self.state.attach(self._task)
             await self._drive()
             return await self._conclude()
 
     async def _drive(self) -> None:
         assert self._task is not None
-        await self.parker.drive(
+        await self.state.parker.drive(
             self._task,
-            stopped=lambda: self._abort is not None,
+            stopped=lambda: self.state.abort is not None,
             stop=self._stop_for,
-            grace=self.deps.settings.park_grace,
+            grace=self.state.deps.settings.park_grace,
             run_id=self.run_id,
         )
 
     def _stop_for(self, why: str) -> None:
-        self._stop(_Drain("worker draining") if why == "drain" else _Park(RunStatus.WAITING.value))
+        self.state.stop(
+            Draining("worker draining") if why == "drain" else Parking(RunStatus.WAITING.value)
+        )
 
     def _correct_totals(self, run: RunRecord) -> None:
         """The run row is a cache of the log: put right what a crashed tick left unsaid."""
-        truth = self.journal.usage.final()
-        self.writer.add(
+        truth = self.state.journal.usage.final()
+        self.state.writer.add(
             Totals(
                 input_tokens=truth.input_tokens - run.input_tokens,
                 output_tokens=truth.output_tokens - run.output_tokens,
@@ -170,23 +221,23 @@ class TickRunner(Steps):
 
     async def _main(self, ctx: Context) -> Any:
         output = await ctx.program.fn(ctx, ctx.input)
-        self._end_stream(ctx)
+        self.state.end_stream(ctx)
         return json_value(output, f"the output of run {self.run_id!r}")
 
     async def _conclude(self) -> TickResult:
         assert self._task is not None
-        abort = self._abort
-        if isinstance(abort, _LeaseGone):
-            return self._result(TickStatus.LEASE_LOST, error=error_dict(abort.cause))
-        if isinstance(abort, _StoreFailed):
+        abort = self.state.abort
+        if isinstance(abort, LeaseGone):
+            return self.state.result(TickStatus.LEASE_LOST, error=error_dict(abort.cause))
+        if isinstance(abort, StoreFailed):
             return await self._infrastructure_error(abort.cause)
-        if isinstance(abort, _Cancel):
+        if isinstance(abort, Cancelling):
             return await self._finish_cancelled()
-        if isinstance(abort, _Drain):
+        if isinstance(abort, Draining):
             return await self._release_running(TickStatus.DRAINED, None)
-        if isinstance(abort, _BackOff):
+        if isinstance(abort, BackingOff):
             return await self._back_off(abort)
-        if isinstance(abort, _Park):
+        if isinstance(abort, Parking):
             return await self._park_release()
         exc = self._task.exception() if not self._task.cancelled() else None
         if self._task.cancelled():
@@ -197,22 +248,24 @@ class TickRunner(Steps):
                 Release(
                     RunStatus.COMPLETED,
                     output=output,
-                    events=[self._run_event(RunCompleted(output))],
+                    events=[self.state.run_event(RunCompleted(output))],
                 )
             )
-            return self._result(TickStatus.COMPLETED, output=output)
+            return self.state.result(TickStatus.COMPLETED, output=output)
         if isinstance(exc, InfrastructureError):
             return await self._infrastructure_error(exc)
         err = failure_dict(exc)
         if not isinstance(exc, TorenError):
             log.warning("run %s failed in agent code", self.run_id, exc_info=exc)
         failed = RunFailed(err, failed_seqs=failed_seqs(exc))
-        await self._release(Release(RunStatus.FAILED, error=err, events=[self._run_event(failed)]))
-        return self._result(TickStatus.FAILED, error=err)
+        await self._release(
+            Release(RunStatus.FAILED, error=err, events=[self.state.run_event(failed)])
+        )
+        return self.state.result(TickStatus.FAILED, error=err)
 
     async def _infrastructure_error(self, exc: InfrastructureError) -> TickResult:
         blocked = await self._block(exc)
-        return self._result(TickStatus.ERROR, error=error_dict(exc), not_before=blocked)
+        return self.state.result(TickStatus.ERROR, error=error_dict(exc), not_before=blocked)
 
     async def _block(
         self, exc: InfrastructureError | UserError, status: RunStatus = RunStatus.RUNNING
@@ -228,14 +281,18 @@ class TickRunner(Steps):
             return None  # no stall: the run goes on under another worker
         error = error_dict(exc)
         retry_at = None
-        if not self.releasing:
-            self.releasing = True
-            attempts = (self.record.blocked_attempts if self.record is not None else 0) + 1
-            now = self.clock.now()
-            retry_at = now + self.deps.settings.blocked_retry.delay(attempts)
+        if not self.state.releasing:
+            self.state.releasing = True
+            attempts = (
+                self.state.writer.record.blocked_attempts
+                if self.state.writer.record is not None
+                else 0
+            ) + 1
+            now = self.state.clock.now()
+            retry_at = now + self.state.deps.settings.blocked_retry.delay(attempts)
             try:
-                attempts = await self.store.block(
-                    self.lease, error, status=status, retry_at=retry_at, now=now
+                attempts = await self.state.store.block(
+                    self.state.lease, error, status=status, retry_at=retry_at, now=now
                 )
             except Exception as failed:
                 retry_at = None
@@ -255,42 +312,42 @@ class TickRunner(Steps):
                     exc,
                 )
                 error = {**error, "attempts": attempts, "retry_at": retry_at}
-        self._publish({"type": "stalled", "error": error})
+        self.state.publish({"type": "stalled", "error": error})
         return retry_at
 
     # -- releasing the run ----------------------------------------------------------------
 
     async def _release(self, release: Release) -> list[Event]:
-        self.releasing = True
-        stored = await self.writer.release(release)
-        self._publish_events(stored)
-        self._publish({"type": "status", "status": release.status})
+        self.state.releasing = True
+        stored = await self.state.writer.release(release)
+        self.state.publish_events(stored)
+        self.state.publish({"type": "status", "status": release.status})
         return stored
 
     async def _park_release(self) -> TickResult:
-        deadlines = [d for d, _ in self.parker.parked if d is not None]
+        deadlines = [d for d, _ in self.state.parker.parked if d is not None]
         not_before = min(deadlines) if deadlines else None
-        names = sorted({n for _, ns in self.parker.parked for n in ns})
-        event = self._run_event(RunWaiting(not_before=not_before, messages=names))
+        names = sorted({n for _, ns in self.state.parker.parked for n in ns})
+        event = self.state.run_event(RunWaiting(not_before=not_before, messages=names))
         await self._release(
             Release(RunStatus.WAITING, not_before=not_before, waiting_for=names, events=[event])
         )
-        return self._result(TickStatus.WAITING, not_before=not_before)
+        return self.state.result(TickStatus.WAITING, not_before=not_before)
 
     async def _release_running(self, status: TickStatus, not_before: float | None) -> TickResult:
         await self._release(Release(RunStatus.RUNNING, not_before=not_before))
-        return self._result(status, not_before=not_before)
+        return self.state.result(status, not_before=not_before)
 
-    async def _back_off(self, abort: _BackOff) -> TickResult:
-        not_before = self.clock.now() + self.deps.settings.drain_window
+    async def _back_off(self, abort: BackingOff) -> TickResult:
+        not_before = self.state.clock.now() + self.state.deps.settings.drain_window
         log.warning(
             "worker %s (code version %s) backs off run %s: its stream was written by newer "
             "live code version %s; retrying after the drain window (%.0fs)",
-            self.deps.worker_id,
-            self.code_version,
+            self.state.deps.worker_id,
+            self.state.code_version,
             self.run_id,
             abort.newer_version,
-            self.deps.settings.drain_window,
+            self.state.deps.settings.drain_window,
         )
         return await self._release_running(TickStatus.BACKED_OFF, not_before)
 
@@ -301,19 +358,19 @@ class TickRunner(Steps):
         # A run no worker could start stays queued (it never ran).
         status = (
             RunStatus.QUEUED
-            if self.lease.previous_status == RunStatus.QUEUED
+            if self.state.lease.previous_status == RunStatus.QUEUED
             else RunStatus.RUNNING
         )
         not_before = await self._block(exc, status)
-        return self._result(TickStatus.DEFERRED, error=error_dict(exc), not_before=not_before)
+        return self.state.result(TickStatus.DEFERRED, error=error_dict(exc), not_before=not_before)
 
     async def _finish_cancelled(self) -> TickResult:
-        event = self._run_event(RunCancelled(reason="cancel requested"))
+        event = self.state.run_event(RunCancelled(reason="cancel requested"))
         await self._release(Release(RunStatus.CANCELLED, events=[event]))
-        return self._result(TickStatus.CANCELLED)
+        return self.state.result(TickStatus.CANCELLED)
 
     async def _finish_from_log(self) -> TickResult:
-        terminal = self.journal.terminal
+        terminal = self.state.journal.terminal
         assert terminal is not None
         status = {"RunCompleted": RunStatus.COMPLETED, "RunFailed": RunStatus.FAILED}.get(
             terminal.type, RunStatus.CANCELLED
@@ -322,7 +379,7 @@ class TickRunner(Steps):
         output = payload.output if isinstance(payload, RunCompleted) else None
         error = payload.error if isinstance(payload, RunFailed) else None
         await self._release(Release(status, output=output, error=error))
-        return self._result(TickStatus(status), output=output, error=error)
+        return self.state.result(TickStatus(status), output=output, error=error)
 
 
 async def tick(run_id: str, deps: TickDeps, *, lease: Lease | None = None) -> TickResult:

@@ -1,41 +1,44 @@
-"""The tick's driver state: what every step stands on around the pure journal.
+"""The run's state in one tick: the part of the composed tick the steps and the driver share.
 
-The decisions (replay, run live, supersede, back off; reuse claims; replay-exact usage)
-are the journal's (:mod:`toren.core.journal`). This module holds what the driver adds:
+The tick is three parts and a policy, each with its own state, each given what it needs:
 
-- :class:`Writer`: ordered writes under the lease: the invalidation barrier (a
-  ``Supersede``'s events are written before anything later of the run), the lock, and the
-  run row's pending totals, flushed at most once a second by the clock's monotonic time;
-- :class:`Parker`: the live steps in flight, the branches parked on durable waits and the
-  wake-up of the drive (:meth:`Parker.drive`, shared with the dry run of ``toren plan``);
-- :class:`TickState`: one tick: it asks the journal, stamps what it answers (slot,
-  worker, code version, time) and writes it, stops the agent code (cancel, drain, lease
-  lost, back off, park).
+- :class:`TickState` (here): one tick of one run. It holds the :class:`Journal` (the
+  decision), a :class:`~toren.core.writer.Writer` (ordered writes under the lease) and a
+  :class:`~toren.core.parker.Parker` (steps in flight, durable waits); it asks the
+  journal, stamps what it answers (slot, worker, code version, time), writes it, and stops
+  the agent code (an :mod:`~toren.core.aborts` ``Abort``: cancel, drain, lease lost, back
+  off, park);
+- the step handlers (:class:`toren.core.steps.LiveSteps`): what each ``ctx.<effect>``
+  does with the journal's answer; given the state;
+- the driver (:class:`toren.core.tick.TickRunner`): load, drive, release; given the
+  deps and the lease, it makes the state and hands the steps to the root context.
 
-The steps are in :mod:`toren.core.steps`, their effects in :mod:`toren.core.effects`, the
-drive (load, replay, park, finish) in :mod:`toren.core.tick`.
+What a step does (replay, run live, supersede, back off; reuse a superseded tool call;
+the budget) is decided by the journal (:mod:`toren.core.journal`) and the pure policy
+beside it (:mod:`toren.core.policy`), which the dry run of ``toren plan`` asks too.
+
+References run one way: the steps hold the state, the driver holds the state, the state
+holds neither (see :meth:`TickState.attach`), so a finished tick and its log are freed by
+reference counting, not the cycle collector.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import random as _random
-import time
 import uuid as _uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toren.config import Settings
-from toren.core.audit import chain
-from toren.core.branches import IDLE, READY, UNKNOWN, Branches, verdict
-from toren.core.clock import Clock, SystemClock
+from toren.core.aborts import Abort, BackingOff, Cancelling, Draining, LeaseGone, StoreFailed
+from toren.core.clock import Clock, SystemClock, monotonic_of
 from toren.core.context import Context, RunUsage
 from toren.core.digest import HashCache
-from toren.core.effects import RequestBodies, error_dict, json_value, recorded_error
+from toren.core.effects import RequestBodies
 from toren.core.events import Event, ModelCallRecorded, Payload, make_event
 from toren.core.fencing import LeaseFence
 from toren.core.journal import (
@@ -46,14 +49,15 @@ from toren.core.journal import (
     Replay,
     Run,
     Supersede,
-    log_totals,
 )
+from toren.core.parker import Parker
 from toren.core.ports import JournalStore, ModelProvider
 from toren.core.program import AgentProgram, AgentResolver, Limits, Pricing, raised
-from toren.core.records import Lease, Release, RunDelta, RunRecord, WorkerInfo
-from toren.core.replay import RunLog, end_slot, step_slot
+from toren.core.records import Lease, WorkerInfo
+from toren.core.replay import end_slot, step_slot
 from toren.core.values import RunStatus, StepKind, TickStatus, Totals
-from toren.errors import LeaseLost, MessageConsumed, RunCancelledSignal, StorageError
+from toren.core.writer import FLUSH_INTERVAL, Writer
+from toren.errors import LeaseLost, StorageError
 
 if TYPE_CHECKING:
     from toren.core.ports import Telemetry
@@ -64,16 +68,14 @@ LiveFeed = Callable[[str, dict[str, Any]], None]  # (run_id, item) -> None; neve
 
 __all__ = [
     "FLUSH_INTERVAL",
+    "Busy",
     "LiveFeed",
     "ReplayGcPause",
     "TickDeps",
     "TickResult",
     "TickState",
-    "error_dict",
-    "json_value",
-    "log_totals",
+    "monotonic_of",
     "newest_start_by_version",
-    "recorded_error",
 ]
 
 
@@ -115,55 +117,6 @@ class TickResult:
     invalidations: int = 0
 
 
-FLUSH_INTERVAL = 1.0  # seconds between run-row total updates within a tick
-
-
-def monotonic_of(clock: Clock) -> Callable[[], float]:
-    """The clock's monotonic time (seconds, for intervals), or the process's when a clock
-    of the host's own has none."""
-    found = getattr(clock, "monotonic", None)
-    return found if callable(found) else time.perf_counter
-
-
-class _Abort(BaseException):
-    """Stops agent code from the outside. BaseException: user code cannot swallow it."""
-
-
-class _BackOff(_Abort):
-    def __init__(self, newer_version: str) -> None:
-        super().__init__(newer_version)
-        self.newer_version = newer_version
-
-
-class _Park(_Abort):
-    pass
-
-
-class _Drain(_Abort):
-    pass
-
-
-class _Cancel(_Abort, RunCancelledSignal):
-    pass
-
-
-class _LeaseGone(_Abort):
-    def __init__(self, cause: LeaseLost) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class _StoreFailed(_Abort):
-    """The store failed under a step (unreachable, a statement refused, a row that cannot
-    be read). Like a lost lease it ends the tick, and the run is retried once its lease
-    runs out; it is not the agent's error to see, nor to swallow: an ``except Exception``
-    around ``ctx.model`` that carried on would take a branch no replay can reproduce."""
-
-    def __init__(self, cause: StorageError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 class ReplayGcPause:
     """Pauses Python's cycle collector while ticks replay.
 
@@ -192,305 +145,11 @@ class ReplayGcPause:
             gc.enable()
 
 
-class Writer:
-    """Ordered writes of one tick under its lease. A ``Supersede``'s events are written
-    through the barrier, in order, before any later write of the run; every write is
-    fenced by the lease's epoch in the store. The run row is a cache of the log: its
-    totals are updated at most once a second (and at release), which keeps the commit of
-    each step to the event row itself; a tick starts by correcting the row from the log,
-    so totals lost with a crashed worker come back."""
-
-    __slots__ = (
-        "_tally",
-        "barrier",
-        "chain",
-        "clock",
-        "code_version",
-        "lease",
-        "lock",
-        "monotonic",
-        "next_flush",
-        "record",
-        "store",
-    )
-
-    def __init__(self, store: JournalStore, lease: Lease, clock: Clock) -> None:
-        self.store = store
-        self.lease = lease
-        self.clock = clock
-        self.monotonic = monotonic_of(clock)
-        self.lock = asyncio.Lock()
-        self.barrier: asyncio.Task[Any] | None = None
-        # Pending totals as one list of ints (input, output, cost nano-USD, saved
-        # nano-USD, steps, invalidations), added to in place: a Totals per step would
-        # cost more than the rest of the bookkeeping of the step (see bench/RESULTS.md).
-        self._tally = [0, 0, 0, 0, 0, 0]
-        self.next_flush = float("-inf")
-        self.code_version = "dev"
-        self.record: RunRecord | None = None
-        # The ``chain`` of the run's last stored event: every write of the run goes
-        # through this writer, one at a time under its lock, so the events it chains are
-        # stored in the order it chains them (docs/event-log.md#the-chain).
-        self.chain: str | None = None
-
-    @property
-    def pending(self) -> Totals:
-        """The totals not yet written to the run row."""
-        return Totals(*self._tally)
-
-    def add(self, delta: Totals | RunDelta) -> None:
-        t = self._tally
-        t[0] += delta.input_tokens
-        t[1] += delta.output_tokens
-        t[2] += delta.cost_nanousd
-        t[3] += delta.saved_nanousd
-        t[4] += delta.steps
-        t[5] += delta.invalidations
-
-    def count_step(self, input_tokens: int, output_tokens: int, cost_nanousd: int) -> None:
-        """One step written, with what it used (the hot path's :meth:`add`)."""
-        t = self._tally
-        t[0] += input_tokens
-        t[1] += output_tokens
-        t[2] += cost_nanousd
-        t[4] += 1
-
-    async def append(
-        self,
-        events: Sequence[Event],
-        *,
-        blobs: Mapping[str, str] | None = None,
-        step: tuple[int, int, int] | None = None,
-        used: Totals | None = None,
-        consume: int | None = None,
-    ) -> list[Event]:
-        """Write after the barrier; ``step``: the events are a step's, which used (input
-        tokens, output tokens, nano-USD); ``used``: what events that are not a step add to
-        the run's totals (a call cut off in flight). Both are counted after the barrier and
-        under the writer's lock, so the run row never carries usage ahead of an earlier
-        write, nor (carried by another branch's write) ahead of these events. Raises the store's
-        ``LeaseLost`` / ``StorageError``, and ``MessageConsumed`` for a step whose message
-        (``consume``) another writer consumed first: the store wrote nothing, and the tick
-        goes on under its lease, so what this write counted and the totals it carried
-        are given back (see :meth:`_refused`)."""
-        barrier = self.barrier
-        if barrier is not None and not barrier.done():
-            await asyncio.shield(barrier)
-        async with self.lock:
-            # Counted under the lock: a write of another branch waiting for it cannot
-            # carry this usage to the run row ahead of these events.
-            if step is not None:
-                self.count_step(*step)
-            if used is not None:
-                self.add(used)
-            delta = self.due_delta()
-            chained = chain(self.chain, events)
-            try:
-                stored = await self.store.append(
-                    self.lease,
-                    events,
-                    blobs=blobs,
-                    delta=delta,
-                    consume_inbox=consume,
-                    now=self.clock.now(),
-                )
-            except MessageConsumed:
-                self._refused(delta, step, used)
-                raise
-            self.chain = chained
-            record = self.record
-            if record is not None and record.blocked_error is not None:
-                # The first step written since the run was blocked: it moves again.
-                self.record = replace(record, blocked_error=None)
-                await self.store.clear_blocked(self.lease, now=self.clock.now())
-        return stored
-
-    def _refused(
-        self, delta: RunDelta | None, step: tuple[int, int, int] | None, used: Totals | None
-    ) -> None:
-        """A write the store refused, having written nothing (its message was consumed
-        first): its own usage is uncounted, and the pending totals it carried go back
-        into the tally, due at once, for the next write (or the release) to carry. Added
-        back, not restored from a copy: another branch may have added meanwhile."""
-        if step is not None:  # what count_step counted for it
-            self.add(Totals(-step[0], -step[1], -step[2], 0, -1, 0))
-        if used is not None:
-            self.add(_negated(used))
-        if delta is not None:
-            self.add(delta)
-            self.next_flush = float("-inf")
-
-    def then(self, write: Callable[[], Awaitable[None]]) -> None:
-        """Schedule ``write()`` after every write scheduled so far (the barrier): what a
-        synchronous decision must write before anything later of the run."""
-        previous = self.barrier
-
-        async def ordered() -> None:
-            if previous is not None and not previous.done():
-                await asyncio.shield(previous)
-            await write()
-
-        self.barrier = asyncio.ensure_future(ordered())
-
-    async def invalidations(self, events: Sequence[Event]) -> list[Event]:
-        async with self.lock:  # counted under the lock, as a step's usage is (see append)
-            self._tally[5] += len(events)
-            chained = chain(self.chain, events)
-            stored = await self.store.append(
-                self.lease, events, delta=self.due_delta(), now=self.clock.now()
-            )
-            self.chain = chained
-            return stored
-
-    def due_delta(self) -> RunDelta | None:
-        """The pending totals, when it is time to write them to the run row."""
-        now = self.monotonic()
-        if now < self.next_flush:
-            return None
-        self.next_flush = now + FLUSH_INTERVAL
-        return self.take()
-
-    def take(self) -> RunDelta:
-        i, o, c, saved, steps, invalidations = self._tally
-        self._tally = [0, 0, 0, 0, 0, 0]
-        return RunDelta(
-            input_tokens=i,
-            output_tokens=o,
-            cost_nanousd=c,
-            saved_nanousd=saved,
-            steps=steps,
-            invalidations=invalidations,
-            code_version=self.code_version,
-        )
-
-    async def release(self, release: Release) -> list[Event]:
-        barrier = self.barrier
-        if barrier is not None and not barrier.done():
-            with contextlib.suppress(BaseException):  # its failure already stopped the tick
-                await barrier
-        async with self.lock:
-            release = Release(**{**release.__dict__, "delta": self.take()})
-            chained = chain(self.chain, release.events)
-            stored = await self.store.release(self.lease, release, now=self.clock.now())
-            self.chain = chained
-            return stored
-
-
-class Parker:
-    """Live steps in flight and branches parked on durable waits. A run parks (its tick
-    ends, status waiting) when no live step is in flight, some branch waits durably and
-    every branch is idle; see :meth:`drive`."""
-
-    __slots__ = ("branches", "draining", "futures", "inflight", "parked", "waiters", "wake")
-
-    def __init__(self) -> None:
-        self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
-        self.inflight = 0
-        self.waiters: list[tuple[float | None, tuple[str, ...]]] = []
-        self.parked: list[tuple[float | None, tuple[str, ...]]] = []
-        self.futures: set[asyncio.Future[None]] = set()  # what parked branches await
-        self.wake = asyncio.Event()
-        self.draining = False
-
-    async def park(self, not_before: float | None, names: tuple[str, ...]) -> None:
-        """Wait for the tick to park the run; never returns (the agent task is cancelled).
-        Called inside a live step (counted in flight)."""
-        entry = (not_before, names)
-        parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiters.append(entry)
-        self.futures.add(parked)
-        self.inflight -= 1
-        if self.inflight == 0:
-            self.wake.set()
-        try:
-            with self.branches.parked(parked):  # the tick knows this task waits durably
-                await parked
-        finally:
-            self.inflight += 1
-            self.waiters.remove(entry)
-            self.futures.discard(parked)
-
-    def parkable(self) -> bool:
-        return bool(self.waiters) and self.inflight == 0
-
-    async def drive(
-        self,
-        task: asyncio.Task[Any],
-        *,
-        stopped: Callable[[], bool],
-        stop: Callable[[str], object],
-        grace: float,
-        run_id: str,
-    ) -> None:
-        """Run until the agent task ends or is stopped. ``stop("drain")`` once a draining
-        worker has nothing in flight; ``stop("park")`` once the run is idle (the waiters
-        are snapshot in :attr:`parked` first: cancelling the agent task unwinds them)."""
-        while not task.done():
-            self.wake.clear()
-            woken = asyncio.ensure_future(self.wake.wait())
-            await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
-            if task.done() or stopped():
-                break
-            if self.draining and self.inflight == 0:
-                stop("drain")
-                break
-            if self.parkable() and await self._settled(task, stopped, grace, run_id):
-                self.parked = list(self.waiters)
-                stop("park")
-        with contextlib.suppress(BaseException):
-            await task
-
-    async def _settled(
-        self, task: asyncio.Task[Any], stopped: Callable[[], bool], grace: float, run_id: str
-    ) -> bool:
-        """Whether the run is idle, so that parking loses nothing: every branch of the
-        agent code waits on a durable wait. Branches that can run are let run; a branch
-        awaiting other work (outside ``ctx``) is waited for, up to ``park_grace`` seconds,
-        after which the run parks anyway and that work runs again on resume. False when
-        something else came up first (a live step, the end, a cancel, a drain)."""
-        loop = asyncio.get_running_loop()
-        deadline: float | None = None
-        while self.parkable() and not task.done():
-            if stopped() or self.draining:
-                return False
-            found = verdict(task, self.futures.__contains__, self.branches)
-            if found.state == IDLE:
-                return True
-            if found.state == UNKNOWN:  # no way to tell: let ready branches run, then park
-                for _ in range(8):
-                    await asyncio.sleep(0)
-                return self.parkable() and not task.done()
-            if found.state == READY:
-                await asyncio.sleep(0)
-                continue
-            now = loop.time()
-            if deadline is None:
-                deadline = now + grace
-            if now >= deadline:
-                log.info(
-                    "run %s parks while a branch still awaits work outside ctx after %.0fs "
-                    "(park_grace); that work is cancelled and runs again when the run resumes",
-                    run_id,
-                    grace,
-                )
-                return True
-            self.wake.clear()
-            woken = asyncio.ensure_future(self.wake.wait())
-            await asyncio.wait(
-                {*found.futures, task, woken},
-                timeout=deadline - now,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            woken.cancel()
-        return False
-
-
-class _Busy:
+class Busy:
     """Marks a live step in flight. Entering it ends the replay phase (and, while the
     worker drains, blocks: no new live work). Leaving the last one wakes the tick's driver
     only when it has something to decide (a parked waiter, a drain), not after every step.
-    Made per step, never kept: the tick must not point back at it (a reference cycle
+    Made per step, never kept: the state must not point back at it (a reference cycle
     would keep the tick's whole log alive until the cycle collector runs)."""
 
     __slots__ = ("state",)
@@ -505,7 +164,7 @@ class _Busy:
             p.wake.set()
             await asyncio.Future()
         if s.fence.due():  # stalled near or past the lease: prove it before the effect
-            await s._prove_lease()
+            await s.prove_lease()
         s.end_replay()  # the first live step: replay is over
         p.inflight += 1
 
@@ -517,8 +176,11 @@ class _Busy:
 
 
 class TickState:
-    """The state of one tick: a :class:`Journal`, a :class:`Writer` and a :class:`Parker`.
-    Contexts call into its steps (:mod:`toren.core.steps`); :meth:`run` drives it."""
+    """The state of one tick of one run: a :class:`Journal`, a :class:`Writer` and a
+    :class:`Parker`, the lease's fence, the counts, and what stopped the tick. The steps
+    (:class:`~toren.core.steps.LiveSteps`) ask and write through it; the driver
+    (:class:`~toren.core.tick.TickRunner`) loads, drives and releases through it. It
+    holds neither: see :meth:`attach` for the one reference it takes to the agent task."""
 
     def __init__(self, deps: TickDeps, lease: Lease, *, granted_at: float | None = None) -> None:
         self.deps = deps
@@ -536,31 +198,15 @@ class TickState:
         self.journal = Journal(lease.run_id)
         self.writer = Writer(deps.store, lease, deps.clock)
         self.parker = Parker()
-        self.code_version = deps.code_version or "dev"
-        self._inbox = asyncio.Lock()  # taking a message: see Steps._await_message
-        self._abort: _Abort | None = None
-        self._task: asyncio.Task[Any] | None = None
-        self._interrupted = False
-        self._live: LiveVersions = NO_GUARD
+        self.writer.code_version = deps.code_version or "dev"
+        self.inbox = asyncio.Lock()  # taking a message: see DurableWaits.await_message
+        self.interrupted = False  # the tick resumes a run cut off (replayed cost is saved)
+        self.live_versions: LiveVersions = NO_GUARD
         self.replayed = self.executed = self.invalidations = 0
-        self._replaying = False
         self.releasing = False  # giving the run back: the lease is let go on purpose
-
-    @property
-    def log(self) -> RunLog:
-        return self.journal.log
-
-    @property
-    def branches(self) -> Branches:
-        return self.parker.branches
-
-    @property
-    def raised_limits(self) -> Mapping[str, Any]:
-        return self.journal.raised_limits
-
-    @property
-    def record(self) -> RunRecord | None:
-        return self.writer.record
+        self._abort: Abort | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._replaying = False
 
     @property
     def code_version(self) -> str:
@@ -569,6 +215,26 @@ class TickState:
     @code_version.setter
     def code_version(self, value: str) -> None:
         self.writer.code_version = value
+
+    @property
+    def abort(self) -> Abort | None:
+        """What stopped the tick (the first one), or None while it goes on."""
+        return self._abort
+
+    # -- the agent task -------------------------------------------------------------------
+
+    def attach(self, task: asyncio.Task[Any]) -> None:
+        """The agent task, cancelled by :meth:`stop`. The task (its frames hold the root
+        context, which holds the steps, which hold this state) points back here: that is
+        a reference cycle while the tick runs, broken by :meth:`detach` when it ends, so
+        the state and its log are freed at once by reference counting."""
+        self._task = task
+
+    def detach(self) -> None:
+        """Drop the agent task (cancelled first if it still runs: never orphaned)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
 
     # -- public controls ------------------------------------------------------------------
 
@@ -583,12 +249,12 @@ class TickState:
             ReplayGcPause.end()
 
     def cancel(self) -> None:
-        self._stop(_Cancel(RunStatus.CANCELLED.value))  # agent code sees its args: a plain str
+        self.stop(Cancelling(RunStatus.CANCELLED.value))  # agent code sees a plain str
 
     def lose_lease(self, why: str) -> None:
         """Another worker holds the run now (this one's lease ran out): stop at once, so a
         step in flight here is not paid for twice; nothing more can be written anyway."""
-        self._stop(_LeaseGone(LeaseLost(why)))
+        self.stop(LeaseGone(LeaseLost(why)))
 
     def begin_drain(self) -> None:
         """Graceful drain: start no new live step; steps in flight finish and are recorded,
@@ -599,22 +265,22 @@ class TickState:
     def drain(self) -> None:
         """Hard drain (the drain window ran out): abandon steps still in flight; they have
         no event, so they run again elsewhere (at-least-once for those steps only)."""
-        self._stop(_Drain("worker draining"))
+        self.stop(Draining("worker draining"))
 
-    async def _prove_lease(self) -> None:
+    async def prove_lease(self) -> None:
         try:
             await self.fence.prove(self.store, self.clock)
         except (LeaseLost, StorageError) as exc:
-            raise self._halt(exc) from None
+            raise self.halt(exc) from None
 
-    def _halt(self, exc: LeaseLost | StorageError) -> _Abort:
+    def halt(self, exc: LeaseLost | StorageError) -> Abort:
         """Stop the tick for a store call of a step that failed; the abort to raise into
         the agent code in place of ``exc``."""
-        abort = _LeaseGone(exc) if isinstance(exc, LeaseLost) else _StoreFailed(exc)
-        self._stop(abort)
+        abort = LeaseGone(exc) if isinstance(exc, LeaseLost) else StoreFailed(exc)
+        self.stop(abort)
         return abort
 
-    def _stop(self, abort: _Abort) -> None:
+    def stop(self, abort: Abort) -> None:
         if self._abort is None:
             self._abort = abort
         if self._task is not None and not self._task.done():
@@ -634,9 +300,13 @@ class TickState:
         lowered, and a limit the agent does not set stays unset)."""
         return raised(program.limits, self.journal.raised_limits)
 
+    def busy(self) -> Busy:
+        """``async with state.busy():`` around a live step's work (see :class:`Busy`)."""
+        return Busy(self)
+
     # -- writing --------------------------------------------------------------------------
 
-    async def _write(
+    async def write(
         self,
         events: Sequence[Event],
         *,
@@ -650,22 +320,23 @@ class TickState:
                 events, blobs=blobs, step=step, used=used, consume=consume
             )
         except (LeaseLost, StorageError) as exc:
-            raise self._halt(exc) from None
+            raise self.halt(exc) from None
         self.journal.recorded(stored)
-        self._publish_events(stored)
+        self.publish_events(stored)
         return stored
 
-    def _publish(self, item: dict[str, Any]) -> None:
+    def publish(self, item: dict[str, Any]) -> None:
         if self.deps.live is not None:
             self.deps.live(self.run_id, item)
 
-    def _publish_events(self, events: Sequence[Event]) -> None:
+    def publish_events(self, events: Sequence[Event]) -> None:
         for event in events:
-            self._publish({"type": "event", "event": event})
+            self.publish({"type": "event", "event": event})
 
-    def _event(
+    def event(
         self, stream: str, pos: int, gen: int, digest: str, payload: Payload, done: bool = False
     ) -> Event:
+        """A step's event, stamped."""
         return make_event(
             self.run_id,
             payload,
@@ -679,7 +350,8 @@ class TickState:
             created_at=self.clock.now(),
         )
 
-    def _run_event(self, payload: Payload) -> Event:
+    def run_event(self, payload: Payload) -> Event:
+        """A run-level event, stamped."""
         terminal = payload.TYPE in ("RunCompleted", "RunFailed", "RunCancelled")
         return make_event(
             self.run_id,
@@ -690,17 +362,14 @@ class TickState:
             created_at=self.clock.now(),
         )
 
-    def _busy(self) -> _Busy:
-        """``async with self._busy():`` around a live step's work (see :class:`_Busy`)."""
-        return _Busy(self)
+    # -- decisions: the journal answers, the state stamps and writes -----------------------
 
-    # -- decisions: the journal answers, the tick stamps and writes ------------------------
-
-    def _request(
+    def ask(
         self, stream: str, pos: int, kind: StepKind, digest: str, reusable: bool = True
     ) -> Replay | Run:
         """Replay, or run live (after superseding the stream from here if the recorded step
-        differs). Runs synchronously at call time, so answers follow call order."""
+        differs). Runs synchronously at call time, so answers follow call order.
+        ``reusable``: :func:`toren.core.policy.tool_reusable` for a tool call."""
         if self._abort is not None:
             raise self._abort
         answer = self.journal.request(
@@ -709,13 +378,13 @@ class TickState:
             kind,
             digest,
             code_version=self.code_version,
-            live_versions=self._live,
+            live_versions=self.live_versions,
             reusable=reusable,
         )
         if isinstance(answer, Replay):
             if self.deps.live is not None:  # watchers mark the step replayed (free)
                 step = answer.step
-                self._publish(
+                self.publish(
                     {"type": "replayed", "stream": stream, "position": pos, "seq": step.first.seq}
                 )
             return answer
@@ -727,22 +396,22 @@ class TickState:
         self._supersede(answer)
         return answer.run
 
-    def _end_stream(self, ctx: Context) -> None:
+    def end_stream(self, ctx: Context) -> None:
         """New code ended the stream earlier than the log: the extra steps are superseded."""
         answer = self.journal.end_stream(
             ctx.stream,
             ctx.positions_taken,
             code_version=self.code_version,
-            live_versions=self._live,
+            live_versions=self.live_versions,
         )
         if isinstance(answer, BackOff):
             raise self._backing_off(answer)
         if answer is not None:
             self._supersede(answer)
 
-    def _backing_off(self, answer: BackOff) -> _BackOff:
-        abort = _BackOff(answer.newer_version)
-        self._stop(abort)
+    def _backing_off(self, answer: BackOff) -> BackingOff:
+        abort = BackingOff(answer.newer_version)
+        self.stop(abort)
         return abort
 
     def _supersede(self, answer: Supersede) -> None:
@@ -775,27 +444,27 @@ class TickState:
         try:
             stored = await self.writer.invalidations(events)
         except (LeaseLost, StorageError) as exc:
-            raise self._halt(exc) from None
+            raise self.halt(exc) from None
         self.journal.recorded(stored)
-        self._publish_events(stored)
+        self.publish_events(stored)
 
     # -- the invalidation-storm guard's input ----------------------------------------------
 
-    async def _load_live_versions(self) -> None:
+    async def load_live_versions(self) -> None:
         if not self.deps.settings.storm_guard:
             return
         workers = await self.store.live_workers(
             now=self.clock.now(), ttl=self.deps.settings.worker_ttl
         )
         started = self.deps.worker_started_at
-        self._live = LiveVersions(
+        self.live_versions = LiveVersions(
             newest_start_by_version(workers),
             started_at=started if started is not None else self.clock.now(),
         )
 
     # -- results --------------------------------------------------------------------------
 
-    def _result(self, status: TickStatus, **kw: Any) -> TickResult:
+    def result(self, status: TickStatus, **kw: Any) -> TickResult:
         return TickResult(
             self.run_id,
             status,
@@ -819,14 +488,3 @@ def newest_start_by_version(workers: Sequence[WorkerInfo]) -> dict[str, float]:
         for version in w.code_version.split():
             newest[version] = max(newest.get(version, 0.0), w.started_at)
     return newest
-
-
-def _negated(t: Totals) -> Totals:
-    return Totals(
-        -t.input_tokens,
-        -t.output_tokens,
-        -t.cost_nanousd,
-        -t.saved_nanousd,
-        -t.steps,
-        -t.invalidations,
-    )

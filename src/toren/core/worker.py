@@ -16,8 +16,6 @@ import logging
 import os
 import signal
 import socket
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from toren.core.fencing import lease_clock
@@ -25,8 +23,9 @@ from toren.core.records import Lease, WorkerInfo
 from toren.core.scheduler import POLL, Scheduler
 from toren.core.takeover import take_over_gone
 from toren.core.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
+from toren.core.upkeep import WorkerMetrics, declare_schedules, processes, prune_loop
 from toren.core.values import TickStatus
-from toren.errors import CorruptRow, StorageError, TorenError
+from toren.errors import CorruptRow, StorageError
 
 log = logging.getLogger("toren.worker")
 RESULTS_KEPT = 1000  # tick results a worker keeps (LocalWorkerRuntime.results)
@@ -43,22 +42,6 @@ TIMER_SLACK = 0.002
 # slots are free, or CLAIM_GATHER seconds after the first one freed, whichever is first.
 CLAIM_BATCH_FRACTION = 4
 CLAIM_GATHER = 0.05
-
-
-@dataclass
-class WorkerMetrics:
-    ticks: Counter[TickStatus] = field(default_factory=Counter)  # by result status
-    lease_recoveries: int = 0
-    backoffs: int = 0
-    invalidations: int = 0
-    steps_replayed: int = 0
-    steps_executed: int = 0
-    pruned_runs: int = 0
-    # Why the claim loop woke (notify, timer, poll, capacity) and how many runs the claim
-    # after each kind of wake-up found (plus start and more: the claim right after one
-    # that filled every free slot).
-    wakes: Counter[str] = field(default_factory=Counter)
-    claimed: Counter[str] = field(default_factory=Counter)
 
 
 class LocalWorkerRuntime:
@@ -99,7 +82,7 @@ class LocalWorkerRuntime:
             return self.deps.code_version
         versions = set()
         for name in self.deps.agents.names():
-            for process in _processes(self.deps.agents, name):
+            for process in processes(self.deps.agents, name):
                 versions.add(self.deps.agents.resolve(name, process).code_version)
         return " ".join(sorted(versions)) or "dev"
 
@@ -349,33 +332,7 @@ class LocalWorkerRuntime:
     # -- retention ------------------------------------------------------------------------
 
     async def _retention_loop(self) -> None:
-        """Prune runs finished longer ago than the retention setting, one small batch at a
-        time: a batch, then ``pause`` while there is more, ``interval`` once caught up.
-        Workers pruning at once split the work (see toren.store.retention)."""
-        retention = self.settings.retention
-        assert retention.finished_after is not None
-        swept_at, pruned_since = self.deps.clock.now(), 0
-        while not self._stopping.is_set():
-            wait = retention.interval
-            try:
-                now = self.deps.clock.now()
-                done = await self.deps.store.prune_finished(
-                    before=now - retention.finished_after, limit=retention.batch
-                )
-                self.metrics.pruned_runs += done
-                pruned_since += done
-                if done:
-                    log.info("worker %s pruned %d finished runs", self.worker_id, done)
-                if done >= retention.batch:
-                    wait = retention.pause
-                elif pruned_since and now - swept_at >= retention.sweep_interval:
-                    swept_at, pruned_since = now, 0
-                    swept = await self.deps.store.sweep_blobs()
-                    log.info("worker %s swept %d unreferenced bodies", self.worker_id, swept)
-            except Exception:
-                log.exception("worker %s: prune failed; retrying later", self.worker_id)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), wait)
+        await prune_loop(self.deps, self.metrics, self._stopping, self.worker_id)
 
     # -- schedules ------------------------------------------------------------------------
 
@@ -387,57 +344,20 @@ class LocalWorkerRuntime:
         while not self._stopping.is_set():
             wait = POLL
             try:
-                declared = await self._declare_schedules(declared)
+                assert self.started_at is not None
+                declared = await declare_schedules(
+                    self.deps,
+                    declared,
+                    code_version=self.code_version,
+                    started_at=self.started_at,
+                    worker_id=self.worker_id,
+                )
                 await self.scheduler.look()
                 wait = await self.scheduler.sleep_for()
             except Exception:
                 log.exception("worker %s: the scheduler failed; looking again", self.worker_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), wait)
-
-    async def _declare_schedules(self, declared: dict[str, str]) -> dict[str, str]:
-        """Write the agents' schedule definitions when their code versions changed since
-        the last declaration; the versions declared."""
-        programs = {}
-        for name in self.deps.agents.names():
-            try:
-                programs[name] = self.deps.agents.resolve(name, "main")
-            except TorenError:
-                continue  # a broken agent: its schedules stay as the last good code left them
-        versions = {name: p.code_version for name, p in programs.items()}
-        if versions == declared:
-            return declared
-        await self._declare_limits(sorted(programs))
-        assert self.started_at is not None
-        await self.deps.store.schedules.declare(
-            [d for p in programs.values() for d in p.schedules],
-            agents=sorted(programs),
-            code_version=self.code_version,
-            started_at=self.started_at,
-            now=self.deps.clock.now(),
-        )
-        return versions
-
-    async def _declare_limits(self, agents: list[str]) -> None:
-        """This code's concurrency limits, for the runs still queued under them: a changed
-        limit takes effect without restarting anything, a removed one releases its runs
-        (toren.core.flow)."""
-        limits: list[tuple[str, str, int | None]] = []
-        for name in agents:
-            for process in _processes(self.deps.agents, name):
-                try:
-                    program = self.deps.agents.resolve(name, process)
-                except TorenError:
-                    continue
-                concurrency = program.concurrency
-                limits.append((name, process, concurrency.limit if concurrency else None))
-        changed = await self.deps.store.set_concurrency_limits(limits)
-        if changed:
-            log.info(
-                "worker %s applied its concurrency limits to %d queued runs",
-                self.worker_id,
-                changed,
-            )
 
     # -- heartbeats -----------------------------------------------------------------------
 
@@ -548,11 +468,3 @@ class LocalWorkerRuntime:
     @property
     def active_runs(self) -> list[str]:
         return list(self._active)
-
-
-def _processes(agents: Any, name: str) -> tuple[str, ...]:
-    try:
-        program = agents.resolve(name, "main")
-    except Exception:
-        return ()
-    return tuple(program.processes) or ("main",)
