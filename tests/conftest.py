@@ -182,6 +182,18 @@ def _output_as_into_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LINES", raising=False)
 
 
+@pytest.fixture
+def pg_only_url() -> Iterator[str]:
+    """A PostgreSQL database of its own (a copy of the migrated template), for the tests
+    that need PostgreSQL itself: fleets of worker processes, advisory locks."""
+    require_pg()
+    name = clone_pg_database()
+    try:
+        yield pg_url(name)
+    finally:
+        drop_pg_database(name)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database URL on each backend, with no rows: on SQLite a new file, which

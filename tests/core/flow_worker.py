@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 import toren
+from tests.core.schedule_worker import serve
 from toren.config import LeaseSettings
 from toren.core.flow import Concurrency
 from toren.providers.base import ToolSpec
@@ -39,15 +40,8 @@ def registry(server: str) -> toren.Registry:
 
 
 async def main(url: str, server: str) -> None:
-    store = await toren.connect(url)
     settings = toren.Settings(lease=LeaseSettings(ttl=2.0, heartbeat=0.2), poll_interval=0.05)
-    deps = toren.TickDeps(store=store, agents=registry(server), settings=settings)
-    worker = toren.LocalWorkerRuntime(deps, concurrency=16)
-    await worker.start()
-    worker.install_signal_handlers()
-    print("ready", flush=True)
-    await worker.wait_stopped()
-    await store.close()
+    await serve(url, registry(server), settings, 16)
 
 
 if __name__ == "__main__":

@@ -26,17 +26,23 @@ def registry(version: str, spec: dict[str, Any]) -> toren.Registry:
     return reg
 
 
-async def main(url: str, version: str, spec: dict[str, Any]) -> None:
+async def serve(
+    url: str, agents: toren.Registry, settings: toren.Settings, concurrency: int
+) -> None:
+    """Serve ``agents`` on ``url`` until SIGTERM, saying "ready" once started (the worker
+    scripts of the schedule and flow-control fleet tests)."""
     store = await toren.connect(url)
-    deps = toren.TickDeps(
-        store=store, agents=registry(version, spec), settings=toren.Settings(poll_interval=0.1)
-    )
-    worker = toren.LocalWorkerRuntime(deps, concurrency=8)
+    deps = toren.TickDeps(store=store, agents=agents, settings=settings)
+    worker = toren.LocalWorkerRuntime(deps, concurrency=concurrency)
     await worker.start()
     worker.install_signal_handlers()
     print("ready", flush=True)
     await worker.wait_stopped()
     await store.close()
+
+
+async def main(url: str, version: str, spec: dict[str, Any]) -> None:
+    await serve(url, registry(version, spec), toren.Settings(poll_interval=0.1), 8)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -24,7 +23,6 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import toren
-from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.core.flow_worker import registry
 
 ROOT = Path(__file__).parents[2]
@@ -87,16 +85,6 @@ def _wait_or_gone(conn: socket.socket, seconds: float) -> bool:
         return True
 
 
-@pytest.fixture
-def pg() -> Iterator[str]:
-    require_pg()
-    name = clone_pg_database()
-    try:
-        yield pg_url(name)
-    finally:
-        drop_pg_database(name)
-
-
 def _worker(url: str, server: str) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.core.flow_worker", url, server],
@@ -141,7 +129,8 @@ async def _finished(url: str, ids: list[str]) -> int:
         await store.close()
 
 
-def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg: str) -> None:
+def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg_only_url: str) -> None:
+    pg = pg_only_url
     desk = Desk()
     server = serve(desk)
     base = f"http://127.0.0.1:{server.server_address[1]}"

@@ -13,27 +13,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
+from tests.conftest import pg_url
 from toren.store import connect
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def pg() -> Iterator[str]:
-    require_pg()
-    name = clone_pg_database()
-    try:
-        yield pg_url(name)
-    finally:
-        drop_pg_database(name)
 
 
 def _start(url: str, version: str, spec: dict[str, Any]) -> subprocess.Popen[str]:
@@ -124,9 +113,10 @@ def _drop_connections(url: str) -> int:
     return len(rows)
 
 
-def test_three_workers_fire_each_second_once_while_killed(pg: str) -> None:
+def test_three_workers_fire_each_second_once_while_killed(pg_only_url: str) -> None:
     """Every few firings, a random worker is SIGKILLed (and a new one started) or every
     connection to the database is dropped, alternately."""
+    pg = pg_only_url
     _migrate(pg)
     rng = random.Random(os.urandom(8))
     workers = [_start(pg, "v1", EVERY_SECOND) for _ in range(3)]
@@ -154,9 +144,10 @@ def test_three_workers_fire_each_second_once_while_killed(pg: str) -> None:
     assert len(fired) >= 60
 
 
-def test_two_deploys_never_fire_one_time_twice(pg: str) -> None:
+def test_two_deploys_never_fire_one_time_twice(pg_only_url: str) -> None:
     """v1 fires every 2 s; v2, started later with every 3 s, takes the schedule over
     while v1's worker keeps running and firing what the row says."""
+    pg = pg_only_url
     _migrate(pg)
     spec = {"overlap": "allow_all", "catch_up": "all", "catch_up_window": 3600}
     old = _start(pg, "v1", {**spec, "every": 2})

@@ -126,28 +126,25 @@ async def get_schedule(agent: Name, name: Name, state: State) -> dict[str, objec
     return await _shown(state, await _one(state, agent, name), True)
 
 
-async def pause_schedule(
-    agent: Name,
-    name: Name,
-    state: State,
-    body: Annotated[Note | None, Body()] = None,
+async def _set_paused(
+    state: ApiState, agent: str, name: str, paused: bool, body: Note | None
 ) -> dict[str, object]:
     changed = await state.store.schedules.set_paused(
-        schedule_id(agent, name), True, body.note if body else None, now=SystemClock().now()
+        schedule_id(agent, name), paused, body.note if body else None, now=SystemClock().now()
     )
     return await _shown(state, changed, True)
+
+
+async def pause_schedule(
+    agent: Name, name: Name, state: State, body: Annotated[Note | None, Body()] = None
+) -> dict[str, object]:
+    return await _set_paused(state, agent, name, True, body)
 
 
 async def resume_schedule(
-    agent: Name,
-    name: Name,
-    state: State,
-    body: Annotated[Note | None, Body()] = None,
+    agent: Name, name: Name, state: State, body: Annotated[Note | None, Body()] = None
 ) -> dict[str, object]:
-    changed = await state.store.schedules.set_paused(
-        schedule_id(agent, name), False, body.note if body else None, now=SystemClock().now()
-    )
-    return await _shown(state, changed, True)
+    return await _set_paused(state, agent, name, False, body)
 
 
 async def trigger_schedule(agent: Name, name: Name, state: State) -> dict[str, object]:

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from toren.agents.entries import EntryRefused
 from toren.core.model_types import (
@@ -302,7 +302,7 @@ def from_neutral_response(response: ModelResponse, *, provider: str) -> pai.Mode
         ),
         model_name=response.model or None,
         provider_name=provider,
-        finish_reason=_FINISH_FROM_NEUTRAL.get(response.finish_reason),
+        finish_reason=cast(Any, _FINISH_FROM_NEUTRAL.get(response.finish_reason)),
     )
 
 
@@ -314,7 +314,8 @@ class _TorenModel(WrapperModel):
 
     def __init__(self, wrapped: Model, provider: str) -> None:
         super().__init__(wrapped)
-        self._provider = provider
+        # Not ``_provider``: newer pydantic-ai models keep their Provider object there.
+        self._toren_provider = provider
 
     async def request(
         self,
@@ -328,7 +329,7 @@ class _TorenModel(WrapperModel):
         # parameters resolved (output mode, tool schemas customised for the provider).
         settings, params = self.wrapped.prepare_request(model_settings, model_request_parameters)
         request = neutral_request(
-            messages, settings, params, provider=self._provider, model=self.wrapped.model_name
+            messages, settings, params, provider=self._toren_provider, model=self.wrapped.model_name
         )
         token = _model_call.set(_ModelCall(self.wrapped, messages, settings, params))
         try:
@@ -342,7 +343,7 @@ class _TorenModel(WrapperModel):
             raise _http_error(exc, self.wrapped.model_name) from exc
         finally:
             _model_call.reset(token)
-        return from_neutral_response(response, provider=self._provider)
+        return from_neutral_response(response, provider=self._toren_provider)
 
     @asynccontextmanager
     async def request_stream(
@@ -633,9 +634,9 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
         prompt = _prompt(input)
         from pydantic_ai.models import infer_model
 
-        model = infer_model(agent.model)
+        model = infer_model(cast(Any, agent.model))
         toren_model = _TorenModel(model, model.system)
-        toolsets = [_TorenToolset(t) for t in agent.toolsets]
+        toolsets: list[AbstractToolset[Any]] = [_TorenToolset(t) for t in agent.toolsets]
         token = _ctx.set(ctx)
         try:
             with _overridden(agent, toren_model, toolsets):
