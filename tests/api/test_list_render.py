@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 import toren
 from toren.api import create_app, models, render
+from toren.core.clock import ManualClock
 from toren.core.jsontext import dumps
 from toren.redact import Redactor
 from toren.store import Store
@@ -162,8 +163,13 @@ async def test_list_etag_and_304_over_a_real_store(store: Store) -> None:
 
     registry = toren.Registry()
     registry.add("echo", echo)
+    # One millisecond apart at least: run ids order by their creation millisecond.
+    clock = ManualClock()
     for i in range(3):
-        await toren.start_run(store, registry, "echo", {"i": i, "text": "x" * (5000 * i)})
+        await clock.advance(0.01)
+        await toren.start_run(
+            store, registry, "echo", {"i": i, "text": "x" * (5000 * i)}, clock=clock
+        )
     app = create_app(store, registry, tokens=[TOKEN], console=False)
     transport = httpx.ASGITransport(app=app)
     headers = {"Authorization": f"Bearer {TOKEN}"}
@@ -185,7 +191,8 @@ async def test_list_etag_and_304_over_a_real_store(store: Store) -> None:
         other = await http.get("/v1/runs", params={"limit": 3}, headers={"If-None-Match": tag})
         assert other.status_code == 200  # another query, another page
 
-        await toren.start_run(store, registry, "echo", {"i": 3})
+        await clock.advance(0.01)
+        await toren.start_run(store, registry, "echo", {"i": 3}, clock=clock)
         changed = await http.get("/v1/runs", params={"limit": 2}, headers={"If-None-Match": tag})
         assert changed.status_code == 200 and changed.headers["etag"] != tag
         assert changed.json()["runs"][0]["input"] == {"i": 3}

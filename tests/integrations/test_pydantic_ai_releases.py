@@ -64,6 +64,8 @@ def test_the_oldest_supported_release(tmp_path: Path) -> None:
             "no:cacheprovider",
             "-p",
             "no:xdist",
+            "-o",
+            "addopts=",  # the project's addopts ask for xdist, which this venv lacks
             "-k",
             "sqlite or not postgres",
             str(ROOT / "tests/integrations/test_pydantic_ai_digest.py"),

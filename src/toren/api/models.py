@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from toren.agents.config import NAME_PATTERN
 from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
@@ -295,6 +295,15 @@ class RetryRunRequest(BaseModel):
         description="Raise limits.max_cost_usd (a number of USD, more than 0 and at most "
         f"{MAX_RETRY_COST_USD:,}).",
     )
+
+    @field_validator("max_steps", mode="before")
+    @classmethod
+    def _integral(cls, value: object) -> object:
+        # JSON Schema's "integer" includes 428.0 (a number with no fraction): taken as 428.
+        # Strict otherwise: true and "5" stay refused.
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return value
 
 
 def _fork_point(value: str) -> str:

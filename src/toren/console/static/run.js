@@ -472,7 +472,7 @@ function renderRun() {
         blocked.retry_at ? ` · next try ${clock(blocked.retry_at)}` : "",
         blocked.since ? ` · since ${stamp(blocked.since)}` : ""));
   }
-  const queue = run.status === "queued" && run.queue ? run.queue : null;
+  const queue = run.status === STATUS.QUEUED && run.queue ? run.queue : null;
   $("run-queued").hidden = !queue;
   if (queue) $("run-queued").textContent = queue.reason;
   const lease = run.lease && !TERMINAL.has(run.status) ? run.lease : null;

@@ -1,6 +1,6 @@
 // The schedules page: each schedule's timing and policies, next fire times, paused or not
 // (with its note), its last runs with their status, and why a time was last skipped.
-import { $, api, h, pill, showError } from "./app.js";
+import { $, api, h, pill, showError, STATUS } from "./app.js";
 
 const utc = (iso) => (iso ? iso.replace("T", " ").replace("Z", " UTC") : "–");
 
@@ -11,7 +11,7 @@ function when(s) {
 function card(s) {
   const runs = s.recent_runs || [];
   return h("li", { "data-schedule": s.id },
-    h("h2", {}, s.id, " ", h("span", { class: `pill ${s.paused ? "waiting" : "running"}` },
+    h("h2", {}, s.id, " ", h("span", { class: `pill ${s.paused ? STATUS.WAITING : STATUS.RUNNING}` },
       s.paused ? "paused" : "active")),
     s.paused && s.note ? h("p", { class: "hint" }, `Paused: ${s.note}`) : null,
     h("dl", { class: "facts" },
