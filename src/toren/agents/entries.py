@@ -17,7 +17,7 @@ and no run is ever created for it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from toren.core.ports import ModelProvider
 from toren.core.program import AgentFn, ToolDef
@@ -40,7 +40,7 @@ class EntryAdapter(Protocol):
     ``obj`` is of no framework this adapter knows. ``where`` names the entry for messages
     (``"/srv/agents/support/agent.yaml: entry 'app:agent'"``)."""
 
-    def __call__(self, obj: Any, *, where: str) -> AgentFn | None: ...
+    def __call__(self, obj: object, *, where: str) -> AgentFn | None: ...
 
 
 class InstallHint(Protocol):

@@ -73,7 +73,7 @@ def value_words(
     if stored is None or budget <= 0:
         return ""
     try:
-        value: Any = json.loads(stored)
+        value: object = json.loads(stored)
     except ValueError:
         value = stored  # unreadable: its text as it is, redacted the same way
     if summary and isinstance(value, dict):
@@ -88,7 +88,7 @@ def value_words(
     return found[:budget].rsplit(" ", 1)[0]  # never half a word
 
 
-def _collect(value: Any, limit: int) -> tuple[str, bool]:
+def _collect(value: object, limit: int) -> tuple[str, bool]:
     """The strings of ``value`` joined by newlines, at most ``limit`` characters, and
     whether that cut anything off."""
     out: list[str] = []
@@ -102,7 +102,7 @@ def _collect(value: Any, limit: int) -> tuple[str, bool]:
     return "\n".join(out), False
 
 
-def _strings(value: Any) -> Iterator[str]:
+def _strings(value: object) -> Iterator[str]:
     """Keys and scalars of a JSON value, in document order (iterative: any depth)."""
     stack = [value]
     while stack:

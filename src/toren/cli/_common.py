@@ -10,7 +10,7 @@ import shlex
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import click
 from click.core import ParameterSource
@@ -268,11 +268,11 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is at the time (test runners swap it)."""
 
     @property
-    def stream(self) -> Any:
+    def stream(self) -> object:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value: Any) -> None:
+    def stream(self, value: object) -> None:
         pass
 
 
@@ -320,7 +320,7 @@ def counted(n: int, one: str, many: str | None = None) -> str:
     return f"{n} {one if n == 1 else (many or one + 's')}"
 
 
-def run_async(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
+def run_async(factory: Callable[[], Coroutine[object, object, T]]) -> T:
     return asyncio.run(factory())
 
 
@@ -335,7 +335,7 @@ def settings_from(
     drain_window: float | None = None,
 ) -> Settings:
     settings = Settings.from_env()
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     if database_url:
         changes["database_url"] = database_url
     if code_version:
@@ -423,7 +423,7 @@ def _shown_path(path: Path) -> str:
         return str(path)
 
 
-def read_input(value: str | None, message: str | None) -> Any:
+def read_input(value: str | None, message: str | None) -> object:
     """``--input JSON`` or ``--input @file.json``; a positional MESSAGE is a plain string.
     The value is held to the host API's nesting limit (``toren.core.inputs``) here, so both
     backends refuse it alike, before anything is stored."""
@@ -444,7 +444,7 @@ def read_input(value: str | None, message: str | None) -> Any:
         ) from None
 
 
-def parse_payload(value: str | None) -> Any:
+def parse_payload(value: str | None) -> object:
     """A message payload: JSON if it parses, else the text itself (``@file``: JSON read
     from the file). JSON nested past the limit is refused, not taken as text."""
     if value is None:

@@ -49,7 +49,7 @@ from toren.core.values import STATUSES, RunStatus
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 T = TypeVar("T")
 
 # How long an interrupted `toren run` lets a running step finish before giving it back.
@@ -95,7 +95,7 @@ def backend_options(fn: F) -> F:
         fn = option(fn)
 
     @functools.wraps(fn)
-    def remembered(*args: Any, **kwargs: Any) -> Any:
+    def remembered(*args: object, **kwargs: object) -> object:
         remember_command()
         return fn(*args, **kwargs)
 
@@ -337,7 +337,7 @@ async def last_seq(backend: Backend, run_id: str) -> int:
     return max((int(e.get("seq") or 0) for e in recorded), default=0)
 
 
-def _stalled(run_id: str, error: dict[str, Any], reach: str) -> int:
+def _stalled(run_id: str, error: dict[str, object], reach: str) -> int:
     """The run's tick failed for a reason outside the agent (no API key for its model,
     the database): a worker would retry it after its lease runs out, but in the
     foreground that is a silent wait. Say why, and how to go on once it is fixed."""
@@ -465,7 +465,7 @@ async def _run_remote(
     url: str,
     token: str | None,
     name: str,
-    value: Any,
+    value: object,
     process: str,
     key: str | None,
     detach: bool,
@@ -482,7 +482,7 @@ async def _run_remote(
 async def _run_embedded(
     root: Path,
     name: str | None,
-    value: Any,
+    value: object,
     process: str,
     key: str | None,
     detach: bool,
@@ -840,7 +840,7 @@ def send(
     )
 
 
-def check_message(name: str, payload: Any) -> None:
+def check_message(name: str, payload: object) -> None:
     """The HTTP API's rule for a message (its request model), checked before sending to
     either backend: a name the server would refuse is refused locally too, in its words."""
     from pydantic import ValidationError

@@ -99,7 +99,7 @@ class RunView:
 
     # -- items ----------------------------------------------------------------------------
 
-    def handle(self, kind: str, data: Mapping[str, Any] | Run) -> None:
+    def handle(self, kind: str, data: Mapping[str, object] | Run) -> None:
         if isinstance(data, Run):  # "idle" or "end"
             self.status = _status_line(data, self.activity)
         elif kind == "delta":
@@ -113,7 +113,7 @@ class RunView:
 
     def event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
-        p: Mapping[str, Any] = event.get("payload") or {}
+        p: Mapping[str, object] = event.get("payload") or {}
         render = getattr(self, f"_on_{kind}", None)
         if render is not None:
             render(event, p)
@@ -344,7 +344,7 @@ def _clock(ts: Any) -> str:
         return "-"
 
 
-def next_try(retry_at: Any) -> str:
+def next_try(retry_at: object) -> str:
     """When a blocked run is tried again: its time, and once that has passed, by whom
     (only a worker retries it: nothing happens at that time without one)."""
     due = isinstance(retry_at, int | float) and retry_at <= time.time()

@@ -44,15 +44,15 @@ RESPONSE_FIELDS: Mapping[str, tuple[str, ...]] = {
 }
 
 
-def response_body(event_type: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+def response_body(event_type: str, fields: Mapping[str, object]) -> dict[str, object]:
     """The value a response digest covers: the type and the covered fields of a payload."""
-    body: dict[str, Any] = {"type": event_type}
+    body: dict[str, object] = {"type": event_type}
     for name in RESPONSE_FIELDS[event_type]:
         body[name] = fields.get(name)
     return body
 
 
-def response_digest(event_type: str, fields: Mapping[str, Any]) -> str:
+def response_digest(event_type: str, fields: Mapping[str, object]) -> str:
     """The response digest of a payload's fields (a payload's ``__dict__``, or the JSON
     object read back from the log)."""
     h = hashlib.sha256(RESPONSE_PREFIX)
@@ -68,7 +68,7 @@ def with_response_digest(payload: P) -> P:
     return payload
 
 
-def envelope(prev: str | None, event: Event) -> list[Any]:
+def envelope(prev: str | None, event: Event) -> list[object]:
     """The array the chain hashes before the payload (``docs/digest.md`` §7). The one
     float comes last, so the common case is encoded fast (:func:`_envelope_bytes`)."""
     return [

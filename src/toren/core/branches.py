@@ -205,15 +205,15 @@ def _frames(task: asyncio.Task[object]) -> Iterator[FrameType]:
 
 
 def verdict(
-    root: asyncio.Task[Any],
+    root: asyncio.Task[object],
     durable: Callable[[asyncio.Future[Any]], bool],
     known: Branches | None = None,
 ) -> Verdict:
     """Walk the tasks under ``root``. ``known`` holds what the engine was told (parked
     steps, Toren combinators); for any other task the fallback reads asyncio's internals,
     where ``durable(f)`` says whether future ``f`` is a branch's durable wait."""
-    busy: list[asyncio.Future[Any]] = []
-    todo: list[Any] = [root]
+    busy: list[asyncio.Future[object]] = []
+    todo: list[object] = [root]
     seen: set[int] = set()
     joined: set[int] = set()  # branches of a Toren combinator
     inferred = False
@@ -268,7 +268,7 @@ def verdict(
     return Verdict(IDLE, inferred=inferred)
 
 
-def _code(obj: Any) -> Any:
+def _code(obj: object) -> object:
     return getattr(obj, "__code__", None)
 
 

@@ -208,7 +208,7 @@ class HashedRequest:
     __slots__ = ("digest", "messages", "params", "tools")
 
     def __init__(
-        self, digest: str, messages: list[str], tools: list[str], params: dict[str, Any]
+        self, digest: str, messages: list[str], tools: list[str], params: dict[str, object]
     ) -> None:
         self.digest = digest
         self.messages = messages
@@ -244,7 +244,7 @@ class HashCache:
         # The last request's messages seen from the same first message: (the messages, kept
         # alive so their ids stay theirs; their ids; their hashes; how many of the leading
         # ones are immutable Messages or pinned plain dicts; the pin of those dicts).
-        self._prefixes: dict[int, tuple[Sequence[Any], list[int], list[str], int, Pinned]] = {}
+        self._prefixes: dict[int, tuple[Sequence[object], list[int], list[str], int, Pinned]] = {}
         # The last request's tool specs (kept alive), their fields, hashes and pin.
         self._tools: tuple[tuple[object, ...], list[object], list[str], Pinned] | None = None
 

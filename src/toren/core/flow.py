@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 OnConflict = Literal["enqueue", "reject", "cancel_previous"]
 ON_CONFLICT: tuple[str, ...] = get_args(OnConflict)
@@ -32,13 +32,13 @@ class Concurrency:
     key: tuple[str, ...] = ()  # a path into the input; () limits the whole process
     on_conflict: str = "enqueue"
 
-    def key_for(self, agent: str, process: str, input: Any) -> str:
+    def key_for(self, agent: str, process: str, input: object) -> str:
         """The run's key: ``agent/process``, then ``:`` and the JSON of the input's value
         at ``key`` (``<missing>`` when the input has none)."""
         base = f"{agent}/{process}"
         if not self.key:
             return base
-        value: Any = input
+        value: object = input
         for part in self.key:
             if isinstance(value, dict) and part in value:
                 value = value[part]
@@ -74,7 +74,7 @@ class Queued:
             f"({self.holding} running or waiting); position {self.position} in its queue"
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "key": self.key,
             "limit": self.limit,

@@ -66,7 +66,7 @@ def check_depth(value: object, what: str, root: str) -> None:
         raise too_deep(what, root, depth, _path_to_level(value, heights, MAX_JSON_DEPTH + 1))
 
 
-def json_data(value: Any, what: str, root: str) -> Any:
+def json_data(value: object, what: str, root: str) -> Any:
     """``value`` as it will be stored (a plain JSON copy), or :class:`InvalidInput`: too
     deep, not JSON data (another type, NaN or an infinity), or not storable as UTF-8."""
     check_depth(value, what, root)

@@ -58,7 +58,7 @@ class Parker:
 
     async def drive(
         self,
-        task: asyncio.Task[Any],
+        task: asyncio.Task[object],
         *,
         stopped: Callable[[], bool],
         stop: Callable[[str], object],

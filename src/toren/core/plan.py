@@ -62,9 +62,9 @@ class StreamFinding:
     suffix_cost_usd: Decimal
     # What differs between the recorded request at from_pos and the current code's
     # (message 0 changed, tool X's spec changed, parameter temperature 0.2 -> 0.7).
-    changes: tuple[dict[str, Any], ...] = ()
+    changes: tuple[dict[str, object], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "stream": self.stream,
             "from_pos": self.from_pos,
@@ -98,7 +98,7 @@ class RunPlan:
     def clean(self) -> bool:
         return not self.findings and self.problem is None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "run_id": self.run_id,
             "agent": self.agent,
@@ -134,14 +134,14 @@ class PlanRunner:
         self.findings: list[StreamFinding] = []
         # Per finding the recorded step and the request now asked, to say what changed.
         self._compare: list[tuple[int, Step, RequestParts]] = []
-        self._task: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[object] | None = None
 
     @property
     def log(self) -> RunLog:
         return self.journal.log
 
     @property
-    def raised_limits(self) -> Mapping[str, Any]:
+    def raised_limits(self) -> Mapping[str, object]:
         return self.journal.raised_limits
 
     def usage(self) -> RunUsage:
@@ -294,14 +294,14 @@ class PlanRunner:
         return self._replay(replay_model, replay.step) if replay else self._hold()
 
     def tool_step(
-        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
-    ) -> Awaitable[Any]:
+        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, object]
+    ) -> Awaitable[object]:
         asking = partial(body_parts, StepKind.TOOL, {"name": name, "args": args})
         reusable = policy.tool_reusable(ctx.program.tools.get(name))  # as the tick asks
         replay = self._ask(ctx.stream, pos, StepKind.TOOL, digest, asking, reusable)
         return self._replay(replay_tool, replay.step) if replay else self._hold()
 
-    def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
+    def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[object]:
         asking = partial(body_parts, StepKind.VALUE, {"what": what})
         replay = self._ask(ctx.stream, pos, StepKind.VALUE, digest, asking)
         return self._replay(replay_value, replay.step) if replay else self._hold()
@@ -316,7 +316,7 @@ class PlanRunner:
 
     def message_step(
         self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
-    ) -> Awaitable[Any]:
+    ) -> Awaitable[object]:
         asking = partial(body_parts, StepKind.MESSAGE, {"name": name, "timeout": timeout})
         replay = self._ask(ctx.stream, pos, StepKind.MESSAGE, digest, asking)
         if replay is None or not replay.step.complete:
@@ -325,8 +325,8 @@ class PlanRunner:
         return _done(replay_message(replay.step))
 
     def child_step(
-        self, ctx: Context, pos: int, digest: str, process: str, input: Any
-    ) -> Awaitable[Any]:
+        self, ctx: Context, pos: int, digest: str, process: str, input: object
+    ) -> Awaitable[object]:
         asking = partial(body_parts, StepKind.CHILD, {"process": process, "input": input})
         replay = self._ask(ctx.stream, pos, StepKind.CHILD, digest, asking)
         if replay is None:
@@ -335,7 +335,7 @@ class PlanRunner:
             return self._run_child(ctx, pos, process, input)
         return self._replay(replay_child, replay.step)
 
-    async def _run_child(self, ctx: Context, pos: int, process: str, input: Any) -> Any:
+    async def _run_child(self, ctx: Context, pos: int, process: str, input: object) -> object:
         child_stream = f"{ctx.stream}/{pos}"
         program = self.programs.resolve(ctx.agent, process)
         child = Context(self, child_stream, program, input)
@@ -430,7 +430,7 @@ class Shards(Protocol):
     async def plan(
         self,
         runs: Sequence[RunRecord],
-        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, Any]]]],
+        here: Callable[[Sequence[RunRecord]], Awaitable[list[dict[str, object]]]],
     ) -> list[dict[str, Any]]: ...
 
 
@@ -472,7 +472,7 @@ async def plan_report(
     code_version: str | None = None,
     limit: int = PLAN_LIMIT,
     shards: Shards | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The replay plan as one JSON document (``GET /v1/plan``, ``toren plan --json``).
     With ``shards``, the listed runs are planned by it (``toren plan`` shares them out to
     worker processes, see :mod:`toren.cli.plan_pool`), the plans in the listing's order."""

@@ -119,7 +119,7 @@ def _flow(
     configured: Concurrency | None,
     agent: str,
     process: str,
-    input: Any,
+    input: object,
     key: str | None,
     limit: int | None,
 ) -> tuple[str | None, int | None, str]:

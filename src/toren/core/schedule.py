@@ -84,7 +84,7 @@ class ScheduleSpec:
     def __post_init__(self) -> None:
         check_spec(self)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "cron": self.cron,
             "every": self.every,
@@ -399,7 +399,7 @@ class ScheduleState:
             found.append(next_after(self.spec, found[-1]))
         return found[:count]
 
-    def to_dict(self, *, upcoming: int = 5) -> dict[str, Any]:
+    def to_dict(self, *, upcoming: int = 5) -> dict[str, object]:
         """The public JSON shape (HTTP API, ``toren schedules list --json``)."""
         return {
             "id": self.id,

@@ -87,7 +87,7 @@ class LiveSteps:
         return self.state.parker.branches
 
     @property
-    def raised_limits(self) -> Mapping[str, Any]:
+    def raised_limits(self) -> Mapping[str, object]:
         return self.state.journal.raised_limits
 
     def usage(self) -> RunUsage:
@@ -246,8 +246,8 @@ class LiveSteps:
             return call.response
 
     def tool_step(
-        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, Any]
-    ) -> Awaitable[Any]:
+        self, ctx: Context, pos: int, digest: str, name: str, args: dict[str, object]
+    ) -> Awaitable[object]:
         tooldef = ctx.program.tools.get(name)
         reusable = policy.tool_reusable(tooldef)  # the plan asks the same (see policy.py)
         answer = self.state.ask(ctx.stream, pos, StepKind.TOOL, digest, reusable)
@@ -257,7 +257,7 @@ class LiveSteps:
             ctx, pos, answer.generation, digest, name, args, tooldef, answer.reuse
         )
 
-    async def _replay(self, answer: Callable[[Step], Any], step: Step) -> Any:
+    async def _replay(self, answer: Callable[[Step], object], step: Step) -> object:
         self.state.replayed += 1
         return answer(step)
 
@@ -268,10 +268,10 @@ class LiveSteps:
         gen: int,
         digest: str,
         name: str,
-        args: dict[str, Any],
+        args: dict[str, object],
         tooldef: ToolDef | None,
         reuse: Step | None,
-    ) -> Any:
+    ) -> object:
         state = self.state
         async with state.busy():
             payload = await call_tool(
@@ -294,13 +294,13 @@ class LiveSteps:
                 )
             return tool_result(payload, stored[-1].seq)
 
-    def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[Any]:
+    def value_step(self, ctx: Context, pos: int, digest: str, what: str) -> Awaitable[object]:
         answer = self.state.ask(ctx.stream, pos, StepKind.VALUE, digest)
         if isinstance(answer, Replay):
             return self._replay(replay_value, answer.step)
         return self._live_value(ctx, pos, answer.generation, digest, what)
 
-    async def _live_value(self, ctx: Context, pos: int, gen: int, digest: str, what: str) -> Any:
+    async def _live_value(self, ctx: Context, pos: int, gen: int, digest: str, what: str) -> object:
         state = self.state
         async with state.busy():
             payload = make_value(what, state.clock.now, state.deps.random, state.deps.uuid)
@@ -326,7 +326,7 @@ class LiveSteps:
 
     def message_step(
         self, ctx: Context, pos: int, digest: str, name: str, timeout: float | None
-    ) -> Awaitable[Any]:
+    ) -> Awaitable[object]:
         answer = self.state.ask(ctx.stream, pos, StepKind.MESSAGE, digest)
         if isinstance(answer, Replay):
             step = answer.step
@@ -341,8 +341,8 @@ class LiveSteps:
         return self.waits.start_message_wait(ctx, pos, answer.generation, digest, name, timeout)
 
     def child_step(
-        self, ctx: Context, pos: int, digest: str, process: str, input: Any
-    ) -> Awaitable[Any]:
+        self, ctx: Context, pos: int, digest: str, process: str, input: object
+    ) -> Awaitable[object]:
         answer = self.state.ask(ctx.stream, pos, StepKind.CHILD, digest)
         if isinstance(answer, Replay):
             step = answer.step
@@ -366,10 +366,10 @@ class LiveSteps:
         gen: int,
         digest: str,
         process: str,
-        input: Any,
+        input: object,
         live: bool,
         continues: str | None = None,
-    ) -> Any:
+    ) -> object:
         child_stream = f"{ctx.stream}/{pos}"
         program = self.state.deps.agents.resolve(ctx.agent, process)
         if live:
@@ -410,5 +410,5 @@ async def _done(value: Any) -> Any:
     return value
 
 
-async def _fail(exc: BaseException) -> Any:
+async def _fail(exc: BaseException) -> object:
     raise exc

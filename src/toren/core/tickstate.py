@@ -205,7 +205,7 @@ class TickState:
         self.replayed = self.executed = self.invalidations = 0
         self.releasing = False  # giving the run back: the lease is let go on purpose
         self._abort: Abort | None = None
-        self._task: asyncio.Task[Any] | None = None
+        self._task: asyncio.Task[object] | None = None
         self._replaying = False
 
     @property
@@ -223,7 +223,7 @@ class TickState:
 
     # -- the agent task -------------------------------------------------------------------
 
-    def attach(self, task: asyncio.Task[Any]) -> None:
+    def attach(self, task: asyncio.Task[object]) -> None:
         """The agent task, cancelled by :meth:`stop`. The task (its frames hold the root
         context, which holds the steps, which hold this state) points back here: that is
         a reference cycle while the tick runs, broken by :meth:`detach` when it ends, so
@@ -325,7 +325,7 @@ class TickState:
         self.publish_events(stored)
         return stored
 
-    def publish(self, item: dict[str, Any]) -> None:
+    def publish(self, item: dict[str, object]) -> None:
         if self.deps.live is not None:
             self.deps.live(self.run_id, item)
 

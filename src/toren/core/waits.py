@@ -10,7 +10,6 @@ live part here; both are given the run's state, and neither is kept by it.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from toren.core.context import Context
 from toren.core.effects import message_timer, sleep_timer
@@ -57,7 +56,7 @@ class DurableWaits:
 
     async def start_message_wait(
         self, ctx: Context, pos: int, gen: int, digest: str, name: str, timeout: float | None
-    ) -> Any:
+    ) -> object:
         deadline = None
         if timeout is not None:
             async with self.state.busy():
@@ -68,7 +67,7 @@ class DurableWaits:
 
     async def await_message(
         self, ctx: Context, pos: int, gen: int, digest: str, name: str, deadline: float | None
-    ) -> Any:
+    ) -> object:
         async with self.state.busy():
             while True:
                 # One taker at a time: two waits on one name must not both take a message.

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
 
 from toren.core.audit import chain
 from toren.core.clock import Clock, monotonic_of
@@ -56,7 +55,7 @@ class Writer:
         self.clock = clock
         self.monotonic = monotonic_of(clock)
         self.lock = asyncio.Lock()
-        self.barrier: asyncio.Task[Any] | None = None
+        self.barrier: asyncio.Task[object] | None = None
         # Pending totals as one list of ints (input, output, cost nano-USD, saved
         # nano-USD, steps, invalidations), added to in place: a Totals per step would
         # cost more than the rest of the bookkeeping of the step (see bench/RESULTS.md).

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
 
 from toren.core.program import AgentFn
 
@@ -39,7 +38,7 @@ class FrameworkAdapter:
     extra: str
     kind: str
 
-    def owns(self, obj: Any) -> bool:
+    def owns(self, obj: object) -> bool:
         """Whether ``obj`` is an instance of a class from this framework (any class of its
         MRO defined under ``package``): decided from module names, so an object of another
         framework never imports this one."""
@@ -47,7 +46,7 @@ class FrameworkAdapter:
             (cls.__module__ or "").partition(".")[0] == self.package for cls in type(obj).__mro__
         )
 
-    def adapt(self, obj: Any, *, where: str) -> AgentFn | None:
+    def adapt(self, obj: object, *, where: str) -> AgentFn | None:
         integration = importlib.import_module(self.module)
         return integration.adapt(obj, where=where)  # type: ignore[no-any-return]
 
@@ -59,7 +58,7 @@ class FrameworkAdapters:
 
     adapters: tuple[FrameworkAdapter, ...]
 
-    def __call__(self, obj: Any, *, where: str) -> AgentFn | None:
+    def __call__(self, obj: object, *, where: str) -> AgentFn | None:
         for adapter in self.adapters:
             if adapter.owns(obj):
                 return adapter.adapt(obj, where=where)

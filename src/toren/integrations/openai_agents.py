@@ -104,10 +104,10 @@ _ctx: ContextVar[Context | None] = ContextVar("toren_openai_agents_ctx", default
 
 def neutral_request(
     system_instructions: str | None,
-    input: str | Sequence[Any],
-    model_settings: Any,
-    tools: Sequence[Any],
-    output_schema: Any,
+    input: str | Sequence[object],
+    model_settings: object,
+    tools: Sequence[object],
+    output_schema: object,
     handoffs: Sequence[Any],
     *,
     provider: str,
@@ -146,7 +146,7 @@ def neutral_request(
     )
 
 
-def _as_dict(item: Any) -> dict[str, Any]:
+def _as_dict(item: object) -> dict[str, object]:
     if isinstance(item, Mapping):
         return dict(item)
     if isinstance(item, BaseModel):
@@ -204,7 +204,7 @@ def _text(content: Any) -> str:
     return "".join(parts)
 
 
-def _tool_spec(tool: Any) -> ToolSpec:
+def _tool_spec(tool: object) -> ToolSpec:
     if not isinstance(tool, FunctionTool):
         raise _unsupported(f"a {type(tool).__name__} (a hosted tool)", "function tools")
     return ToolSpec(tool.name, tool.description or "", dict(tool.params_json_schema))
@@ -232,7 +232,7 @@ def _params(settings: Any, output_schema: Any) -> dict[str, Any]:
     return out
 
 
-def _set(value: Any) -> Any:
+def _set(value: object) -> object:
     """``value`` without its unset (``None``) members, at every depth: an SDK release that
     adds an optional field (``Reasoning.mode``) sends the same request, so it must keep
     the same digest."""
@@ -253,7 +253,7 @@ def _unsupported(found: str, expected: str) -> AgentConfigError:
 # -- responses both ways ------------------------------------------------------------------
 
 
-def _from_output(output: Sequence[Any], usage: Usage, model: str) -> ModelResponse:
+def _from_output(output: Sequence[object], usage: Usage, model: str) -> ModelResponse:
     text: list[str] = []
     calls: list[ToolCall] = []
     for item in output:
@@ -359,7 +359,7 @@ class TorenModel(Model):
             )
         self.provider, self.model = provider, model
 
-    async def get_response(self, *args: Any, **kwargs: Any) -> SdkResponse:
+    async def get_response(self, *args: object, **kwargs: object) -> SdkResponse:
         raise AgentConfigError(
             f"TorenModel('{self.provider}:{self.model}') answers only inside a Toren run; "
             "expected the agent to run through its agent.yaml entry"
@@ -391,7 +391,7 @@ class _TorenModel(Model):
         *,
         previous_response_id: str | None = None,
         conversation_id: str | None = None,
-        prompt: Any = None,
+        prompt: object = None,
     ) -> SdkResponse:
         if previous_response_id or conversation_id:
             raise _unsupported(
@@ -501,7 +501,7 @@ def _providers() -> dict[str, _Provider]:
 
 # -- tools, handoffs and guardrails: each a tool step -----------------------------------------
 
-_pending_tool: ContextVar[Callable[[], Awaitable[Any]] | None] = ContextVar(
+_pending_tool: ContextVar[Callable[[], Awaitable[object]] | None] = ContextVar(
     "toren_oa_tool", default=None
 )
 
@@ -525,7 +525,7 @@ async def _step(name: str, args: Mapping[str, Any], run: Callable[[], Awaitable[
         _pending_tool.reset(token)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -547,7 +547,7 @@ def tool_options(tool: FunctionTool, *, side_effects: bool = True, reexecute: bo
     return tool
 
 
-def _wrap_tool(tool: Any, declared: dict[str, ToolDef]) -> Any:
+def _wrap_tool(tool: object, declared: dict[str, ToolDef]) -> object:
     if not isinstance(tool, FunctionTool):
         raise EntryRefused(
             f"an agent with a {type(tool).__name__} (a hosted tool, run by OpenAI outside "
@@ -565,7 +565,7 @@ def _wrap_tool(tool: Any, declared: dict[str, ToolDef]) -> Any:
     )
 
     async def invoke(context: Any, arguments: str) -> Any:
-        async def run() -> Any:
+        async def run() -> object:
             return _jsonable(await original(context, arguments))
 
         return await _step(tool.name, _arguments({"arguments": arguments}), run)
@@ -580,7 +580,7 @@ class _Graph:
     def __init__(self, provider: Any) -> None:
         self.provider = provider
         self.clones: dict[int, Any] = {}
-        self.by_name: dict[str, Any] = {}
+        self.by_name: dict[str, object] = {}
         self.tools: dict[str, ToolDef] = {}
 
     def wrap(self, agent: Any) -> Any:
@@ -608,10 +608,10 @@ class _Graph:
         original = target.on_invoke_handoff
         name = target.tool_name
 
-        async def invoke(context: Any, arguments: str) -> Any:
-            live: list[Any] = []
+        async def invoke(context: object, arguments: str) -> object:
+            live: list[object] = []
 
-            async def run() -> Any:
+            async def run() -> object:
                 agent = await original(context, arguments)
                 live.append(agent)
                 return {"agent": agent.name}
@@ -631,8 +631,8 @@ def _wrap_guardrail(guardrail: Any, kind: str) -> Any:
     function = guardrail.guardrail_function
     name = f"guardrail:{guardrail.get_name()}"
 
-    async def checked(context: Any, agent: Any, value: Any) -> GuardrailFunctionOutput:
-        async def run() -> Any:
+    async def checked(context: object, agent: object, value: object) -> GuardrailFunctionOutput:
+        async def run() -> object:
             result = function(context, agent, value)
             if hasattr(result, "__await__"):
                 result = await result
@@ -706,7 +706,7 @@ def _check_steps(ctx: Context, what: str) -> None:
         )
 
 
-def _prompt(input: Any) -> str:
+def _prompt(input: object) -> str:
     if isinstance(input, str):
         return input
     if isinstance(input, Mapping) and isinstance(input.get("prompt"), str):
@@ -718,7 +718,7 @@ def _prompt(input: Any) -> str:
     )
 
 
-def _approved(answer: Any) -> tuple[bool, str | None]:
+def _approved(answer: object) -> tuple[bool, str | None]:
     if isinstance(answer, Mapping):
         message = answer.get("message")
         return bool(answer.get("approved", False)), str(message) if message else None
@@ -738,7 +738,7 @@ def _check(agent: Any, seen: set[int], declared: dict[str, ToolDef]) -> None:
             _check(target, seen, declared)
 
 
-def adapt(obj: Any, *, where: str) -> AgentFn | None:
+def adapt(obj: object, *, where: str) -> AgentFn | None:
     """The agent function for an ``agents.Agent`` (``None`` for any other object of the
     SDK). Raises :class:`~toren.agents.entries.EntryRefused` for an agent Toren cannot run."""
     if not isinstance(obj, Agent):
@@ -747,7 +747,7 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
     declared: dict[str, ToolDef] = {}
     _check(start, set(), declared)
 
-    async def run(ctx: Context, input: Any) -> Any:
+    async def run(ctx: Context, input: object) -> object:
         prompt = _prompt(input)
         graph = _Graph(MultiProvider())
         agent = graph.wrap(start)

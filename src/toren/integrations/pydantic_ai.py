@@ -103,10 +103,10 @@ class _ModelCall:
 
 @dataclass(frozen=True)
 class _ToolCall:
-    toolset: AbstractToolset[Any]
+    toolset: AbstractToolset[object]
     name: str
-    args: dict[str, Any]
-    run_context: RunContext[Any]
+    args: dict[str, object]
+    run_context: RunContext[object]
     tool: Any
 
 
@@ -119,7 +119,7 @@ _tool_call: ContextVar[_ToolCall | None] = ContextVar("toren_pydantic_ai_tool", 
 
 def neutral_request(
     messages: Sequence[pai.ModelMessage],
-    settings: Mapping[str, Any] | None,
+    settings: Mapping[str, object] | None,
     params: ModelRequestParameters,
     *,
     provider: str,
@@ -142,7 +142,7 @@ def neutral_request(
     Raises :class:`~toren.errors.AgentConfigError` for a part it cannot represent
     (images, files, native tools): the run fails with that message, never silently.
     """
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     instructions = _instructions(messages)
     if instructions:
         out.append({"role": "system", "content": instructions})
@@ -213,14 +213,14 @@ def _user_content(content: Any) -> str:
     raise _unsupported(f"a user prompt with {', '.join(kinds)}", "a text prompt")
 
 
-def _assistant(message: pai.ModelResponse) -> dict[str, Any]:
+def _assistant(message: pai.ModelResponse) -> dict[str, object]:
     text = "".join(p.content for p in message.parts if isinstance(p, pai.TextPart))
     calls = [
         {"id": p.tool_call_id, "name": p.tool_name, "arguments": p.args_as_dict()}
         for p in message.parts
         if isinstance(p, pai.ToolCallPart)
     ]
-    out: dict[str, Any] = {"role": "assistant", "content": text}
+    out: dict[str, object] = {"role": "assistant", "content": text}
     if calls:
         out["tool_calls"] = calls
     return out
@@ -234,7 +234,9 @@ def _tool_spec(tool: Any) -> ToolSpec:
     )
 
 
-def _params(settings: Mapping[str, Any] | None, params: ModelRequestParameters) -> dict[str, Any]:
+def _params(
+    settings: Mapping[str, object] | None, params: ModelRequestParameters
+) -> dict[str, object]:
     out = {
         k: to_jsonable_python(v)
         for k, v in (settings or {}).items()
@@ -351,7 +353,7 @@ class _TorenModel(WrapperModel):
         messages: list[pai.ModelMessage],
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
-        run_context: RunContext[Any] | None = None,
+        run_context: RunContext[object] | None = None,
     ) -> AsyncIterator[StreamedResponse]:
         # ``run_stream`` and event handlers: the step is one whole request (its text
         # deltas reach the run's SSE stream from the provider below), given to
@@ -415,7 +417,7 @@ async def _streamed(call: _ModelCall, on_delta: DeltaCallback | None) -> pai.Mod
         return streamed.get()
 
 
-def _delta_text(event: Any) -> str:
+def _delta_text(event: object) -> str:
     if isinstance(event, pai.PartStartEvent) and isinstance(event.part, pai.TextPart):
         return str(event.part.content)
     if isinstance(event, pai.PartDeltaEvent) and isinstance(event.delta, pai.TextPartDelta):
@@ -452,8 +454,8 @@ class _TorenToolset(WrapperToolset[Any]):
     """A toolset of the agent, its calls made tool steps of the current Toren run."""
 
     async def call_tool(
-        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any
-    ) -> Any:
+        self, name: str, tool_args: dict[str, object], ctx: RunContext[object], tool: object
+    ) -> object:
         toren_ctx = _current()
         _check_steps(toren_ctx, f"call of the tool {name!r}")
         token = _tool_call.set(_ToolCall(self.wrapped, name, tool_args, ctx, tool))
@@ -465,7 +467,7 @@ class _TorenToolset(WrapperToolset[Any]):
             raise _control(result[_RAISED], result.get("args") or {})
         return result
 
-    def visit_and_replace(self, visitor: Any) -> AbstractToolset[Any]:
+    def visit_and_replace(self, visitor: object) -> AbstractToolset[object]:
         return self  # already wrapped: pydantic-ai's own wrappers must not unwrap it
 
 
@@ -480,7 +482,7 @@ def _control(kind: str, args: Mapping[str, Any]) -> Exception:
     return error
 
 
-async def _run_tool(**_: Any) -> Any:
+async def _run_tool(**_: object) -> object:
     """The function of every pydantic-ai tool step: the call pydantic-ai is making now
     (this task's ``_tool_call``), run by the toolset that owns it."""
     call = _tool_call.get()
@@ -497,7 +499,7 @@ async def _run_tool(**_: Any) -> Any:
     return to_jsonable_python(result)
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     return None if value is None else to_jsonable_python(value)
 
 
@@ -526,7 +528,7 @@ class _Tools(Mapping[str, ToolDef]):
         return len(self._known)
 
 
-def _declared_tools(agent: pydantic_ai.Agent[Any, Any]) -> dict[str, ToolDef]:
+def _declared_tools(agent: pydantic_ai.Agent[object, object]) -> dict[str, ToolDef]:
     out: dict[str, ToolDef] = {}
     for toolset in agent.toolsets:
         for name, tool in (getattr(toolset, "tools", None) or {}).items():
@@ -574,7 +576,7 @@ def _check_steps(ctx: Context, what: str) -> None:
         )
 
 
-def _prompt(input: Any) -> str:
+def _prompt(input: object) -> str:
     if isinstance(input, str):
         return input
     if isinstance(input, Mapping) and isinstance(input.get("prompt"), str):
@@ -600,7 +602,7 @@ async def _answers(ctx: Context, requests: DeferredToolRequests) -> DeferredTool
     return results
 
 
-def _approval(answer: Any) -> bool | ToolDenied:
+def _approval(answer: object) -> bool | ToolDenied:
     if isinstance(answer, Mapping):
         if answer.get("approved", False):
             return True
@@ -609,7 +611,7 @@ def _approval(answer: Any) -> bool | ToolDenied:
     return bool(answer)
 
 
-def adapt(obj: Any, *, where: str) -> AgentFn | None:
+def adapt(obj: object, *, where: str) -> AgentFn | None:
     """The agent function for a ``pydantic_ai.Agent`` (``None`` for any other object of
     pydantic-ai). Raises :class:`~toren.agents.entries.EntryRefused` for an agent Toren
     cannot run: one without a model, or one already wrapped for another durable engine."""
@@ -627,10 +629,10 @@ def adapt(obj: Any, *, where: str) -> AgentFn | None:
             "Agent(model=...) with its model set, e.g. Agent(OpenAIChatModel(...)) or "
             "Agent('openai:gpt-4o-mini')",
         )
-    agent: pydantic_ai.Agent[Any, Any] = obj
+    agent: pydantic_ai.Agent[object, object] = obj
     tools = _Tools(_declared_tools(agent))
 
-    async def run(ctx: Context, input: Any) -> Any:
+    async def run(ctx: Context, input: object) -> object:
         prompt = _prompt(input)
         from pydantic_ai.models import infer_model
 

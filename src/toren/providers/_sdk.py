@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar
+from typing import ClassVar, Generic, Protocol, Self, TypeVar
 
 from toren.providers._retry import Attempt, Rand, Retrying, SdkErrors, Sleep
 from toren.providers.base import DeltaCallback, ModelRequest, ModelResponse, RetryPolicy
@@ -61,15 +61,15 @@ class SdkProvider(Generic[ClientT]):
         """A new client from the key, the URL and the environment (or a clear error)."""
         raise NotImplementedError
 
-    def _wire(self, request: ModelRequest) -> dict[str, Any]:
+    def _wire(self, request: ModelRequest) -> dict[str, object]:
         """The SDK call's keyword arguments for ``request``."""
         raise NotImplementedError
 
-    async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
+    async def _create(self, kwargs: Mapping[str, object], attempt: Attempt) -> ModelResponse:
         raise NotImplementedError
 
     async def _stream(
-        self, kwargs: Mapping[str, Any], on_delta: DeltaCallback, attempt: Attempt
+        self, kwargs: Mapping[str, object], on_delta: DeltaCallback, attempt: Attempt
     ) -> ModelResponse:
         raise NotImplementedError
 

@@ -219,7 +219,7 @@ class OpenAIProvider(SdkProvider[openai.AsyncOpenAI]):
     ) -> openai.AsyncOpenAI:
         return _client(api_key, base_url, timeout)
 
-    def _wire(self, request: ModelRequest) -> dict[str, Any]:
+    def _wire(self, request: ModelRequest) -> dict[str, object]:
         return wire_request(request)
 
     async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:

@@ -62,9 +62,9 @@ __all__ = ["OpenAIResponsesProvider", "parse_response", "wire_input", "wire_requ
 # --- wire format: Toren -> Responses -------------------------------------------------
 
 
-def wire_input(messages: Sequence[MessageLike]) -> list[dict[str, Any]]:
+def wire_input(messages: Sequence[MessageLike]) -> list[dict[str, object]]:
     """Toren's messages as Responses ``input`` items (one message may give several)."""
-    items: list[dict[str, Any]] = []
+    items: list[dict[str, object]] = []
     for message in messages:
         role = require(message, "role")
         if role == "assistant":
@@ -82,8 +82,8 @@ def wire_input(messages: Sequence[MessageLike]) -> list[dict[str, Any]]:
     return items
 
 
-def _wire_assistant(message: MessageLike) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = []
+def _wire_assistant(message: MessageLike) -> list[dict[str, object]]:
+    items: list[dict[str, object]] = []
     text = message.get("content")
     if text:
         items.append({"role": "assistant", "content": content_text(text)})
@@ -100,7 +100,7 @@ def _wire_assistant(message: MessageLike) -> list[dict[str, Any]]:
     return items
 
 
-def wire_tool(tool: ToolSpec) -> dict[str, Any]:
+def wire_tool(tool: ToolSpec) -> dict[str, object]:
     # strict: false, because a ToolSpec's schema is not necessarily one strict mode
     # accepts (every property required, no additionalProperties).
     return {
@@ -112,8 +112,8 @@ def wire_tool(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def wire_request(request: ModelRequest) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"model": request.model, "input": wire_input(request.messages)}
+def wire_request(request: ModelRequest) -> dict[str, object]:
+    kwargs: dict[str, object] = {"model": request.model, "input": wire_input(request.messages)}
     if request.tools:
         kwargs["tools"] = [wire_tool(t) for t in request.tools]
     params = sampling_params(request)

@@ -175,7 +175,7 @@ _CALL_KEYS = ("id", "name", "arguments")
 _SCALAR = (str, int, float)
 
 
-def load_script(path: str | Path) -> dict[str, Any]:
+def load_script(path: str | Path) -> dict[str, object]:
     """Read and check a script file. Agent loading calls it, so a broken script is an
     :class:`AgentConfigError` (file, line, key, what was found, the shape expected) before
     any run exists, not a failed run."""

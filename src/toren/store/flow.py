@@ -33,7 +33,7 @@ HOLDING = "concurrency_key = ? AND status IN ('running', 'waiting')"
 
 
 class Host(Protocol):
-    def _x(self, cur: Cursor, sql: str, params: Sequence[Any] = ()) -> Cursor: ...
+    def _x(self, cur: Cursor, sql: str, params: Sequence[object] = ()) -> Cursor: ...
 
 
 def claim_keyed(

@@ -332,7 +332,7 @@ class _Append:
         self.delta, self.now, self.future = delta, now, future
 
 
-def _append_many_params(batch: Sequence[_Append]) -> list[Any]:
+def _append_many_params(batch: Sequence[_Append]) -> list[object]:
     runs: list[list[object]] = [[] for _ in range(13)]
     blob_cols: list[list[object]] = [[], [], [], []]
     event_cols: list[list[object]] = [[] for _ in range(13)]
