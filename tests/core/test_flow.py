@@ -164,3 +164,33 @@ async def test_a_deploy_changes_or_removes_the_limit_of_queued_runs(store: Store
         toren.TickDeps(store=store, agents=v3, settings=settings())
     ):
         await _settle(store, ids, ["waiting"] * 5)
+
+
+async def test_keys_at_their_limit_do_not_starve_the_others(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More full keys than one claim looks at: a key with room further on still starts."""
+    from toren.store import flow
+
+    monkeypatch.setattr(flow, "KEYS", 2)
+    reg = registry(Concurrency(limit=1, key=("customer",)))
+    full = []
+    for c in ("a", "b", "c"):  # each: one holder (waiting), one queued behind it
+        full.append((await toren.start_run(store, reg, "ticket", {"customer": c})).id)
+    deps = toren.TickDeps(store=store, agents=reg, settings=settings())
+    async with toren.LocalWorkerRuntime(deps, concurrency=50):
+        await _settle(store, full, ["waiting"] * 3)
+        behind = [(await toren.start_run(store, reg, "ticket", {"customer": c})).id for c in "abc"]
+        late = (await toren.start_run(store, reg, "ticket", {"customer": "z"})).id
+        await _settle(store, [*behind, late], ["queued"] * 3 + ["waiting"])
+
+
+async def test_cancelling_a_queued_run_of_a_full_key_ends_it(store: Store) -> None:
+    reg = registry(Concurrency(limit=1))
+    holder = (await toren.start_run(store, reg, "ticket", {})).id
+    queued = (await toren.start_run(store, reg, "ticket", {})).id
+    deps = toren.TickDeps(store=store, agents=reg, settings=settings())
+    async with toren.LocalWorkerRuntime(deps, concurrency=50):
+        await _settle(store, [holder, queued], ["waiting", "queued"])
+        await store.request_cancel(queued, now=0.0)
+        await _settle(store, [holder, queued], ["waiting", "cancelled"])

@@ -11,7 +11,7 @@ import pytest
 from toren.core.clock import ManualClock
 from toren.core.schedule import ScheduleDef, ScheduleSpec, firing_key
 from toren.core.scheduler import Scheduler
-from toren.errors import ScheduleNotFound
+from toren.errors import InvalidInput, ScheduleNotFound
 from toren.store import Store
 
 T0 = 1_780_308_000.0  # 2026-06-01T10:00:00Z, a whole hour
@@ -104,6 +104,9 @@ async def test_pause_resume_trigger_backfill_delete(store: Store) -> None:
     assert triggered.idempotency_key is not None and ":trigger:" in triggered.idempotency_key
     # Backfill an hour earlier: 60 times; again: nothing new. It does not re-run 10:10,
     # which fired on time.
+    await clock.advance(1)  # a backfill's range lies in the past
+    with pytest.raises(InvalidInput, match="not in the future"):
+        await scheduler.backfill("tick/beat", T0, T0 + 3600)
     made, before = await scheduler.backfill("tick/beat", T0 - 3000, T0 + 601)
     assert (made, before) == (60, 1)
     assert await scheduler.backfill("tick/beat", T0 - 3000, T0 + 601) == (0, 61)
@@ -219,3 +222,23 @@ async def test_overlap_allow_all_starts_beside_the_running_run(store: Store) -> 
         assert await scheduler.look() == 1
     runs = await _runs(store)
     assert [status for status, _ in runs] == ["queued"] * 3  # three at once, none cancelled
+
+
+async def test_a_deleted_schedule_can_be_made_again(store: Store) -> None:
+    await store.schedules.create(beat(), now=T0)
+    await store.schedules.delete("tick/beat", now=T0)
+    again = await store.schedules.create(beat(ScheduleSpec(every=120)), now=T0 + 1)
+    assert not again.removed and again.spec.every == 120
+
+
+async def test_a_very_long_outage_fires_the_latest_time_only(store: Store) -> None:
+    """More missed times than one look reads (a minutely schedule down for a day): no
+    stale time fires on the way; the latest fires once."""
+    clock = ManualClock(T0 - 1)
+    spec = ScheduleSpec(cron="* * * * *", catch_up_window=2 * 86_400)
+    await store.schedules.create(ScheduleDef("tick", "beat", spec), now=clock.now())
+    await clock.advance(86_400 + 1)
+    scheduler = Scheduler(store.schedules, clock)
+    for _ in range(3):
+        await scheduler.look()
+    assert [at for _, at in await _runs(store)] == [T0 + 86_400]

@@ -317,6 +317,11 @@ def decide(
             decision.skips.append(Skip(t, "older than the catch-up window"))
         else:
             timely.append(t)
+    if len(ready) >= MAX_DUE and spec.catch_up == "latest":
+        # More missed times than one look reads: the latest is further on. These are all
+        # skipped; a later look (at once) reaches the latest and fires it alone.
+        decision.skips += [Skip(t, "missed; catch-up fires only the latest") for t in timely]
+        timely = []
     if len(timely) > 1 and spec.catch_up == "latest":
         for t in timely[:-1]:
             decision.skips.append(Skip(t, "missed; catch-up fires only the latest"))

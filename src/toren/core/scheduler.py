@@ -184,12 +184,18 @@ class Scheduler:
         its timely firing would have had: a time that already ran is not run again, and
         the same backfill twice starts nothing the second time. (started, already ran)."""
         schedule = await self._get(sid)
+        now = self.clock.now()
+        if end > now:
+            raise InvalidInput(
+                f"a backfill needs its end after its start and not in the future (now "
+                f"{nominal_text(now)}); found the end {nominal_text(end)}: times still to "
+                "come fire on the schedule's timeline"
+            )
         if not end > start:
             raise InvalidInput(
                 f"a backfill needs its end after its start; found {nominal_text(start)} .. "
                 f"{nominal_text(end)}"
             )
-        now = self.clock.now()
         wanted = []
         for t in backfill_times(schedule.spec, start, end):
             wanted.append(scheduled_run(schedule, t, now))

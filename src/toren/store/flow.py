@@ -21,7 +21,8 @@ from toren.core.values import RunStatus
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; sql imports this module)
 
 # What the claim of unkeyed runs adds: a queued run of a key goes through claim_keyed.
-UNKEYED = "AND (concurrency_key IS NULL OR status <> 'queued') "
+# A queued run asked to cancel is claimed at once too (its tick ends it before any step).
+UNKEYED = "AND (concurrency_key IS NULL OR status <> 'queued' OR cancel_requested <> 0) "
 # Keys with a queued run that could start now (at most KEYS per claim).
 KEYS = 64
 _READY = (
@@ -54,7 +55,12 @@ def claim_keyed(
         row[0]
         for row in x(
             cur,
-            f"SELECT DISTINCT concurrency_key FROM runs WHERE {_READY} {only_sql}LIMIT ?",
+            # Only keys with room (a key at its limit would take a place among the KEYS
+            # looked at and starve the others), in one order for every worker.
+            f"SELECT DISTINCT concurrency_key FROM runs r WHERE {_READY} {only_sql}"
+            "AND (SELECT COUNT(id) FROM runs h WHERE h.concurrency_key = r.concurrency_key "
+            "AND h.status IN ('running', 'waiting')) < COALESCE(r.concurrency_limit, 1) "
+            "ORDER BY concurrency_key LIMIT ?",
             (now, now, *only_params, KEYS),
         ).fetchall()
     ]

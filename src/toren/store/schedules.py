@@ -92,12 +92,13 @@ class SqlSchedules:
         row = self._x(cur, f"SELECT {COLUMNS} FROM {FROM} WHERE s.id = ?", (sid,)).fetchone()
         return _state(row) if row is not None else None
 
-    def _taken(self, cur: Cursor, run: NewRun) -> bool:
-        """A run already holds this key (a backfill or an earlier firing started it)."""
+    def _taken(self, cur: Cursor, run: NewRun) -> str | None:
+        """The run that already holds this key (a backfill or an earlier firing started
+        it), if any."""
         row = self._x(
             cur, "SELECT id FROM runs WHERE idempotency_key = ?", (run.idempotency_key,)
         ).fetchone()
-        return row is not None
+        return None if row is None else str(row[0])
 
     async def get(self, sid: str) -> ScheduleState | None:
         return await self._store._run(lambda cur: self._get(cur, sid), write=False)
@@ -159,7 +160,9 @@ class SqlSchedules:
     def _apply_one(self, cur: Cursor, firing: Firing, now: float) -> bool:
         s, d = firing.schedule, firing.decision
         last_skip = d.skips[-1] if d.skips else None
-        last_run = firing.runs[-1].id if firing.runs else None
+        # The run each time has: the one inserted here, or the one already holding its key.
+        holders = [self._taken(cur, run) or run.id for run in firing.runs]
+        last_run = holders[-1] if holders else None
         done = self._x(
             cur,
             "UPDATE schedules SET next_fire_at = ?, buffered_at = ?, "
@@ -189,8 +192,8 @@ class SqlSchedules:
         ).rowcount
         if done != 1:
             return False
-        for run in firing.runs:
-            if not self._taken(cur, run):
+        for run, holder in zip(firing.runs, holders, strict=True):
+            if holder == run.id:
                 self._store._insert_new_run(cur, run)
         if d.cancel is not None:
             self._store._cancel_in(cur, d.cancel, now=now)
@@ -217,7 +220,11 @@ class SqlSchedules:
 
     async def create(self, definition: ScheduleDef, *, now: float) -> ScheduleState:
         def tx(cur: Cursor) -> ScheduleState:
-            if self._get(cur, definition.id) is not None:
+            old = self._get(cur, definition.id)
+            if old is not None and old.removed:
+                # A deleted schedule's name is free again (its runs keep their origin).
+                self._x(cur, "DELETE FROM schedules WHERE id = ? AND removed = 1", (old.id,))
+            elif old is not None:
                 raise InvalidInput(
                     f"a schedule {definition.id!r} already exists; delete it first, or "
                     "choose another name"

@@ -379,6 +379,14 @@ class SqlStore:
     def _insert_new_run(self, cur: Cursor, run: NewRun) -> None:
         """A new run's row and its ``RunStarted`` (no idempotency check: the caller's)."""
         if run.concurrency_key is not None and run.on_conflict != "enqueue":
+            if self.dialect == "postgres":
+                # Two starts of one key at once check one after the other (the claim of
+                # the key's runs takes the same lock; SQLite has one writer anyway).
+                self._x(
+                    cur,
+                    "SELECT pg_advisory_xact_lock(hashtextextended(?, 7031))",
+                    (run.concurrency_key,),
+                )
             unfinished = unfinished_of(self, cur, run.concurrency_key)
             if unfinished and run.on_conflict == "reject":
                 raise ConcurrencyConflict(
