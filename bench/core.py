@@ -27,11 +27,11 @@ from bench import floor as raw_floor
 from bench import toren_bench as tb
 from bench.common import Backend, fake_model, pg_available
 from toren.config import LeaseSettings
-from toren.core.digest import canonical_json, message_hash, message_list_node
-from toren.core.events import Event, ModelCallRecorded, make_event
-from toren.core.fencing import lease_clock
-from toren.core.replay import step_slot
-from toren.core.tick import TickRunner
+from toren.core.contract.digest import canonical_json, message_hash, message_list_node
+from toren.core.contract.events import Event, ModelCallRecorded, make_event
+from toren.core.contract.replay import step_slot
+from toren.core.drivers.fencing import lease_clock
+from toren.core.drivers.tick import TickRunner
 from toren.providers.base import ModelRequest, ModelResponse, Usage
 
 

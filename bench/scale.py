@@ -59,9 +59,9 @@ import toren
 from bench.common import Backend
 from toren.api.app import create_app
 from toren.config import LeaseSettings
-from toren.core.digest import canonical_json, message_hash, request_digest, tool_spec_hash
-from toren.core.digest import message_list_node as list_node
-from toren.core.events import (
+from toren.core.contract.digest import canonical_json, message_hash, request_digest, tool_spec_hash
+from toren.core.contract.digest import message_list_node as list_node
+from toren.core.contract.events import (
     ModelCallRecorded,
     RunCompleted,
     RunFailed,
@@ -69,10 +69,10 @@ from toren.core.events import (
     ToolCallRecorded,
     make_event,
 )
-from toren.core.plan import plan_report
-from toren.core.replay import step_slot
-from toren.core.runs import new_run_id
-from toren.core.values import TERMINAL_STATUSES
+from toren.core.contract.replay import step_slot
+from toren.core.contract.values import TERMINAL_STATUSES
+from toren.core.drivers.plan import plan_report
+from toren.core.drivers.runs import new_run_id
 from toren.providers.base import ModelResponse, ToolSpec, Usage
 from toren.providers.scripted import ScriptedProvider
 from toren.store.retention import PruneResult, prune_batch, sweep_blobs
@@ -915,7 +915,7 @@ def _fill_parked(url: str, count: int) -> None:
     (no lease, no not_before) and its log (RunStarted, RunWaiting)."""
     import psycopg
 
-    from toren.core.events import RunWaiting
+    from toren.core.contract.events import RunWaiting
 
     now = time.time()
     with psycopg.connect(url) as conn, conn.cursor() as cur:
@@ -1105,7 +1105,7 @@ def _fill_timers(
 ) -> None:
     """``count`` copies of the template run, every timer due at ``due`` (with ``spread``,
     the i-th at ``due + spread * i / count``)."""
-    from toren.core.jsontext import dumps
+    from toren.core.contract.jsontext import dumps
 
     run_cols = "id, agent, process, status, input, created_at, updated_at, not_before, steps"
     runs, rows = [], []

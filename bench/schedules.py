@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Backend
-from toren.core.clock import SystemClock
-from toren.core.schedule import ScheduleDef, ScheduleSpec
+from toren.core.contract.clock import SystemClock
+from toren.core.contract.schedule import ScheduleDef, ScheduleSpec
 from toren.store import connect
 
 ROOT = Path(__file__).parents[1]

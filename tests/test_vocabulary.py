@@ -1,5 +1,5 @@
 """Every status, step kind and invalidation cause the stores' SQL, the HTTP API, the CLI,
-the client and the engine (``toren.core``) use is one of ``toren.core.values``: one place
+the client and the engine (``toren.core``) use is one of ``toren.core.contract.values``: one place
 to change. (The console's scripts are checked in tests/console/test_vocabulary.py.)"""
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import toren.store
 from toren.api import models
 from toren.cli import _common, retention, runs
 from toren.client import _types as client_types
-from toren.core import plan, records, tickstate
-from toren.core.digest import request_digest
-from toren.core.events import Event, ModelCallRecorded, StreamInvalidated, make_event
-from toren.core.journal import Journal, Supersede
-from toren.core.jsontext import PLAIN, plain_kind
-from toren.core.model_types import ModelRequest
-from toren.core.values import (
+from toren.core.contract import records
+from toren.core.contract.digest import request_digest
+from toren.core.contract.events import Event, ModelCallRecorded, StreamInvalidated, make_event
+from toren.core.contract.journal import Journal, Supersede
+from toren.core.contract.jsontext import PLAIN, plain_kind
+from toren.core.contract.model_types import ModelRequest
+from toren.core.contract.values import (
     IN_FLIGHT_STATUSES,
     STATUSES,
     TERMINAL_STATUSES,
@@ -38,6 +38,7 @@ from toren.core.values import (
     VerdictState,
     vocabulary,
 )
+from toren.core.drivers import plan, tickstate
 from toren.store.schema import SCHEMA, CreateTable
 
 SRC = Path(toren.store.__file__).resolve().parents[1]
@@ -151,15 +152,15 @@ CORE_WORDS = (
 NOT_THE_VOCABULARY = Counter(
     {
         # A model request body's keys ("provider", "model", "params"), in tuples.
-        ("core/changes.py", "model"): 2,
+        ("core/contract/changes.py", "model"): 2,
         # Change.part: a part of a request that changed (a message, a tool), not a kind.
-        ("core/changes.py", "message"): 1,
-        ("core/changes.py", "tool"): 4,
+        ("core/contract/changes.py", "message"): 1,
+        ("core/contract/changes.py", "tool"): 4,
         # The "message" key of a recorded error, and a label in a tampered-log note.
-        ("core/effects.py", "message"): 1,
-        ("core/recorded.py", "message"): 1,
+        ("core/drivers/effects.py", "message"): 1,
+        ("core/contract/recorded.py", "message"): 1,
         # The payload fields a response digest covers (an event's "error" field).
-        ("core/audit.py", "error"): 2,
+        ("core/contract/audit.py", "error"): 2,
     }
 )
 
@@ -167,7 +168,7 @@ NOT_THE_VOCABULARY = Counter(
 def _keys(tree: ast.AST) -> set[int]:
     """The string constants of ``tree`` that are keys, not values: dict keys, subscripts,
     the key of ``.get``/``.pop``/``.setdefault``, an attribute's name, and the four ``Final[VerdictState]``
-    constants of core/branches.py (mypy holds those to the ``Literal``)."""
+    constants of core/agent_api/branches.py (mypy holds those to the ``Literal``)."""
     keys: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Dict):
@@ -198,9 +199,9 @@ def _keys(tree: ast.AST) -> set[int]:
 
 def test_the_engine_spells_no_status_kind_or_cause() -> None:
     """Statuses, tick statuses, step kinds, invalidation causes and verdict states in
-    toren.core are the enums of toren.core.values (values.py defines them)."""
+    toren.core are the enums of toren.core.contract.values (values.py defines them)."""
     found: Counter[tuple[str, str]] = Counter()
-    for path in sorted((SRC / "core").glob("*.py")):
+    for path in sorted((SRC / "core").rglob("*.py")):
         if path.name == "values.py":
             continue
         tree = ast.parse(path.read_text("utf-8"))
@@ -242,12 +243,12 @@ def test_what_the_engine_writes_holds_plain_strings() -> None:
 
 def test_frozen_skips_no_check() -> None:
     """``frozen(...)`` builds without ``__init__``: only for classes that check nothing
-    there (ctx.model builds its ModelRequest so; see core/context.py). The write path
+    there (ctx.model builds its ModelRequest so; see core/agent_api/context.py). The write path
     builds its payloads with their constructors."""
     assert not hasattr(ModelRequest, "__post_init__")
     assert dataclasses.is_dataclass(ModelRequest)
     uses = Counter()
-    for path in sorted((SRC / "core").glob("*.py")):
+    for path in sorted((SRC / "core").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text("utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "frozen":
                 built = node.args[0]

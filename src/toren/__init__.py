@@ -6,15 +6,15 @@ what the new code genuinely changes.
 """
 
 from toren.config import Settings
-from toren.core.clock import ManualClock, SystemClock
-from toren.core.context import Context, RunUsage
-from toren.core.fixforward import fork_run, retry_run
-from toren.core.live import LiveHub
-from toren.core.program import AgentProgram, Limits, Registry, ToolDef, tool
-from toren.core.runs import send_message, start_run, wait_for_run
-from toren.core.tick import TickDeps, TickResult, tick
-from toren.core.verify import verify_run
-from toren.core.worker import LocalWorkerRuntime
+from toren.core.agent_api.context import Context, RunUsage
+from toren.core.agent_api.program import AgentProgram, Limits, Registry, ToolDef, tool
+from toren.core.contract.clock import ManualClock, SystemClock
+from toren.core.drivers.fixforward import fork_run, retry_run
+from toren.core.drivers.live import LiveHub
+from toren.core.drivers.runs import send_message, start_run, wait_for_run
+from toren.core.drivers.tick import TickDeps, TickResult, tick
+from toren.core.drivers.verify import verify_run
+from toren.core.drivers.worker import LocalWorkerRuntime
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,

@@ -68,7 +68,7 @@ class Settings:
     concurrency: int = 100  # runs one worker executes at once
     drain_window: float = 30.0  # seconds a stopping worker lets running steps finish
     poll_interval: float = 0.25  # idle claim polling (SQLite; Postgres also LISTENs)
-    schedules: bool = True  # workers fire due schedules (toren.core.scheduler)
+    schedules: bool = True  # workers fire due schedules (toren.core.drivers.scheduler)
     worker_ttl: float = 30.0  # a worker silent this long is not live (storm guard)
     inline_wait: float = 2.0  # sleeps/timeouts this short wait in-process, not parked
     # A run whose other branches all wait durably parks only once a branch busy with work
@@ -79,7 +79,7 @@ class Settings:
     # version (back off instead). Off only to demonstrate the storm it prevents.
     storm_guard: bool = True
     # Pause Python's cycle collector (process-wide) while a tick replays: a third of a long
-    # replay's time (see toren.core.tickstate.ReplayGcPause). A host embedding a worker
+    # replay's time (see toren.core.drivers.tickstate.ReplayGcPause). A host embedding a worker
     # that must not have gc.disable() called under it turns this off.
     pause_gc_on_replay: bool = True
     retention: RetentionSettings = field(default_factory=RetentionSettings)

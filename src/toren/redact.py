@@ -25,7 +25,7 @@ _JSON_ESCAPED = re.compile(r'["\\\x00-\x1f\u2028\u2029]')
 # as TOO_DEEP. Responses wrap a value in a few more levels, and pydantic's serializer
 # refuses past ~254, so without the bound one stored deep value (an agent's output, say)
 # would fail every list and get that includes it. Request values are limited to
-# toren.core.inputs.MAX_JSON_DEPTH (64), well below: what a client sent comes back whole.
+# toren.core.contract.inputs.MAX_JSON_DEPTH (64), well below: what a client sent comes back whole.
 MAX_DEPTH = 128
 TOO_DEEP = f"[nested deeper than {MAX_DEPTH} levels]"
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from toren.agents import DirectoryResolver
 from toren.agents.pricing import PriceTable, default_table
 from toren.config import Settings
-from toren.core.live import LiveHub
-from toren.core.program import Pricing
-from toren.core.tick import TickDeps
+from toren.core.agent_api.program import Pricing
+from toren.core.drivers.live import LiveHub
+from toren.core.drivers.tick import TickDeps
 from toren.integrations import adapt_entry
 from toren.providers.base import (
     DeltaCallback,

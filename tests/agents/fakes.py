@@ -1,4 +1,4 @@
-"""A small in-memory stand-in for ``toren.core.context.Context`` (no journal, no replay).
+"""A small in-memory stand-in for ``toren.core.agent_api.context.Context`` (no journal, no replay).
 
 It implements exactly the surface the built-in loop uses, and records every step so tests
 can assert what was asked, in which order, and what ran concurrently.
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from toren.core import combinators
-from toren.core.program import AgentProgram
+from toren.core.agent_api import combinators
+from toren.core.agent_api.program import AgentProgram
 from toren.errors import ToolFailed
 from toren.providers.base import ModelResponse, ToolCall, ToolSpec, Usage
 

@@ -1,7 +1,7 @@
 """The agents layer on the real engine: DirectoryResolver + built-in loop + scripted
 provider through ``toren.tick`` on SQLite and PostgreSQL.
 
-Skipped only while the engine (``toren.core.tick``) is not importable.
+Skipped only while the engine (``toren.core.drivers.tick``) is not importable.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("toren.core.tick")
+pytest.importorskip("toren.core.drivers.tick")
 
 import toren
 from toren.agents import DirectoryResolver
 from toren.agents.pricing import cost
 from toren.agents.telemetry import NoopTelemetry
-from toren.core.context import Context
+from toren.core.agent_api.context import Context
 from toren.store import Store
 
 from ..core.test_combinators import Spy

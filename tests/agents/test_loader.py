@@ -12,7 +12,7 @@ import yaml
 from toren.agents import DirectoryResolver, directory_hash, load_agent
 from toren.agents.config import ProviderConfig
 from toren.agents.loader import code_files, is_code_path
-from toren.core.program import AgentResolver
+from toren.core.agent_api.program import AgentResolver
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelRequest, ModelResponse, ToolCall
 

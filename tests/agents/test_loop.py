@@ -11,7 +11,7 @@ import pytest
 from toren.agents.config import HumanConfig
 from toren.agents.loop import LoopSpec, make_loop, parse_input, tool_result_text
 from toren.agents.tools import tool_from_function
-from toren.core.program import AgentProgram, Limits, ToolDef
+from toren.core.agent_api.program import AgentProgram, Limits, ToolDef
 from toren.errors import InvalidInput, LimitExceeded
 from toren.providers.base import ModelResponse, ToolCall
 
@@ -114,7 +114,7 @@ async def test_tool_calls_of_one_turn_run_concurrently() -> None:
 
 
 class _EngineAbort(BaseException):
-    """Stands for the engine's aborts (``toren.core.aborts.Abort``): a BaseException."""
+    """Stands for the engine's aborts (``toren.core.drivers.aborts.Abort``): a BaseException."""
 
 
 def broken() -> str:

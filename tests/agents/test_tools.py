@@ -18,7 +18,7 @@ from toren.agents.tools import (
     tool_from_function,
     tools_from_module,
 )
-from toren.core.program import tool
+from toren.core.agent_api.program import tool
 
 
 class Priority(enum.Enum):
@@ -198,7 +198,7 @@ def test_module_tools_are_public_functions_defined_there() -> None:
     source = '''
 import json
 from json import dumps
-from toren.core.program import tool
+from toren.core.agent_api.program import tool
 
 def public(a: int) -> int:
     """Public."""

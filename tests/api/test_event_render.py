@@ -15,7 +15,7 @@ from pydantic import TypeAdapter
 
 import toren
 from toren.api import create_app, models, render
-from toren.core.events import (
+from toren.core.contract.events import (
     Event,
     RunStarted,
     ToolCallRecorded,
@@ -23,7 +23,7 @@ from toren.core.events import (
     make_event,
     parse_payload,
 )
-from toren.core.runs import new_run_id
+from toren.core.drivers.runs import new_run_id
 from toren.redact import MAX_DEPTH, Redactor
 from toren.store import Store
 from toren.store.base import NewRun

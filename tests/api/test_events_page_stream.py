@@ -15,8 +15,8 @@ from fastapi import FastAPI
 import toren
 from toren.api import create_app, models
 from toren.api.app import MAX_EVENTS_PAGE_BYTES
-from toren.core.events import RunStarted, ToolCallRecorded, make_event
-from toren.core.runs import new_run_id
+from toren.core.contract.events import RunStarted, ToolCallRecorded, make_event
+from toren.core.drivers.runs import new_run_id
 from toren.redact import Redactor
 from toren.store import Store
 from toren.store.base import NewRun

@@ -14,8 +14,8 @@ import pytest
 import toren
 from toren.agents.resolver import DirectoryResolver
 from toren.api import create_app, running_server
-from toren.core.events import RunStarted, make_event
-from toren.core.runs import new_run_id
+from toren.core.contract.events import RunStarted, make_event
+from toren.core.drivers.runs import new_run_id
 from toren.store import Store
 from toren.store.base import NewRun, RunRecord
 

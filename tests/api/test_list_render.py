@@ -14,8 +14,8 @@ from fastapi import FastAPI
 
 import toren
 from toren.api import create_app, models, render
-from toren.core.clock import ManualClock
-from toren.core.jsontext import dumps
+from toren.core.contract.clock import ManualClock
+from toren.core.contract.jsontext import dumps
 from toren.redact import Redactor
 from toren.store import Store
 from toren.store.base import RunRecord, ValueSummary

@@ -37,7 +37,7 @@ def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
     what the step's redactor held back of the dead attempt neither joins nor hides the
     new attempt's text."""
     from toren.api.sse import RunStream, StreamSettings
-    from toren.core.events import Event, ModelCallCutOff
+    from toren.core.contract.events import Event, ModelCallCutOff
 
     stream = RunStream(
         store,

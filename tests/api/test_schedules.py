@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from toren.client import TorenAPIError
-from toren.core.runs import wait_for_run
+from toren.core.drivers.runs import wait_for_run
 
 from .support import Api
 

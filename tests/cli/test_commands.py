@@ -272,7 +272,7 @@ def server(chain: Path) -> Iterator[str]:
     from toren.api.app import create_app
     from toren.api.server import ThreadedServer
     from toren.config import Settings
-    from toren.core.worker import LocalWorkerRuntime
+    from toren.core.drivers.worker import LocalWorkerRuntime
     from toren.runtime import close_runtime, open_runtime, sqlite_url_for
 
     @contextlib.asynccontextmanager
@@ -449,7 +449,7 @@ def test_runs_list_limit_is_the_apis_page_limit(
 ) -> None:
     import httpx
 
-    from toren.core.runs import MAX_RUNS_PAGE
+    from toren.core.drivers.runs import MAX_RUNS_PAGE
 
     auth = {"Authorization": "Bearer s3cret-token-for-tests"}
     api = httpx.get(f"{server}/v1/runs", params={"limit": MAX_RUNS_PAGE}, headers=auth)

@@ -29,8 +29,8 @@ from toren.cli.plan_pool import (
     default_jobs,
     share_out,
 )
-from toren.core.plan import plan_report
-from toren.core.records import RunRecord
+from toren.core.contract.records import RunRecord
+from toren.core.drivers.plan import plan_report
 from toren.errors import AgentNotFound, TorenError
 from toren.runtime import close_runtime, open_runtime
 

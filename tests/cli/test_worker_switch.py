@@ -9,7 +9,7 @@ import httpx
 
 from toren.api import create_app
 from toren.cli.servers import WorkerSwitch
-from toren.core.worker import LocalWorkerRuntime
+from toren.core.drivers.worker import LocalWorkerRuntime
 from toren.runtime import close_runtime, open_runtime
 
 

@@ -21,9 +21,9 @@ from tests.compat.test_v0_1_fixtures import (  # noqa: F401  (fixtures)
     agent_dirs,
     v0_1_db,
 )
-from toren.core import events as event_types
-from toren.core.events import Event, RunFailed, UnknownEvent, parse_payload
-from toren.core.replay import RunLog
+from toren.core.contract import events as event_types
+from toren.core.contract.events import Event, RunFailed, UnknownEvent, parse_payload
+from toren.core.contract.replay import RunLog
 from toren.store.sql import event_from_row
 
 

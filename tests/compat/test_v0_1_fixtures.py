@@ -41,10 +41,10 @@ import pytest
 import toren
 from tests.conftest import create_pg_database, drop_pg_database, pg_url, require_pg
 from toren.agents.resolver import DirectoryResolver
-from toren.core.digest import message_hash, request_digest, tool_spec_hash
-from toren.core.events import Event, UnknownEvent, parse_payload
-from toren.core.plan import plan_runs
-from toren.core.replay import RunLog
+from toren.core.contract.digest import message_hash, request_digest, tool_spec_hash
+from toren.core.contract.events import Event, UnknownEvent, parse_payload
+from toren.core.contract.replay import RunLog
+from toren.core.drivers.plan import plan_runs
 from toren.providers.scripted import ScriptedProvider, read_ledger
 from toren.store import Store
 from toren.store.base import RunRecord

@@ -343,9 +343,9 @@ async def test_a_run_of_ten_thousand_steps_renders_only_a_window(
     earlier ones, not 10,000 list items; the button shows 200 more each time."""
     import time
 
-    from toren.core.events import RunCompleted, ValueRecorded, make_event
-    from toren.core.replay import step_slot
-    from toren.core.runs import start_run
+    from toren.core.contract.events import RunCompleted, ValueRecorded, make_event
+    from toren.core.contract.replay import step_slot
+    from toren.core.drivers.runs import start_run
     from toren.store.sql import INSERT_EVENT, event_params
 
     from .support import registry

@@ -35,7 +35,7 @@ async def test_runs_page_polls_changes_only_and_never_downloads_big_inputs(
         await expect(page.locator("#runs-body tr")).to_have_count(3)
 
         # A run changes while the page polls: only the change is asked for, and shown.
-        from toren.core.runs import send_message
+        from toren.core.drivers.runs import send_message
 
         await send_message(server.store, ids[0], "approve", "yes")
         await server.wait_status(ids[0], "completed")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from toren.core.clock import SystemClock
-from toren.core.schedule import ScheduleDef, ScheduleSpec
+from toren.core.contract.clock import SystemClock
+from toren.core.contract.schedule import ScheduleDef, ScheduleSpec
 from toren.store import Store
 
 from .support import serve

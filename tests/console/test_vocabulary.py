@@ -1,5 +1,5 @@
 """The console's scripts take Toren's fixed sets from the page the server renders
-(``toren.core.values.vocabulary``), never from lists of their own."""
+(``toren.core.contract.values.vocabulary``), never from lists of their own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 from importlib.resources import files
 from typing import Any
 
-from toren.core.values import STATUSES, TERMINAL_STATUSES, InvalidationCause, vocabulary
+from toren.core.contract.values import STATUSES, TERMINAL_STATUSES, InvalidationCause, vocabulary
 from toren.store import Store
 
 from .support import serve
@@ -20,7 +20,7 @@ TEMPLATES = files("toren.console") / "templates"
 async def test_scripts_read_the_vocabulary_the_server_renders(
     sqlite_store: Store, chromium: Any
 ) -> None:
-    """In Chromium: app.js exports exactly the sets of core.values, the status filter
+    """In Chromium: app.js exports exactly the sets of core.contract.values, the status filter
     offers every status in the enum's order, and the totals link each status a run has."""
     async with serve(sqlite_store) as server:
         run_id = await server.start("writer", {"topic": "vocabulary"})

@@ -1,4 +1,4 @@
-"""Whether this Python's asyncio still has what ``toren.core.branches``' fallback reads.
+"""Whether this Python's asyncio still has what ``toren.core.agent_api.branches``' fallback reads.
 
 One check per private read (``Task._fut_waiter``, a gather's ``_children``, the frame
 locals of ``TaskGroup.__aexit__``, ``asyncio.wait`` and ``asyncio.wait_for``,
@@ -24,7 +24,7 @@ from typing import Any
 
 
 def _load(alone: bool) -> tuple[ModuleType, ModuleType]:
-    """``toren.core.branches`` and ``toren.core.combinators``: imported as usual under
+    """``toren.core.agent_api.branches`` and ``toren.core.agent_api.combinators``: imported as usual under
     pytest; alone, from this tree's ``src`` without running ``toren/__init__`` (whose
     dependencies another Python may not have), through bare package modules."""
     if alone:
@@ -33,7 +33,7 @@ def _load(alone: bool) -> tuple[ModuleType, ModuleType]:
             package = ModuleType(name)
             package.__path__ = [str(src.joinpath(*name.split(".")))]
             sys.modules[name] = package
-    from toren.core import branches, combinators
+    from toren.core.agent_api import branches, combinators
 
     return branches, combinators
 
@@ -45,9 +45,9 @@ _ABSENT = object()
 
 def changed(what: str) -> str:
     return (
-        f"asyncio on {PY} no longer has {what}, which toren.core.branches' fallback reads "
+        f"asyncio on {PY} no longer has {what}, which toren.core.agent_api.branches' fallback reads "
         "to see through bare asyncio combinators: there they now park by the UNKNOWN path. "
-        "Update core/branches.py and the verified versions in docs/agent-code.md."
+        "Update core/agent_api/branches.py and the verified versions in docs/agent-code.md."
     )
 
 
@@ -242,7 +242,7 @@ async def walks() -> str | None:
 
 
 class _Abort(BaseException):
-    """Stands for the engine's aborts (``toren.core.aborts.Abort``)."""
+    """Stands for the engine's aborts (``toren.core.drivers.aborts.Abort``)."""
 
 
 async def _marks(progress: list[str], name: str) -> None:
@@ -333,7 +333,7 @@ def main() -> int:
     for problem in found:
         print(problem)
     if not found:
-        print(f"{PY}: every asyncio internal toren.core.branches reads is there")
+        print(f"{PY}: every asyncio internal toren.core.agent_api.branches reads is there")
     return 1 if found else 0
 
 

@@ -15,7 +15,7 @@ import httpx
 import toren
 from tests.core.schedule_worker import serve
 from toren.config import LeaseSettings
-from toren.core.flow import Concurrency
+from toren.core.contract.flow import Concurrency
 from toren.providers.base import ToolSpec
 
 

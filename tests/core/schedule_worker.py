@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import toren
-from toren.core.schedule import ScheduleDef, ScheduleSpec
+from toren.core.contract.schedule import ScheduleDef, ScheduleSpec
 
 
 async def tick(ctx: toren.Context, input: Any) -> Any:

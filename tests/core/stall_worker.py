@@ -21,7 +21,7 @@ from typing import Any
 
 import toren
 from toren.config import LeaseSettings
-from toren.core.program import ToolDef
+from toren.core.agent_api.program import ToolDef
 from toren.providers.base import ToolSpec
 from toren.providers.openai import OpenAIProvider
 from toren.store.sqlite import parse_sqlite_url

@@ -28,7 +28,7 @@ from tests.compat.test_v0_1_fixtures import Raw
 from tests.conftest import PG_ADMIN, drop_pg_database, pg_url
 from toren.cli.main import cli
 from toren.cli.verify import EXIT_MISMATCH
-from toren.core.model_types import Usage
+from toren.core.contract.model_types import Usage
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

@@ -1,6 +1,6 @@
 """Golden vectors of the response digest and the event chain (docs/digest.md §6, §7).
 
-Each vector is checked twice: against Toren's implementation (``toren.core.audit``) and
+Each vector is checked twice: against Toren's implementation (``toren.core.contract.audit``) and
 against a second one written here from the spec alone (hashlib and json, none of Toren's
 digest or JSON code), so the page and the code cannot drift apart. The page lists every
 vector's digest too."""
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from toren.core.audit import chain_hash, response_digest
-from toren.core.events import RunStarted, make_event
+from toren.core.contract.audit import chain_hash, response_digest
+from toren.core.contract.events import RunStarted, make_event
 
 ROOT = Path(__file__).parents[2]
 VECTORS = json.loads((ROOT / "tests/fixtures/audit_vectors.json").read_text("utf-8"))

@@ -10,15 +10,15 @@ import pytest
 
 import toren
 from toren.config import Settings
-from toren.core import branches as branches_module
-from toren.core.branches import (
+from toren.core.agent_api import branches as branches_module
+from toren.core.agent_api.branches import (
     BUSY,
     IDLE,
     READY,
     Branches,
     verdict,
 )
-from toren.core.combinators import gather
+from toren.core.agent_api.combinators import gather
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
 from toren.store.sql import loop_is_idle
@@ -211,11 +211,11 @@ async def test_a_join_whose_branch_just_failed_is_ready_before_its_wake_up_runs(
 
 # -- the fallback's reads of asyncio's internals: fail loudly if they change --------------
 #
-# core/branches.py reads these for tasks the engine was not told about (bare asyncio
+# core/agent_api/branches.py reads these for tasks the engine was not told about (bare asyncio
 # combinators), and store/sql.py loop_is_idle reads the loop's ready queue. They are not
 # public API. If one of these fails on a new Python, the fallback there gives UNKNOWN
 # (bare combinators park after letting ready branches run) and group commit never goes
-# inline: update core/branches.py for that Python, and the verified versions in
+# inline: update core/agent_api/branches.py for that Python, and the verified versions in
 # docs/agent-code.md. The same checks run alone on any Python: tests/core/asyncio_probe.py.
 
 

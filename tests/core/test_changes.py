@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.changes import explain_invalidations
-from toren.core.plan import plan_runs
-from toren.core.recorded import load_blobs
+from toren.core.contract.changes import explain_invalidations
+from toren.core.contract.recorded import load_blobs
+from toren.core.drivers.plan import plan_runs
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import toren
-import toren.core.parker as tick_module  # where the Parker takes its verdicts
-from toren.core import branches as branches_module
-from toren.core.branches import IDLE, UNKNOWN, Branches, Verdict
-from toren.core.combinators import TaskGroup, gather
+import toren.core.drivers.parker as tick_module  # where the Parker takes its verdicts
+from toren.core.agent_api import branches as branches_module
+from toren.core.agent_api.branches import IDLE, UNKNOWN, Branches, Verdict
+from toren.core.agent_api.combinators import TaskGroup, gather
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
 
@@ -290,7 +290,7 @@ async def test_a_ctx_gather_branch_busy_outside_ctx_holds_the_run_until_it_reach
 
 
 class _Abort(BaseException):
-    """Stands for the engine's aborts (``toren.core.aborts.Abort``)."""
+    """Stands for the engine's aborts (``toren.core.drivers.aborts.Abort``)."""
 
 
 async def _cancelled_marker(progress: list[str], name: str) -> str:

@@ -19,8 +19,8 @@ import toren
 from tests.providers.fakes import FAKE_KEY, Completion, serve_fake_models
 from toren.agents.pricing import default_table
 from toren.config import LeaseSettings
-from toren.core.events import ModelCallCutOff, ModelCallRecorded
-from toren.core.program import Limits
+from toren.core.agent_api.program import Limits
+from toren.core.contract.events import ModelCallCutOff, ModelCallRecorded
 from toren.providers.anthropic import AnthropicProvider
 from toren.providers.base import CancelledWithUsage, ModelRequest, Usage, usage_cut_off
 from toren.store import Store
@@ -163,10 +163,10 @@ def test_a_reader_that_does_not_know_the_event_skips_it(monkeypatch: pytest.Monk
     """Additive: a release without ``ModelCallCutOff`` keeps it as an unknown run-level
     event, which the fold and the totals skip (it then counts the run's cost without the
     cut-off call, which is what it did before)."""
-    from toren.core import events as event_types
-    from toren.core.events import UnknownEvent, make_event, parse_payload
-    from toren.core.replay import RunLog
-    from toren.core.tick import log_totals
+    from toren.core.contract import events as event_types
+    from toren.core.contract.events import UnknownEvent, make_event, parse_payload
+    from toren.core.contract.replay import RunLog
+    from toren.core.drivers.tick import log_totals
 
     payload = ModelCallCutOff(stream="main", position=3, input_tokens=10, cost_usd="0.5")
     known = make_event("r", payload, seq=7)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from toren.core.context import _tool_spec
-from toren.core.digest import (
+from toren.core.agent_api.context import _tool_spec
+from toren.core.contract.digest import (
     HashCache,
     canonical_json,
     message_hash,

@@ -3,8 +3,8 @@ docs/digest.md alone, checked against every golden vector, against every digest 
 runs the scenario agents below record on SQLite and on PostgreSQL, and against the 0.1
 event log: 100% verifiable, 0 mismatches.
 
-This file must import nothing of ``toren.core.digest`` or Toren's JSON helpers
-(``toren.core.jsontext``), and it reads the log with plain database drivers, parsing the
+This file must import nothing of ``toren.core.contract.digest`` or Toren's JSON helpers
+(``toren.core.contract.jsontext``), and it reads the log with plain database drivers, parsing the
 stored JSON with the standard library: if the spec leaves a rule out, this file cannot
 know it (a test below checks the imports). Toren itself is used only to *record* runs.
 """
@@ -260,9 +260,14 @@ def test_this_file_imports_nothing_of_the_digest_or_json_code() -> None:
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    forbidden = {"toren.core.digest", "toren.core.jsontext", "orjson", "toren.core.verify"}
+    forbidden = {
+        "toren.core.contract.digest",
+        "toren.core.contract.jsontext",
+        "orjson",
+        "toren.core.drivers.verify",
+    }
     assert not imported & forbidden
-    assert not any(str(m).startswith("toren.core.recorded") for m in imported)
+    assert not any(str(m).startswith("toren.core.contract.recorded") for m in imported)
 
 
 # -- §4/§5: reading a log and verifying it ------------------------------------------------

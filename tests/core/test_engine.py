@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.events import StreamInvalidated
+from toren.core.contract.events import StreamInvalidated
 from toren.errors import AgentNotFound, CorruptEventLog, IdempotencyConflict, InvalidInput
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
@@ -386,7 +386,7 @@ async def test_cancellation_cannot_be_swallowed(store: Store) -> None:
     deps = make_deps(store, reg, ScriptedProvider())
     await toren.start_run(store, reg, "s")
     lease = (await store.claim("w1", 1, now=deps.clock.now(), ttl=30))[0]
-    runner = toren.core.tick.TickRunner(deps, lease)
+    runner = toren.core.drivers.tick.TickRunner(deps, lease)
     task = asyncio.ensure_future(runner.run())
     await reached.wait()
     runner.cancel()
@@ -573,7 +573,7 @@ async def test_failed_steps_are_recorded_and_replayed(store: Store) -> None:
 async def test_conversation_history_is_stored_once(store: Store) -> None:
     """A growing conversation stores each message once: the size of what a step records
     does not grow with the history, and the full request can be read back."""
-    from toren.core.history import load_messages
+    from toren.core.drivers.history import load_messages
     from toren.providers.base import Message
 
     async def agent(ctx: toren.Context, input: Any) -> Any:
@@ -649,7 +649,7 @@ async def test_a_finished_tick_frees_its_log_without_the_cycle_collector(store: 
     import gc
     import time
 
-    from toren.core.events import Event
+    from toren.core.contract.events import Event
 
     def alive(run_id: str) -> int:
         return sum(1 for o in gc.get_objects() if isinstance(o, Event) and o.run_id == run_id)

@@ -7,9 +7,9 @@ from typing import Any
 
 import toren
 from toren.config import LeaseSettings
-from toren.core.fencing import LeaseFence, lease_clock
-from toren.core.program import ToolDef
-from toren.core.tick import TickRunner
+from toren.core.agent_api.program import ToolDef
+from toren.core.drivers.fencing import LeaseFence, lease_clock
+from toren.core.drivers.tick import TickRunner
 from toren.providers.base import ToolSpec
 from toren.store.base import Lease, Store
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.events import RunFailed, RunForked, RunRetried, ToolCallRecorded
-from toren.core.fixforward import fork_run, retry_run
-from toren.core.program import raised
-from toren.core.replay import RunLog
+from toren.core.agent_api.program import raised
+from toren.core.contract.events import RunFailed, RunForked, RunRetried, ToolCallRecorded
+from toren.core.contract.replay import RunLog
+from toren.core.drivers.fixforward import fork_run, retry_run
 from toren.errors import InvalidInput, RunNotRetryable
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider

@@ -11,8 +11,8 @@ import pytest
 
 import toren
 from toren.config import LeaseSettings
-from toren.core.flow import Concurrency, parse_key
-from toren.core.runs import start
+from toren.core.contract.flow import Concurrency, parse_key
+from toren.core.drivers.runs import start
 from toren.errors import ConcurrencyConflict, InvalidInput
 from toren.store import Store
 

@@ -9,8 +9,8 @@ import copy
 import random
 from typing import Any
 
-from toren.core.digest import HashCache, Pinned, message_hash, model_digest, tool_spec_hash
-from toren.core.model_types import FrozenList, Message, ModelRequest, ToolSpec
+from toren.core.contract.digest import HashCache, Pinned, message_hash, model_digest, tool_spec_hash
+from toren.core.contract.model_types import FrozenList, Message, ModelRequest, ToolSpec
 
 
 def _request(messages: list[Any], tools: tuple[ToolSpec, ...] = ()) -> ModelRequest:

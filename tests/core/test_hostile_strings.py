@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 import toren
 from tests.providers.fakes import FAKE_KEY, Completion, FakeToolCall, serve_fake_models
-from toren.core.digest import canonical_json, message_hash, request_digest
-from toren.core.program import ToolDef
-from toren.core.text import repair, repair_text
+from toren.core.agent_api.program import ToolDef
+from toren.core.contract.digest import canonical_json, message_hash, request_digest
+from toren.core.contract.text import repair, repair_text
 from toren.errors import InvalidInput
 from toren.providers.base import ToolSpec
 from toren.providers.openai import OpenAIProvider

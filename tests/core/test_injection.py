@@ -8,7 +8,7 @@ import gc
 from typing import Any
 
 import toren
-from toren.core.events import ModelCallRecorded, ToolCallRecorded, ValueRecorded
+from toren.core.contract.events import ModelCallRecorded, ToolCallRecorded, ValueRecorded
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

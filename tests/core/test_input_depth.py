@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.inputs import MAX_JSON_DEPTH, check_depth, format_path, json_data, text_depth
+from toren.core.contract.inputs import (
+    MAX_JSON_DEPTH,
+    check_depth,
+    format_path,
+    json_data,
+    text_depth,
+)
 from toren.errors import InvalidInput, RunNotFound
 from toren.store import Store
 

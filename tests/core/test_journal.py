@@ -9,7 +9,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toren.core.events import (
+from toren.core.contract.events import (
     ROOT,
     ChildCompleted,
     ChildStarted,
@@ -25,7 +25,7 @@ from toren.core.events import (
     ValueRecorded,
     make_event,
 )
-from toren.core.journal import (
+from toren.core.contract.journal import (
     NO_GUARD,
     BackOff,
     Journal,
@@ -35,7 +35,7 @@ from toren.core.journal import (
     Supersede,
     log_totals,
 )
-from toren.core.values import InvalidationCause, StepKind, Totals
+from toren.core.contract.values import InvalidationCause, StepKind, Totals
 
 
 class Log:

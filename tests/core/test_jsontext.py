@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toren.core.digest import canonical_json, reference_canonical_json
-from toren.core.jsontext import NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS, dumps, plain_kind
+from toren.core.contract.digest import canonical_json, reference_canonical_json
+from toren.core.contract.jsontext import NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS, dumps, plain_kind
 from toren.providers.base import Message
 
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
@@ -104,7 +104,7 @@ def test_what_orjson_would_change_keeps_the_reference_behaviour() -> None:
     for value in (D(1), datetime.datetime(2026, 1, 1), {"s": {1}}):
         with pytest.raises(TypeError):
             dumps(value)
-    # A lone surrogate cannot be stored as it is: it is stored repaired (toren.core.text),
+    # A lone surrogate cannot be stored as it is: it is stored repaired (toren.core.contract.text),
     # never a failed write.
     assert dumps(["\ud800", "\ud83d\ude00"]) == '["\ufffd","\U0001f600"]'
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from toren.core.events import ROOT, ModelCallCutOff, ModelCallRecorded, make_event
-from toren.core.live import LiveHub
+from toren.core.contract.events import ROOT, ModelCallCutOff, ModelCallRecorded, make_event
+from toren.core.drivers.live import LiveHub
 
 
 def _delta(hub: LiveHub, position: int, text: str) -> None:

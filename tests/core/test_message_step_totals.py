@@ -20,8 +20,8 @@ import psycopg
 import pytest
 
 import toren
-from toren.core.journal import log_totals
-from toren.core.values import Totals
+from toren.core.contract.journal import log_totals
+from toren.core.contract.values import Totals
 from toren.errors import MessageConsumed
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

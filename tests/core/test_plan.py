@@ -6,7 +6,7 @@ from decimal import Decimal
 from typing import Any
 
 import toren
-from toren.core.plan import plan_runs
+from toren.core.drivers.plan import plan_runs
 from toren.providers.base import Usage
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.plan import PLAN_CONCURRENCY, Programs, plan_run, plan_runs
+from toren.core.drivers.plan import PLAN_CONCURRENCY, Programs, plan_run, plan_runs
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

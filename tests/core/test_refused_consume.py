@@ -25,7 +25,7 @@ import pytest
 
 import toren
 from tests.core.test_message_step_totals import _consume_elsewhere, _race
-from toren.core.values import RunStatus, TickStatus
+from toren.core.contract.values import RunStatus, TickStatus
 from toren.store import Store
 from toren.store.base import InboxMessage
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from toren.core.events import (
+from toren.core.contract.events import (
     ChildStarted,
     Event,
     ModelCallRecorded,
@@ -14,7 +14,15 @@ from toren.core.events import (
     UnknownEvent,
     make_event,
 )
-from toren.core.replay import Invalidate, Live, Replay, RunLog, decide, descendants, reusable_tool
+from toren.core.contract.replay import (
+    Invalidate,
+    Live,
+    Replay,
+    RunLog,
+    decide,
+    descendants,
+    reusable_tool,
+)
 
 _seq = iter(range(1, 10_000))
 
@@ -144,7 +152,7 @@ def test_unknown_events_are_kept_and_ignored() -> None:
 def test_the_replay_gc_pause_is_shared_and_restores_the_collector() -> None:
     import gc
 
-    from toren.core.tickstate import ReplayGcPause
+    from toren.core.drivers.tickstate import ReplayGcPause
 
     assert gc.isenabled()
     ReplayGcPause.begin()

@@ -288,8 +288,10 @@ async def test_a_backing_off_worker_says_so_in_metrics_and_logs(store: Store) ->
     # (no propagation), so pytest's caplog would not see the line in a whole-suite run.
     records = _Records()
     tick_log = logging.getLogger("toren.tick")
-    level = tick_log.level
+    level, disabled = tick_log.level, tick_log.disabled
     tick_log.setLevel(logging.WARNING)  # the CLI tests may have raised "toren" to ERROR
+    # and a dictConfig elsewhere in this process (uvicorn's) may have disabled the logger.
+    tick_log.disabled = False
     tick_log.addHandler(records)
     try:
         async with worker:
@@ -300,6 +302,7 @@ async def test_a_backing_off_worker_says_so_in_metrics_and_logs(store: Store) ->
     finally:
         tick_log.removeHandler(records)
         tick_log.setLevel(level)
+        tick_log.disabled = disabled
     assert any("backs off run" in m and "newer live code version B" in m for m in records.messages)
     text = render(await store.stats(), worker)
     assert "toren_worker_backoffs_total 1" in text

@@ -1,4 +1,4 @@
-"""The pure schedule rules (toren.core.schedule): when a spec fires, DST in a named zone,
+"""The pure schedule rules (toren.core.contract.schedule): when a spec fires, DST in a named zone,
 and what a due schedule does under each overlap and catch-up policy."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from toren.core.schedule import (
+from toren.core.contract.schedule import (
     ScheduleError,
     ScheduleSpec,
     Skip,

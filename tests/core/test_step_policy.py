@@ -2,7 +2,7 @@
 
 Both drivers ask the journal what a step does; what the journal needs of the agent's
 declarations (may a tool call reuse a superseded identical call?) is decided in one pure
-module, ``toren.core.policy``. Here a run records a model call and a side-effecting tool
+module, ``toren.core.contract.policy``. Here a run records a model call and a side-effecting tool
 call side by side; new code changes the prompt, which invalidates the stream, and calls the
 tool identically. The plan and the real resume must ask the journal the same question and
 get the same answer, for every declaration of the tool; the tool's real calls show the
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core import policy
-from toren.core.journal import Journal, Run, Supersede
-from toren.core.plan import plan_runs
-from toren.core.program import Limits, ToolDef
-from toren.core.values import StepKind
+from toren.core.agent_api.program import Limits, ToolDef
+from toren.core.contract import policy
+from toren.core.contract.journal import Journal, Run, Supersede
+from toren.core.contract.values import StepKind
+from toren.core.drivers.plan import plan_runs
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

@@ -8,7 +8,7 @@ import asyncio
 from typing import Any
 
 import toren
-from toren.core.events import ChildStarted, MessageReceived
+from toren.core.contract.events import ChildStarted, MessageReceived
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
 

@@ -15,7 +15,7 @@ import pytest
 
 import toren
 from toren.config import LeaseSettings, Settings
-from toren.core.takeover import take_over_gone, why_gone
+from toren.core.drivers.takeover import take_over_gone, why_gone
 from toren.store import Store
 from toren.store.base import WorkerInfo
 

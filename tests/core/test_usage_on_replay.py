@@ -105,7 +105,7 @@ async def test_a_branch_replaying_beside_a_live_one_sees_its_own_position(store:
 
 
 def test_usage_a_failure_reports_counts_only_token_counts() -> None:
-    from toren.core.steps import _reported_usage
+    from toren.core.drivers.steps import _reported_usage
 
     assert _reported_usage({"usage": {"input_tokens": 30, "output_tokens": 2}}) == Usage(30, 2)
     for junk in (None, "many", -5, 2.5, True, [1]):

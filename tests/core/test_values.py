@@ -1,4 +1,4 @@
-"""Money and totals of ``toren.core.values``: integer nano-USD inside, ``Decimal`` at the
+"""Money and totals of ``toren.core.contract.values``: integer nano-USD inside, ``Decimal`` at the
 edges, spelled as the log has always spelled them."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from decimal import Decimal
 
 import orjson
 
-from toren.core.context import RunUsage
-from toren.core.jsontext import dumps
-from toren.core.program import Limits, raised
-from toren.core.values import (
+from toren.core.agent_api.context import RunUsage
+from toren.core.agent_api.program import Limits, raised
+from toren.core.contract.jsontext import dumps
+from toren.core.contract.values import (
     ZERO,
     InvalidationCause,
     RunStatus,

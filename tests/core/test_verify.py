@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toren.core.digest import message_hash, message_list_node, request_digest
-from toren.core.events import (
+from toren.core.contract.digest import message_hash, message_list_node, request_digest
+from toren.core.contract.events import (
     Event,
     MessageReceived,
     ModelCallRecorded,
@@ -17,7 +17,7 @@ from toren.core.events import (
     ToolCallRecorded,
     UnknownEvent,
 )
-from toren.core.verify import verify_events
+from toren.core.drivers.verify import verify_events
 
 SEQ = iter(range(1, 10_000))
 

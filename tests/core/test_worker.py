@@ -127,7 +127,7 @@ async def test_expired_lease_is_recovered_by_another_worker(store: Store) -> Non
     final = await store.get_run(run.id)
     assert final is not None and final.lease_recoveries == 1
     # The dead worker can never write again: its fencing token is stale.
-    from toren.core.events import RunWaiting, make_event
+    from toren.core.contract.events import RunWaiting, make_event
     from toren.errors import LeaseLost
 
     with pytest.raises(LeaseLost):

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import toren
-from toren.core.audit import RESPONSE_FIELDS, response_digest
-from toren.core.plan import plan_report
-from toren.core.runs import new_run_id
+from toren.core.contract.audit import RESPONSE_FIELDS, response_digest
+from toren.core.drivers.plan import plan_report
+from toren.core.drivers.runs import new_run_id
 from toren.providers.base import Usage
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store, WorkerInfo

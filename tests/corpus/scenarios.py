@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import toren
-from toren.core.program import AgentFn
+from toren.core.agent_api.program import AgentFn
 from toren.providers.base import ToolSpec
 
 from .harness import Build, Harness, Scenario, World

@@ -20,7 +20,7 @@ from pydantic_ai.models import ModelRequestParameters
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
 
-from toren.core.digest import model_digest
+from toren.core.contract.digest import model_digest
 from toren.integrations.pydantic_ai import neutral_request
 
 # Timestamps differ run to run; they must not reach the digest.

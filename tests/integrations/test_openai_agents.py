@@ -108,7 +108,7 @@ async def test_an_unmodified_sdk_agent_runs_as_steps(
 
 
 async def toren_plan(deps: Any, run_id: str) -> Any:
-    from toren.core.plan import plan_run
+    from toren.core.drivers.plan import plan_run
 
     run = await deps.store.get_run(run_id)
     return await plan_run(deps, run)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from toren.core.digest import canonical_json, model_digest
+from toren.core.contract.digest import canonical_json, model_digest
 
 pytest.importorskip("agents")
 

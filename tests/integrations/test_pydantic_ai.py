@@ -156,7 +156,7 @@ async def test_approval_parks_survives_a_restart_and_an_edited_prompt(
 
 
 async def toren_plan(deps: Any, run_id: str) -> list[Any]:
-    from toren.core.plan import plan_run
+    from toren.core.drivers.plan import plan_run
 
     run = await deps.store.get_run(run_id)
     return [await plan_run(deps, run)]

@@ -16,7 +16,7 @@ pytest.importorskip("pydantic_ai")
 from datetime import UTC
 
 from tests.integrations.pyai_vectors import cases, digests, forms
-from toren.core.digest import model_digest
+from toren.core.contract.digest import model_digest
 from toren.integrations.pydantic_ai import neutral_request
 
 VECTORS = json.loads(

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from toren.core.digest import canonical_json
+from toren.core.contract.digest import canonical_json
 from toren.errors import ModelCallFailed
 from toren.providers._wire import tool_call_from_value
 from toren.providers.base import ModelRequest, ModelResponse, RetryPolicy, ToolCall

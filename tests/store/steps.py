@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from toren.core.events import Event, ValueRecorded, make_event
-from toren.core.replay import step_slot
+from toren.core.contract.events import Event, ValueRecorded, make_event
+from toren.core.contract.replay import step_slot
 
 
 def value_event(run_id: str, position: int, value: Any) -> Event:

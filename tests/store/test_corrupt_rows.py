@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import toren
-from toren.core.history import load_messages
+from toren.core.drivers.history import load_messages
 from toren.errors import CorruptEventLog, CorruptRow
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store

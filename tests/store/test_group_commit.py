@@ -14,8 +14,8 @@ import pytest
 
 import toren
 from tests.store.steps import value_event
-from toren.core.digest import message_hash
-from toren.core.events import ValueRecorded
+from toren.core.contract.digest import message_hash
+from toren.core.contract.events import ValueRecorded
 from toren.errors import LeaseLost
 from toren.store import Store
 from toren.store.base import Lease, RunDelta

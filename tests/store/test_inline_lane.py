@@ -18,7 +18,7 @@ import pytest
 import toren
 from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
 from tests.store.steps import value_event
-from toren.core.events import ValueRecorded
+from toren.core.contract.events import ValueRecorded
 from toren.errors import LeaseLost, StorageError
 from toren.store import _pg_conn
 from toren.store.base import Lease

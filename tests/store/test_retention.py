@@ -15,7 +15,7 @@ import pytest
 
 import toren
 from toren.config import LeaseSettings, RetentionSettings
-from toren.core.history import load_messages
+from toren.core.drivers.history import load_messages
 from toren.errors import InvalidInput
 from toren.providers.base import ToolSpec
 from toren.providers.scripted import ScriptedProvider
@@ -320,7 +320,7 @@ async def test_a_worker_keeps_a_bounded_number_of_tick_results(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker that ticks runs for a month must not keep every run's result."""
-    from toren.core import worker as worker_module
+    from toren.core.drivers import worker as worker_module
 
     monkeypatch.setattr(worker_module, "RESULTS_KEPT", 2)
     reg = registry()

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from toren.core.clock import ManualClock
-from toren.core.schedule import ScheduleDef, ScheduleSpec, firing_key
-from toren.core.scheduler import Scheduler
+from toren.core.contract.clock import ManualClock
+from toren.core.contract.schedule import ScheduleDef, ScheduleSpec, firing_key
+from toren.core.drivers.scheduler import Scheduler
 from toren.errors import InvalidInput, ScheduleNotFound
 from toren.store import Store
 
@@ -147,7 +147,7 @@ async def test_a_two_hour_outage_fires_the_latest_time_once(store: Store) -> Non
 async def test_a_jittered_time_is_slept_for_not_polled(store: Store) -> None:
     """A time that is due but jittered is not looked at again until its moment (no busy
     loop), then fires."""
-    from toren.core.schedule import jitter_of
+    from toren.core.contract.schedule import jitter_of
 
     clock = ManualClock(T0 - 1)
     spec = ScheduleSpec(every=3600, jitter=600)

@@ -10,7 +10,7 @@ from typing import Any
 
 import toren
 from toren.api.search import TEXT_BUDGET, SearchIndexer, search_text, value_words
-from toren.core.records import SearchSource
+from toren.core.contract.records import SearchSource
 from toren.redact import REDACTED, Redactor
 from toren.store import Store
 from toren.store.search import parse, words

@@ -2,7 +2,7 @@
 
 An agent is a directory with ``agent.yaml`` (see ``docs/agent-yaml.md``), prompt files and
 an optional ``tools.py``. :class:`DirectoryResolver` turns agent directories into the
-:class:`~toren.core.program.AgentProgram` objects the engine runs.
+:class:`~toren.core.agent_api.program.AgentProgram` objects the engine runs.
 """
 
 from toren.agents.config import AgentConfig, TorenDeprecationWarning, agent_json_schema

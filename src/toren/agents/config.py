@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from toren.core.flow import Concurrency, parse_key
-from toren.core.schedule import (
+from toren.core.contract.flow import Concurrency, parse_key
+from toren.core.contract.schedule import (
     ScheduleDef,
     ScheduleError,
     ScheduleSpec,

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from toren.core.ports import ModelProvider
-from toren.core.program import AgentFn, ToolDef
+from toren.core.agent_api.program import AgentFn, ToolDef
+from toren.core.contract.ports import ModelProvider
 
 __all__ = ["EntryAdapter", "EntryRefused", "entry_providers", "entry_tools"]
 

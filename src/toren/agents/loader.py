@@ -53,8 +53,8 @@ from toren.agents.entries import EntryAdapter, EntryRefused, entry_providers, en
 from toren.agents.loop import LoopSpec, make_loop
 from toren.agents.pricing import PriceTable, default_table
 from toren.agents.tools import tools_from_module
-from toren.core.flow import Concurrency
-from toren.core.program import AgentFn, AgentProgram, Limits, ToolDef, usd
+from toren.core.agent_api.program import AgentFn, AgentProgram, Limits, ToolDef, usd
+from toren.core.contract.flow import Concurrency
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelProvider
 from toren.providers.scripted import ECHO_MODEL, load_script

@@ -42,12 +42,12 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from toren.agents.config import HumanConfig
-from toren.core.program import AgentFn, Limits, raised
+from toren.core.agent_api.program import AgentFn, Limits, raised
 from toren.errors import InvalidInput, LimitExceeded, ToolFailed
 from toren.providers.base import ModelResponse, ToolCall, ToolSpec
 
 if TYPE_CHECKING:
-    from toren.core.context import Context
+    from toren.core.agent_api.context import Context
 
 __all__ = ["ASK_HUMAN_SPEC", "LoopSpec", "make_loop", "parse_input", "tool_result_text"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from toren.agents.config import McpServerConfig
-from toren.core.program import ToolDef
+from toren.core.agent_api.program import ToolDef
 from toren.errors import AgentConfigError
 from toren.providers.base import ToolSpec
 

@@ -6,7 +6,7 @@ key: a run that sits blocked from its first second. So the places that start a r
 its worker runs, with the worker's environment (``toren run``, an API with an in-process
 worker as under ``toren dev``), refuse it before anything is stored, like any other
 configuration error. A key removed after the run started is the runtime's to report
-(the run shows as blocked: :mod:`toren.core.blocked`).
+(the run shows as blocked: RunRecord.blocked_dict in toren.core.contract.records).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from toren.agents.loader import (
 )
 from toren.agents.mcp_tools import McpServer
 from toren.agents.readiness import check_providers, missing_key_message
-from toren.core.program import AgentProgram, ToolDef
+from toren.core.agent_api.program import AgentProgram, ToolDef
 from toren.errors import AgentConfigError, AgentNotFound, ProviderUnavailable
 from toren.providers.base import DeltaCallback, ModelProvider, ModelRequest, ModelResponse
 

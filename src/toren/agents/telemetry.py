@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from toren.core.ports import Telemetry
+from toren.core.contract.ports import Telemetry
 from toren.providers.base import ModelRequest, ModelResponse
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import Any, get_type_hints
 from pydantic import ConfigDict, Field, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
-from toren.core.program import ToolDef
+from toren.core.agent_api.program import ToolDef
 from toren.providers.base import ToolSpec
 
 __all__ = [

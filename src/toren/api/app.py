@@ -29,19 +29,19 @@ from toren.api.routing import Methods
 from toren.api.search import SearchIndexer, indexing
 from toren.api.sse import RunStream, StreamSettings, resume_problem
 from toren.api.state import ApiState, InProcessWorker, State, error_responses
-from toren.core.changes import explain_invalidations
-from toren.core.events import StreamInvalidated
-from toren.core.fixforward import fork_run as core_fork_run
-from toren.core.fixforward import retry_run as core_retry_run
-from toren.core.live import LiveHub
-from toren.core.plan import PLAN_LIMIT, plan_report
-from toren.core.program import AgentResolver
-from toren.core.recorded import load_blobs
-from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
-from toren.core.runs import send_message as core_send_message
-from toren.core.runs import start as core_start
-from toren.core.values import RunStatus
-from toren.core.verify import verify_run as verify_run_report
+from toren.core.agent_api.program import AgentResolver
+from toren.core.contract.changes import explain_invalidations
+from toren.core.contract.events import StreamInvalidated
+from toren.core.contract.recorded import load_blobs
+from toren.core.contract.values import RunStatus
+from toren.core.drivers.fixforward import fork_run as core_fork_run
+from toren.core.drivers.fixforward import retry_run as core_retry_run
+from toren.core.drivers.live import LiveHub
+from toren.core.drivers.plan import PLAN_LIMIT, plan_report
+from toren.core.drivers.runs import MAX_RUNS_PAGE, unexpected_message
+from toren.core.drivers.runs import send_message as core_send_message
+from toren.core.drivers.runs import start as core_start
+from toren.core.drivers.verify import verify_run as verify_run_report
 from toren.errors import TorenError
 from toren.redact import Redactor, redact_prefix, secrets_from_env
 from toren.store.base import RunRecord, Store

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from toren.api.models import CURSOR_HELP, NAME_HELP
-from toren.core.inputs import MAX_JSON_DEPTH, MESSAGE_NAME_HELP, text_depth, too_deep
+from toren.core.contract.inputs import MAX_JSON_DEPTH, MESSAGE_NAME_HELP, text_depth, too_deep
 from toren.errors import (
     AgentNotFound,
     ConcurrencyConflict,

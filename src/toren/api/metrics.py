@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toren.api.state import InProcessWorker
-from toren.core.schedule import ScheduleState
+from toren.core.contract.schedule import ScheduleState
 from toren.store.base import STATUSES, from_nano
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

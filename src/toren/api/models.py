@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from toren.agents.config import NAME_PATTERN
-from toren.core.inputs import MESSAGE_NAME_PATTERN, check_depth
-from toren.core.values import InvalidationCause, RunStatus
+from toren.core.contract.inputs import MESSAGE_NAME_PATTERN, check_depth
+from toren.core.contract.values import InvalidationCause, RunStatus
 from toren.errors import InvalidInput
 
 # Agent and process names follow agent.yaml's rule (one source of truth): an API that
@@ -25,7 +25,7 @@ NAME_HELP = (
 # Identifiers stored as plain text columns: visible ASCII only (no NUL, no control
 # characters, which PostgreSQL text columns reject and headers cannot carry).
 KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
-# A cursor is a run id (the last run of the previous page) as toren.core.runs.new_run_id
+# A cursor is a run id (the last run of the previous page) as toren.core.drivers.runs.new_run_id
 # makes them: anything else would be compared as a string and page silently wrong.
 CURSOR_PATTERN = r"^run_[0-9a-f]{22}$"
 CURSOR_HELP = (
@@ -54,7 +54,7 @@ ASCII_INT = BeforeValidator(_ascii_int)
 def _json_value(what: str, root: str) -> AfterValidator:
     """A request's JSON value (a run's input, a message's payload) must survive being
     stored as UTF-8 text (no lone surrogates) and being read back: at most
-    ``toren.core.inputs.MAX_JSON_DEPTH`` levels of nesting, the host API's own rule and
+    ``toren.core.contract.inputs.MAX_JSON_DEPTH`` levels of nesting, the host API's own rule and
     words (docs/http-api.md documents it; lowering it would be breaking)."""
 
     def check(value: Any) -> Any:
@@ -307,7 +307,7 @@ class RetryRunRequest(BaseModel):
 
 
 def _fork_point(value: str) -> str:
-    from toren.core.fixforward import parse_at
+    from toren.core.drivers.fixforward import parse_at
 
     try:
         parse_at(value)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 import orjson
 
 from toren.api import models
-from toren.core.events import Event
+from toren.core.contract.events import Event
 from toren.redact import MAX_DEPTH, Redactor
 from toren.store.base import RunRecord
 

@@ -13,9 +13,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from toren.agents.config import NAME_PATTERN, ScheduleConfig
 from toren.api.state import ApiState, State, error_responses
-from toren.core.clock import SystemClock
-from toren.core.schedule import ScheduleState, nominal_text, schedule_id
-from toren.core.scheduler import Scheduler
+from toren.core.contract.clock import SystemClock
+from toren.core.contract.schedule import ScheduleState, nominal_text, schedule_id
+from toren.core.drivers.scheduler import Scheduler
 from toren.errors import ScheduleNotFound
 
 RECENT_RUNS = 10

@@ -21,8 +21,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from toren.core.ports import RunStore
-from toren.core.records import SearchSource
+from toren.core.contract.ports import RunStore
+from toren.core.contract.records import SearchSource
 from toren.redact import Redactor, StreamRedactor
 from toren.store.search import words
 

@@ -1,7 +1,7 @@
 """Live event streams over Server-Sent Events.
 
 The event log is the source of truth: a stream reads the store after the last seq it
-delivered and uses the :class:`~toren.core.live.LiveHub` only to wake up early and to
+delivered and uses the :class:`~toren.core.drivers.live.LiveHub` only to wake up early and to
 forward token deltas. Whatever the hub drops (a full queue, a worker in another process),
 the next read of the store catches up, so every event is delivered exactly once and in
 order, also across reconnects (``Last-Event-ID`` is the last delivered seq).
@@ -40,9 +40,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from toren.core.events import TERMINAL_TYPES, Event, ModelCallCutOff
-from toren.core.live import LiveHub
-from toren.core.ports import RunStore
+from toren.core.contract.events import TERMINAL_TYPES, Event, ModelCallCutOff
+from toren.core.contract.ports import RunStore
+from toren.core.drivers.live import LiveHub
 from toren.redact import Redactor, StreamRedactor
 
 log = logging.getLogger("toren.api")

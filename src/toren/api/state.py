@@ -11,12 +11,12 @@ from toren.api import models
 from toren.api.errors import STATUS_CODES
 from toren.api.render import Pages
 from toren.api.sse import StreamSettings
-from toren.core.live import LiveHub
-from toren.core.ports import Store
-from toren.core.program import AgentResolver
-from toren.core.scheduler import Scheduler
-from toren.core.tick import TickDeps
-from toren.core.upkeep import WorkerMetrics
+from toren.core.agent_api.program import AgentResolver
+from toren.core.contract.ports import Store
+from toren.core.drivers.live import LiveHub
+from toren.core.drivers.scheduler import Scheduler
+from toren.core.drivers.tick import TickDeps
+from toren.core.drivers.upkeep import WorkerMetrics
 from toren.redact import Redactor
 
 PUBLIC_PATHS = frozenset({"/v1/health"})
@@ -24,7 +24,7 @@ PUBLIC_PATHS = frozenset({"/v1/health"})
 
 class InProcessWorker(Protocol):
     """What the API reads of a worker running in its own process (``toren dev``, ``toren
-    serve`` with a worker): :class:`toren.core.worker.LocalWorkerRuntime`, or ``toren
+    serve`` with a worker): :class:`toren.core.drivers.worker.LocalWorkerRuntime`, or ``toren
     dev``'s switch to whichever worker runs now."""
 
     @property

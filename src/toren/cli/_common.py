@@ -17,8 +17,8 @@ from click.core import ParameterSource
 from rich.console import Console
 
 from toren.config import Settings
-from toren.core import inputs
-from toren.core.values import RunStatus
+from toren.core.contract import inputs
+from toren.core.contract.values import RunStatus
 from toren.errors import (
     AgentConfigError,
     AgentNotFound,
@@ -425,7 +425,7 @@ def _shown_path(path: Path) -> str:
 
 def read_input(value: str | None, message: str | None) -> object:
     """``--input JSON`` or ``--input @file.json``; a positional MESSAGE is a plain string.
-    The value is held to the host API's nesting limit (``toren.core.inputs``) here, so both
+    The value is held to the host API's nesting limit (``toren.core.contract.inputs``) here, so both
     backends refuse it alike, before anything is stored."""
     if value is not None and message is not None:
         raise click.UsageError("give either MESSAGE or --input, not both")

@@ -25,12 +25,12 @@ from typing import Any, Protocol, TypeAlias
 
 from toren.cli._common import RunFinished
 from toren.client import Run
-from toren.core.fixforward import fork_run, retry_run
-from toren.core.ports import RunStore
-from toren.core.runs import send_message, start_run
-from toren.core.tick import tick
-from toren.core.values import RunStatus
-from toren.core.worker import LocalWorkerRuntime
+from toren.core.contract.ports import RunStore
+from toren.core.contract.values import RunStatus
+from toren.core.drivers.fixforward import fork_run, retry_run
+from toren.core.drivers.runs import send_message, start_run
+from toren.core.drivers.tick import tick
+from toren.core.drivers.worker import LocalWorkerRuntime
 from toren.errors import RunNotFound
 from toren.runtime import Runtime
 from toren.store.base import Lease, Release, RunRecord

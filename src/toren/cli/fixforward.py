@@ -1,6 +1,6 @@
 """``toren runs retry`` and ``toren runs fork``: continue a failed run under the code now
 deployed, or start a new run from one step of an existing one (see
-:mod:`toren.core.fixforward` for what each does to the logs)."""
+:mod:`toren.core.drivers.fixforward` for what each does to the logs)."""
 
 from __future__ import annotations
 

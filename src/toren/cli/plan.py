@@ -24,8 +24,8 @@ from toren.cli._common import (
 from toren.cli.plan_pool import DEFAULT_MAX_JOBS, MAX_JOBS, MIN_SHARED_STEPS, PlanPool, default_jobs
 from toren.cli.runs import backend_options
 from toren.cli.view import money
-from toren.core.plan import PLAN_LIMIT, plan_report
-from toren.core.values import InvalidationCause
+from toren.core.contract.values import InvalidationCause
+from toren.core.drivers.plan import PLAN_LIMIT, plan_report
 from toren.runtime import close_runtime
 
 # Without --limit the CLI plans every in-flight run: a pre-deploy check that skipped some

@@ -37,9 +37,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from toren.core.plan import plan_listed
-from toren.core.records import RunRecord
-from toren.core.tickstate import TickDeps
+from toren.core.contract.records import RunRecord
+from toren.core.drivers.plan import plan_listed
+from toren.core.drivers.tickstate import TickDeps
 from toren.errors import TorenError
 
 # Below this many recorded steps in all, the parent plans alone: a worker's share would
@@ -134,7 +134,7 @@ def _v1_limit(directory: Path) -> int | None:
 
 class PlanPool:
     """``jobs - 1`` worker processes (see the module docstring); use as a context
-    manager around the plan, and pass it to :func:`toren.core.plan.plan_report` as
+    manager around the plan, and pass it to :func:`toren.core.drivers.plan.plan_report` as
     ``shards``."""
 
     def __init__(

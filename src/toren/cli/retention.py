@@ -15,7 +15,7 @@ from typing import IO, Any
 import click
 
 from toren.cli._common import counted, database_url_for, examples, out, run_async
-from toren.core.values import TERMINAL_STATUSES, RunStatus
+from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
 from toren.durations import parse_duration
 from toren.store import Backend, connect
 from toren.store.retention import (

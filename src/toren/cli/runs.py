@@ -43,9 +43,9 @@ from toren.cli._common import (
 from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked, run_json
 from toren.cli.view import RunView, money, next_try, short
 from toren.client import Run, TorenMessageWarning
-from toren.core.runs import MAX_RUNS_PAGE, unexpected_message
-from toren.core.takeover import take_over_gone
-from toren.core.values import STATUSES, RunStatus
+from toren.core.contract.values import STATUSES, RunStatus
+from toren.core.drivers.runs import MAX_RUNS_PAGE, unexpected_message
+from toren.core.drivers.takeover import take_over_gone
 from toren.errors import AgentConfigError
 from toren.runtime import close_runtime, open_runtime
 

@@ -18,9 +18,9 @@ from toren.agents.config import ScheduleConfig
 from toren.cli._common import database_url_for, examples, out, run_async, settings_from
 from toren.cli.runs import backend_options
 from toren.client import AsyncTorenClient
-from toren.core.clock import SystemClock
-from toren.core.schedule import ScheduleState, nominal_text, schedule_id
-from toren.core.scheduler import Scheduler
+from toren.core.contract.clock import SystemClock
+from toren.core.contract.schedule import ScheduleState, nominal_text, schedule_id
+from toren.core.drivers.scheduler import Scheduler
 from toren.errors import InvalidInput, ScheduleNotFound
 from toren.runtime import Runtime, close_runtime, open_runtime
 

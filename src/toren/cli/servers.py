@@ -30,12 +30,12 @@ from toren.cli._common import (
     settings_from,
     setup_logging,
 )
-from toren.core.live import ALL
-from toren.core.scheduler import Scheduler
-from toren.core.tick import TickDeps
-from toren.core.upkeep import WorkerMetrics
-from toren.core.values import RunStatus
-from toren.core.worker import LocalWorkerRuntime
+from toren.core.contract.values import RunStatus
+from toren.core.drivers.live import ALL
+from toren.core.drivers.scheduler import Scheduler
+from toren.core.drivers.tick import TickDeps
+from toren.core.drivers.upkeep import WorkerMetrics
+from toren.core.drivers.worker import LocalWorkerRuntime
 from toren.durations import parse_duration
 from toren.errors import InvalidInput, MissingProviderKey, TorenError
 from toren.runtime import Runtime, close_runtime, open_runtime, sqlite_url_for

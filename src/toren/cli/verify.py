@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 
 from toren.cli._common import EXIT_OK, counted, database_url_for, examples, out, run_async
-from toren.core.verify import RunVerification, verify_run
+from toren.core.drivers.verify import RunVerification, verify_run
 from toren.store import connect
 
 EXIT_MISMATCH = 7  # toren runs verify: a recorded digest does not re-derive from the log

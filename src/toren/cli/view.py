@@ -23,7 +23,7 @@ from rich.text import Text
 
 from toren.cli.backend import LocalRun
 from toren.client import Run
-from toren.core.values import RunStatus, from_nano, retry_limits
+from toren.core.contract.values import RunStatus, from_nano, retry_limits
 
 RESULT_WIDTH = 160
 

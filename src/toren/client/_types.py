@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from decimal import Decimal
 from typing import Any, Self, TypeVar
 
-from toren.core.values import JSON, TERMINAL_STATUSES, RunStatus
+from toren.core.contract.values import JSON, TERMINAL_STATUSES, RunStatus
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The console's HTML shells. Each page is static markup plus one script that fetches the
 data with the user's token; the values spliced in are a (validated, escaped) run id and
-Toren's vocabulary (:func:`toren.core.values.vocabulary`: statuses, step kinds,
+Toren's vocabulary (:func:`toren.core.contract.values.vocabulary`: statuses, step kinds,
 invalidation causes), so the scripts never spell those sets themselves."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from html import escape
 from importlib.resources import files
 
 import toren
-from toren.core.values import STATUSES, vocabulary
+from toren.core.contract.values import STATUSES, vocabulary
 
 _TEMPLATES = files("toren.console") / "templates"
 

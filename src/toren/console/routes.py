@@ -23,10 +23,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from toren.console import pages
-from toren.core.events import ModelCallRecorded
-from toren.core.history import load_messages
-from toren.core.ports import RunStore
-from toren.core.values import from_nano
+from toren.core.contract.events import ModelCallRecorded
+from toren.core.contract.ports import RunStore
+from toren.core.contract.values import from_nano
+from toren.core.drivers.history import load_messages
 
 STATIC = Path(__file__).parent / "static"
 RUN_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as the API's run routes accept

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from toren.core.program import AgentFn
+from toren.core.agent_api.program import AgentFn
 
 __all__ = ["ADAPTERS", "FrameworkAdapter", "FrameworkAdapters", "adapt_entry"]
 

@@ -45,7 +45,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toren.agents.entries import EntryRefused
-from toren.core.model_types import (
+from toren.core.agent_api.program import AgentFn, ToolDef, raised
+from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     DeltaCallback,
     ModelRequest,
@@ -54,7 +55,6 @@ from toren.core.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.core.program import AgentFn, ToolDef, raised
 from toren.errors import AgentConfigError, InvalidInput, LimitExceeded, ModelCallFailed, ToolFailed
 
 try:
@@ -89,7 +89,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the e
     ) from exc
 
 if TYPE_CHECKING:
-    from toren.core.context import Context
+    from toren.core.agent_api.context import Context
 
 __all__ = ["APPROVAL_MESSAGE", "TorenModel", "adapt", "neutral_request", "tool_options"]
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from toren.agents.entries import EntryRefused
-from toren.core.model_types import (
+from toren.core.agent_api.program import AgentFn, ToolDef, raised
+from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     DeltaCallback,
     ModelRequest,
@@ -45,7 +46,6 @@ from toren.core.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.core.program import AgentFn, ToolDef, raised
 from toren.errors import (
     AgentConfigError,
     InvalidInput,
@@ -73,7 +73,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised without the e
 if TYPE_CHECKING:
     from pydantic_ai import RunContext
 
-    from toren.core.context import Context
+    from toren.core.agent_api.context import Context
 
 __all__ = [
     "APPROVAL_MESSAGE",

@@ -1,17 +1,17 @@
 """The provider interface: the Protocol a provider implements and its retry policy.
 
-A provider turns a :class:`ModelRequest` into a :class:`ModelResponse`. It knows nothing
-about the journal; durability wraps it (``toren.core``). The values that cross it are
-defined in :mod:`toren.core.model_types` and the Protocol in :mod:`toren.core.ports` (the
-engine owns the ports it calls through); both are re-exported here, where providers and
-users import them from.
+A provider turns a :class:`ModelRequest` into a :class:`ModelResponse`. It knows nothing about the
+journal; durability wraps it (``toren.core``). The values that cross it are defined in
+:mod:`toren.core.contract.model_types` and the Protocol in :mod:`toren.core.contract.ports` (the
+engine owns the ports it calls through); both are re-exported here, where providers and users import
+them from.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toren.core.model_types import (
+from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     CancelledWithUsage,
     DeltaCallback,
@@ -26,7 +26,7 @@ from toren.core.model_types import (
     frozen,
     usage_cut_off,
 )
-from toren.core.ports import ModelProvider
+from toren.core.contract.ports import ModelProvider
 
 __all__ = [
     "TRANSPORT_PARAMS",

@@ -1,10 +1,10 @@
-"""The storage interface as the stores see it. The ports (``JournalStore`` for ticks and
-workers, ``RunStore`` for the API and the CLI, ``Store`` for both) and the records that
-cross them are owned by the engine (:mod:`toren.core.ports`, :mod:`toren.core.records`)
-and re-exported here, beside the retention port (:class:`RetentionStore`: prune, export,
-import) that only the store's own tools use. All SQL of a dialect lives in that dialect's
-module; shared statements (written with ``?`` placeholders, every column named) live in
-:mod:`toren.store.sql` and, for retention, :mod:`toren.store.pruning`."""
+"""The storage interface as the stores see it. The ports (``JournalStore`` for ticks and workers,
+``RunStore`` for the API and the CLI, ``Store`` for both) and the records that cross them are owned
+by the engine (:mod:`toren.core.contract.ports`, :mod:`toren.core.contract.records`) and re-exported
+here, beside the retention port (:class:`RetentionStore`: prune, export, import) that only the
+store's own tools use. All SQL of a dialect lives in that dialect's module; shared statements
+(written with ``?`` placeholders, every column named) live in :mod:`toren.store.sql` and, for
+retention, :mod:`toren.store.pruning`."""
 
 from __future__ import annotations
 
@@ -13,25 +13,25 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
 
-from toren.core.ports import JournalStore as JournalStore
-from toren.core.ports import RunStore as RunStore
-from toren.core.ports import Store as Store
-from toren.core.records import Appended as Appended
-from toren.core.records import InboxMessage as InboxMessage
-from toren.core.records import Lease as Lease
-from toren.core.records import NewRun as NewRun
-from toren.core.records import Release as Release
-from toren.core.records import RunDelta as RunDelta
-from toren.core.records import RunRecord as RunRecord
-from toren.core.records import SearchBacklog as SearchBacklog
-from toren.core.records import SearchSource as SearchSource
-from toren.core.records import ValueSummary as ValueSummary
-from toren.core.records import WorkerInfo as WorkerInfo
-from toren.core.values import NANO as NANO
-from toren.core.values import STATUSES as STATUSES
-from toren.core.values import TERMINAL_STATUSES as TERMINAL_STATUSES
-from toren.core.values import from_nano as from_nano
-from toren.core.values import to_nano as to_nano
+from toren.core.contract.ports import JournalStore as JournalStore
+from toren.core.contract.ports import RunStore as RunStore
+from toren.core.contract.ports import Store as Store
+from toren.core.contract.records import Appended as Appended
+from toren.core.contract.records import InboxMessage as InboxMessage
+from toren.core.contract.records import Lease as Lease
+from toren.core.contract.records import NewRun as NewRun
+from toren.core.contract.records import Release as Release
+from toren.core.contract.records import RunDelta as RunDelta
+from toren.core.contract.records import RunRecord as RunRecord
+from toren.core.contract.records import SearchBacklog as SearchBacklog
+from toren.core.contract.records import SearchSource as SearchSource
+from toren.core.contract.records import ValueSummary as ValueSummary
+from toren.core.contract.records import WorkerInfo as WorkerInfo
+from toren.core.contract.values import NANO as NANO
+from toren.core.contract.values import STATUSES as STATUSES
+from toren.core.contract.values import TERMINAL_STATUSES as TERMINAL_STATUSES
+from toren.core.contract.values import from_nano as from_nano
+from toren.core.contract.values import to_nano as to_nano
 from toren.errors import CorruptRow, InvalidInput
 
 StoredValue: TypeAlias = str | int | float | None

@@ -1,4 +1,4 @@
-"""Flow control's SQL (both dialects; toren.core.flow says what it means).
+"""Flow control's SQL (both dialects; toren.core.contract.flow says what it means).
 
 A run of a concurrency key holds a slot while it is ``running`` or ``waiting``. The claim
 of a ``queued`` run of a key (:func:`claim_keyed`) counts the key's holders and takes at
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from toren.core.flow import Queued
-from toren.core.records import Lease
-from toren.core.values import RunStatus
+from toren.core.contract.flow import Queued
+from toren.core.contract.records import Lease
+from toren.core.contract.values import RunStatus
 
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; sql imports this module)
 

@@ -18,10 +18,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from toren.core.audit import chain
-from toren.core.events import Event
-from toren.core.jsontext import dumps
-from toren.core.values import TERMINAL_STATUSES, RunStatus
+from toren.core.contract.audit import chain
+from toren.core.contract.events import Event
+from toren.core.contract.jsontext import dumps
+from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
@@ -281,7 +281,7 @@ RENEW_ONE = f"UPDATE runs SET lease_expires_at = %s::double precision {_LEASED} 
 # parked run every hop counts. Concurrent claims skip each other's rows.
 # Its commit waits for the WAL flush like every other: a claim lost in a database crash
 # would let a second worker claim the run while the first, whose lease's local deadline
-# still runs (core/fencing.py), starts a live step: a model call paid twice.
+# still runs (core/drivers/fencing.py), starts a live step: a model call paid twice.
 CLAIM = (
     "UPDATE runs SET lease_owner = ?, lease_epoch = runs.lease_epoch + 1, "
     "lease_expires_at = ?, "

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-from toren.core.values import TERMINAL_STATUSES
+from toren.core.contract.values import TERMINAL_STATUSES
 from toren.errors import InvalidInput, StorageError
 from toren.store.base import ExportedRun, PruneResult, Row, check_statuses, read_json
 from toren.store.sql import EVENT_COLUMNS, RUN_COLUMNS, Cursor, SqlStore, insert_blobs_sql

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import IO
 
-from toren.core.values import JSON, TERMINAL_STATUSES
+from toren.core.contract.values import JSON, TERMINAL_STATUSES
 from toren.errors import InvalidInput
 from toren.store.base import ExportedRun, PruneResult, RetentionStore, Row, check_statuses
 

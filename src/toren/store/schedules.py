@@ -14,9 +14,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from toren.core.jsontext import dumps
-from toren.core.records import NewRun
-from toren.core.schedule import (
+from toren.core.contract.jsontext import dumps
+from toren.core.contract.records import NewRun
+from toren.core.contract.schedule import (
     Firing,
     ScheduleDef,
     ScheduleSpec,
@@ -24,7 +24,7 @@ from toren.core.schedule import (
     next_after,
     schedule_id,
 )
-from toren.core.values import TERMINAL_STATUSES
+from toren.core.contract.values import TERMINAL_STATUSES
 from toren.errors import InvalidInput, ScheduleNotFound
 
 T = TypeVar("T")

@@ -245,7 +245,7 @@ SCHEMA: tuple[Migration, ...] = (
         (*(c.strip() for c in LIST_COLUMNS.split(",")), *summary_expressions("sqlite")),
         dialect="sqlite",
     ),
-    # --- 0.2.0: schedules (toren.core.schedule; docs/schedules.md) ----------------------
+    # --- 0.2.0: schedules (toren.core.contract.schedule; docs/schedules.md) ----------------------
     # One row per schedule, from agent.yaml (``source``: the code version that declared
     # it and the start time of its worker: the newest wins, as in the storm guard) or the
     # API. ``next_fire_at`` is the next nominal time not yet decided: every firing moves
@@ -284,7 +284,7 @@ SCHEMA: tuple[Migration, ...] = (
     AddColumn("runs", _c("schedule_id", "text")),
     AddColumn("runs", _c("scheduled_for", "real")),
     CreateIndex("runs_schedule_id", "runs", ("schedule_id", "id")),
-    # --- 0.2.0: flow control (toren.core.flow; docs/flow-control.md) -------------------
+    # --- 0.2.0: flow control (toren.core.contract.flow; docs/flow-control.md) -------------------
     # A run's concurrency key and limit, and its priority in the key's queue.
     AddColumn("runs", _c("concurrency_key", "text")),
     AddColumn("runs", _c("concurrency_limit", "int")),

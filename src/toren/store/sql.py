@@ -19,11 +19,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
-from toren.core.audit import chain
-from toren.core.events import Event, parse_payload
-from toren.core.flow import Queued
-from toren.core.jsontext import dumps
-from toren.core.values import TERMINAL_STATUSES, RunStatus
+from toren.core.contract.audit import chain
+from toren.core.contract.events import Event, parse_payload
+from toren.core.contract.flow import Queued
+from toren.core.contract.jsontext import dumps
+from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import (
     ConcurrencyConflict,
     CorruptEventLog,
@@ -120,7 +120,7 @@ CLAIMABLE = (
 
 # The earliest wake-up time after ``now`` of a run with a timer (``not_before``): one probe
 # of the ``runs_claim`` index (status, not_before) per unfinished status, so its cost does
-# not depend on how many runs are parked. A worker sleeps until then (toren.core.worker).
+# not depend on how many runs are parked. A worker sleeps until then (toren.core.drivers.worker).
 # Runs whose search text is missing or older than the run (the indexer's work), found
 # from the last change it saw on through ``runs_updated``.
 _PHASE = "CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.status ELSE 'open' END"
@@ -1110,7 +1110,7 @@ class SqlStore:
 
     async def lease_holders(self, *, now: float) -> list[WorkerInfo]:
         """The registered workers holding an unexpired lease on some run (what a worker
-        looks at to take over the runs of one that is gone: toren.core.takeover)."""
+        looks at to take over the runs of one that is gone: toren.core.drivers.takeover)."""
 
         def tx(cur: Cursor) -> list[WorkerInfo]:
             rows = self._x(

@@ -15,7 +15,7 @@ import logging
 import time
 from typing import Any
 
-from toren.core.ports import RunStore
+from toren.core.contract.ports import RunStore
 
 log = logging.getLogger("toren.aws")
 NAMESPACE = "Toren"

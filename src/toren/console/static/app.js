@@ -6,7 +6,7 @@
 
 const KEY = "toren.token";
 
-// Toren's fixed sets, rendered into every page by the server (toren.core.values): the
+// Toren's fixed sets, rendered into every page by the server (toren.core.contract.values): the
 // console never spells a status, a step kind or an invalidation cause list itself.
 const VOCABULARY = JSON.parse(document.body.dataset.vocabulary || "{}");
 export const STATUS = Object.freeze(VOCABULARY.RunStatus || {});

@@ -20,7 +20,7 @@ let streamState = "connecting";
 let scheduled = false;
 let refreshTimer = null;
 
-// -- folding the log into streams (as toren.core.replay does) ------------------------------
+// -- folding the log into streams (as toren.core.contract.replay does) ------------------------------
 
 function fold() {
   const streams = new Map();
@@ -67,7 +67,7 @@ function mainStream() {
   return run ? run.process : "main";
 }
 
-// A retry takes the failures it retries out of the view (toren.core.replay.StreamView.retry).
+// A retry takes the failures it retries out of the view (toren.core.contract.replay.StreamView.retry).
 function retryFold(streams, seqs) {
   const retried = new Set(seqs);
   for (const s of streams.values()) {

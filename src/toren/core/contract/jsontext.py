@@ -1,0 +1,76 @@
+"""JSON text for the log: one fast path (orjson) where its bytes are provably the same as
+the standard library's, and the standard library everywhere else.
+
+``plain_kind`` walks a value once, without recursion, and says whether it holds only the
+common JSON types (``str``, ``int``, ``bool``, ``None``, finite ``float``, ``dict``,
+``list``, ``tuple`` and Toren's immutable :class:`Message`/:class:`FrozenList`). Only such
+values take orjson: floats that are not finite (which ``json`` writes as ``NaN`` and orjson
+would silently turn into ``null``), other Mappings, and every other type keep the exact
+behaviour of :mod:`json`, errors included.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from toren.core.contract.model_types import FrozenList, Message
+from toren.core.contract.text import has_surrogates, repair_text
+
+NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS = 0, 1, 2
+_MAX_NODES = 100_000  # containers walked at most before leaving a value to json
+
+# Types orjson would serialise where ``json`` raises: keep them on the ``json`` path.
+_STRICT = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
+def plain_kind(value: Any) -> int:
+    """``PLAIN``, ``PLAIN_WITH_FLOATS`` (finite floats somewhere) or ``NOT_PLAIN``."""
+    kind = PLAIN
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    budget = _MAX_NODES
+    while stack:
+        budget -= 1
+        if budget < 0:  # very large, or cyclic: json decides (and names a cycle)
+            return NOT_PLAIN
+        v = pop()
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if t is float:
+            if v - v != 0:  # NaN and infinities
+                return NOT_PLAIN
+            kind = PLAIN_WITH_FLOATS
+            continue
+        if t is dict or t is Message:
+            for k, item in v.items():
+                if type(k) is not str:
+                    return NOT_PLAIN
+                ti = type(item)
+                if ti is not str and ti is not int and item is not None and ti is not bool:
+                    push(item)
+            continue
+        if t is list or t is tuple or t is FrozenList:
+            stack.extend(v)
+            continue
+        return NOT_PLAIN
+    return kind
+
+
+def dumps(value: object) -> str:
+    """Compact JSON text (``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``
+    in meaning; float spelling may differ, e.g. ``1e+16`` vs ``1e16``). For stored
+    payloads, never for digests (see :func:`toren.core.contract.digest.canonical_json`)."""
+    if plain_kind(value) != NOT_PLAIN:
+        try:
+            return orjson.dumps(value, option=_STRICT).decode("utf-8")
+        except TypeError:  # an integer beyond 64 bits, or a lone surrogate
+            pass
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    # Stored text is UTF-8: a string that is not valid Unicode is stored repaired
+    # (toren.core.contract.text) rather than failing the write. Values from outside are repaired
+    # before they are recorded, so this only catches what slipped past (a request's params).
+    return repair_text(text) if has_surrogates(text) else text

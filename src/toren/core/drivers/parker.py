@@ -1,0 +1,129 @@
+"""The tick's parker: live steps in flight, the branches parked on durable waits and the
+wake-up of the drive (:meth:`Parker.drive`, shared with the dry run of ``toren plan``).
+One part of the composed tick (see :mod:`toren.core.drivers.tickstate`); it knows the agent task
+and its branches, nothing of the store or the journal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from toren.core.agent_api.branches import IDLE, READY, UNKNOWN, Branches, verdict
+
+__all__ = ["Parker"]
+
+log = logging.getLogger("toren.tick")
+
+
+class Parker:
+    """Live steps in flight and branches parked on durable waits. A run parks (its tick
+    ends, status waiting) when no live step is in flight, some branch waits durably and
+    every branch is idle; see :meth:`drive`."""
+
+    __slots__ = ("branches", "draining", "futures", "inflight", "parked", "waiters", "wake")
+
+    def __init__(self) -> None:
+        self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
+        self.inflight = 0
+        self.waiters: list[tuple[float | None, tuple[str, ...]]] = []
+        self.parked: list[tuple[float | None, tuple[str, ...]]] = []
+        self.futures: set[asyncio.Future[None]] = set()  # what parked branches await
+        self.wake = asyncio.Event()
+        self.draining = False
+
+    async def park(self, not_before: float | None, names: tuple[str, ...]) -> None:
+        """Wait for the tick to park the run; never returns (the agent task is cancelled).
+        Called inside a live step (counted in flight)."""
+        entry = (not_before, names)
+        parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(entry)
+        self.futures.add(parked)
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.wake.set()
+        try:
+            with self.branches.parked(parked):  # the tick knows this task waits durably
+                await parked
+        finally:
+            self.inflight += 1
+            self.waiters.remove(entry)
+            self.futures.discard(parked)
+
+    def parkable(self) -> bool:
+        return bool(self.waiters) and self.inflight == 0
+
+    async def drive(
+        self,
+        task: asyncio.Task[object],
+        *,
+        stopped: Callable[[], bool],
+        stop: Callable[[str], object],
+        grace: float,
+        run_id: str,
+    ) -> None:
+        """Run until the agent task ends or is stopped. ``stop("drain")`` once a draining
+        worker has nothing in flight; ``stop("park")`` once the run is idle (the waiters
+        are snapshot in :attr:`parked` first: cancelling the agent task unwinds them)."""
+        while not task.done():
+            self.wake.clear()
+            woken = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
+            woken.cancel()
+            if task.done() or stopped():
+                break
+            if self.draining and self.inflight == 0:
+                stop("drain")
+                break
+            if self.parkable() and await self._settled(task, stopped, grace, run_id):
+                self.parked = list(self.waiters)
+                stop("park")
+        with contextlib.suppress(BaseException):
+            await task
+
+    async def _settled(
+        self, task: asyncio.Task[Any], stopped: Callable[[], bool], grace: float, run_id: str
+    ) -> bool:
+        """Whether the run is idle, so that parking loses nothing: every branch of the
+        agent code waits on a durable wait. Branches that can run are let run; a branch
+        awaiting other work (outside ``ctx``) is waited for, up to ``park_grace`` seconds,
+        after which the run parks anyway and that work runs again on resume. False when
+        something else came up first (a live step, the end, a cancel, a drain)."""
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        while self.parkable() and not task.done():
+            if stopped() or self.draining:
+                return False
+            found = verdict(task, self.futures.__contains__, self.branches)
+            if found.state == IDLE:
+                return True
+            if found.state == UNKNOWN:  # no way to tell: let ready branches run, then park
+                for _ in range(8):
+                    await asyncio.sleep(0)
+                return self.parkable() and not task.done()
+            if found.state == READY:
+                await asyncio.sleep(0)
+                continue
+            now = loop.time()
+            if deadline is None:
+                deadline = now + grace
+            if now >= deadline:
+                log.info(
+                    "run %s parks while a branch still awaits work outside ctx after %.0fs "
+                    "(park_grace); that work is cancelled and runs again when the run resumes",
+                    run_id,
+                    grace,
+                )
+                return True
+            self.wake.clear()
+            woken = asyncio.ensure_future(self.wake.wait())
+            await asyncio.wait(
+                {*found.futures, task, woken},
+                timeout=deadline - now,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            woken.cancel()
+        return False
