@@ -82,6 +82,10 @@ class Settings:
     # replay's time (see toren.core.drivers.tickstate.ReplayGcPause). A host embedding a worker
     # that must not have gc.disable() called under it turns this off.
     pause_gc_on_replay: bool = True
+    # Parked runs a worker keeps suspended in memory and continues in place when their
+    # message or timer comes (no reload, no replay; toren.core.drivers.sticky), bounded by
+    # this estimate of their size in MB. 0 turns the cache off.
+    sticky_cache_mb: float = 64.0
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     blocked_retry: BlockedRetry = field(default_factory=BlockedRetry)
 

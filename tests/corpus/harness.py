@@ -29,6 +29,7 @@ import toren
 from toren.core.contract.audit import RESPONSE_FIELDS, response_digest
 from toren.core.drivers.plan import plan_report
 from toren.core.drivers.runs import new_run_id
+from toren.core.drivers.sticky import StickyRuns
 from toren.providers.base import Usage
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store, WorkerInfo
@@ -105,6 +106,10 @@ class Harness:
     started_at: dict[str, float] = field(default_factory=dict)  # version -> worker start
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     _registries: dict[str, toren.Registry] = field(default_factory=dict)
+    # A sticky cache (toren.core.drivers.sticky): parked runs continue in place when the
+    # next tick runs the same code under the same deps, as on one long-lived worker.
+    sticky: StickyRuns | None = None
+    _deps: dict[tuple[str, float | None], toren.TickDeps] = field(default_factory=dict)
 
     def registry(self, version: str) -> toren.Registry:
         if version not in self._registries:
@@ -112,15 +117,19 @@ class Harness:
         return self._registries[version]
 
     def deps(self, version: str) -> toren.TickDeps:
-        return toren.TickDeps(
-            store=self.store,
-            agents=self.registry(version),
-            providers={"scripted": self.provider},
-            clock=self.clock,
-            worker_id=WORKER,
-            worker_started_at=self.started_at.get(version),
-            pricing=price,
-        )
+        key = (version, self.started_at.get(version))
+        if key not in self._deps:
+            self._deps[key] = toren.TickDeps(
+                store=self.store,
+                agents=self.registry(version),
+                providers={"scripted": self.provider},
+                clock=self.clock,
+                worker_id=WORKER,
+                worker_started_at=self.started_at.get(version),
+                pricing=price,
+                sticky=self.sticky,
+            )
+        return self._deps[key]
 
     async def start(
         self, version: str, input: Any = None, *, name: str = "r1", process: str = "main"
@@ -642,13 +651,18 @@ def iter_fixtures() -> Iterator[Path]:
 SETTLED = ("completed", "failed", "cancelled", "waiting")
 
 
-async def record(scenario: Scenario, url: str) -> dict[str, Any]:
-    """Run ``scenario`` on the empty database at ``url``; its normalised snapshot."""
+async def record(
+    scenario: Scenario, url: str, *, sticky: StickyRuns | None = None
+) -> dict[str, Any]:
+    """Run ``scenario`` on the empty database at ``url``; its normalised snapshot.
+    ``sticky``: the ticks keep parked runs in that cache and continue them in place."""
     store = await toren.connect(url)
     try:
-        h = Harness(scenario, store, url)
+        h = Harness(scenario, store, url, sticky=sticky)
         await scenario.script(h)
     finally:
+        if sticky is not None:
+            sticky.clear()
         await store.close()
     db = RawDB(url)
     try:

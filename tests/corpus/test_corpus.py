@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from toren.core.drivers.sticky import StickyRuns
+
 from ..conftest import require_pg
 from .backends import BACKENDS, FreshDatabases
 from .harness import FIXTURES, REPLAY_FIELDS, Replayed, dump, record, replay
@@ -189,3 +191,34 @@ async def test_tick_and_plan_agree(dbs: FreshDatabases, name: str, backend: str)
             f"tick {entry['tick']} of {entry['run']} under {entry['version']}: the plan "
             f"predicted {predicted}, the tick wrote {entry['written']}"
         )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", NAMES)
+async def test_a_sticky_worker_writes_the_same_log(
+    dbs: FreshDatabases, name: str, backend: str
+) -> None:
+    """(d) Sticky runs (toren.core.drivers.sticky): the scenario recorded with a cache of
+    parked runs, continued in place when the next tick runs the same code, writes the
+    fixture's logs and blobs byte for byte and ends every run as recorded. Each tick pays
+    for and executes exactly what it did uncached; only what it replays differs (a run
+    continued in place replays nothing)."""
+    if backend == "postgres":
+        require_pg()
+    expected = json.loads(fixture_text(name))
+    sticky = StickyRuns(64_000_000)
+    with dbs.fresh(backend) as url:
+        got = json.loads(dump(await record(SCENARIOS[name], url, sticky=sticky)))
+    for run_name, run in expected["runs"].items():
+        assert got["runs"][run_name]["events"] == run["events"], f"the log of {run_name}"
+        assert got["runs"][run_name]["final"] == run["final"], f"{run_name} ended otherwise"
+    assert got["blobs"] == expected["blobs"]
+    assert got["plans"] == expected["plans"]
+    pairs = list(zip(got["ticks"], expected["ticks"], strict=True))
+    ticks = [{k: v for k, v in t.items() if k != "replayed"} for t in got["ticks"]]
+    assert ticks == [{k: v for k, v in t.items() if k != "replayed"} for t in expected["ticks"]]
+    replayed = [(a.get("replayed", 0), b.get("replayed", 0)) for a, b in pairs]
+    # Only a tick continued in place replays less than it did uncached (a continued tick
+    # whose run had nothing to replay anyway replays 0 both ways).
+    assert sum(a < b for a, b in replayed) <= sticky.continued
+    assert all(a <= b for a, b in replayed)

@@ -24,24 +24,38 @@ class Parker:
     ends, status waiting) when no live step is in flight, some branch waits durably and
     every branch is idle; see :meth:`drive`."""
 
-    __slots__ = ("branches", "draining", "futures", "inflight", "parked", "waiters", "wake")
+    __slots__ = (
+        "branches",
+        "draining",
+        "futures",
+        "inflight",
+        "parked",
+        "suspended",
+        "waiters",
+        "wake",
+    )
 
     def __init__(self) -> None:
         self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
         self.inflight = 0
         self.waiters: list[tuple[float | None, tuple[str, ...]]] = []
         self.parked: list[tuple[float | None, tuple[str, ...]]] = []
-        self.futures: set[asyncio.Future[None]] = set()  # what parked branches await
+        # What parked branches await, in the order they parked (a resume wakes them so).
+        self.futures: dict[asyncio.Future[None], None] = {}
         self.wake = asyncio.Event()
         self.draining = False
+        # Parked with the agent task kept, suspended in its waits (a sticky run: see
+        # toren.core.drivers.sticky); :meth:`resume` wakes the waits under a new lease.
+        self.suspended = False
 
     async def park(self, not_before: float | None, names: tuple[str, ...]) -> None:
-        """Wait for the tick to park the run; never returns (the agent task is cancelled).
-        Called inside a live step (counted in flight)."""
+        """Wait for the tick to park the run. Returns only when a sticky run is resumed
+        (:meth:`resume`: the caller looks at its timer or inbox again); otherwise the
+        agent task is cancelled here. Called inside a live step (counted in flight)."""
         entry = (not_before, names)
         parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(entry)
-        self.futures.add(parked)
+        self.futures[parked] = None
         self.inflight -= 1
         if self.inflight == 0:
             self.wake.set()
@@ -51,7 +65,16 @@ class Parker:
         finally:
             self.inflight += 1
             self.waiters.remove(entry)
-            self.futures.discard(parked)
+            self.futures.pop(parked, None)
+
+    def resume(self) -> None:
+        """Wake every parked wait of a suspended run (a later tick continues it), in the
+        order they parked: the order in which a replay of the run would reach them."""
+        self.suspended = False
+        self.parked = []
+        for parked in list(self.futures):
+            if not parked.done():
+                parked.set_result(None)
 
     def parkable(self) -> bool:
         return bool(self.waiters) and self.inflight == 0
@@ -67,7 +90,9 @@ class Parker:
     ) -> None:
         """Run until the agent task ends or is stopped. ``stop("drain")`` once a draining
         worker has nothing in flight; ``stop("park")`` once the run is idle (the waiters
-        are snapshot in :attr:`parked` first: cancelling the agent task unwinds them)."""
+        are snapshot in :attr:`parked` first: cancelling the agent task unwinds them).
+        A ``stop("park")`` that :attr:`suspended` the run returns at once, the agent task
+        still pending."""
         while not task.done():
             self.wake.clear()
             woken = asyncio.ensure_future(self.wake.wait())
@@ -81,6 +106,8 @@ class Parker:
             if self.parkable() and await self._settled(task, stopped, grace, run_id):
                 self.parked = list(self.waiters)
                 stop("park")
+                if self.suspended:  # the agent task stays, suspended in its waits
+                    return
         with contextlib.suppress(BaseException):
             await task
 

@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from toren.core.agent_api.context import Context
+from toren.core.agent_api.program import AgentProgram
 from toren.core.contract.audit import tail
 from toren.core.contract.events import (
     Event,
@@ -30,7 +31,7 @@ from toren.core.contract.events import (
     RunWaiting,
 )
 from toren.core.contract.failures import failed_seqs, failure_dict
-from toren.core.contract.journal import Journal, log_totals
+from toren.core.contract.journal import NO_GUARD, Journal, log_totals
 from toren.core.contract.records import Lease, Release, RunRecord
 from toren.core.contract.values import RunStatus, TickStatus, Totals
 from toren.core.drivers.aborts import (
@@ -44,6 +45,7 @@ from toren.core.drivers.aborts import (
 from toren.core.drivers.effects import error_dict, json_value, recorded_error
 from toren.core.drivers.fencing import LeaseFence, lease_clock
 from toren.core.drivers.steps import LiveSteps
+from toren.core.drivers.sticky import resumable
 from toren.core.drivers.tickstate import (
     TickDeps,
     TickResult,
@@ -83,11 +85,40 @@ class TickRunner:
     context, never keeping them; :meth:`run` drives it. The worker controls it through
     :meth:`cancel`, :meth:`lose_lease`, :meth:`begin_drain` and :meth:`drain`."""
 
-    __slots__ = ("_task", "state")
+    __slots__ = ("_keep", "_next", "_program", "_task", "loop", "state")
 
     def __init__(self, deps: TickDeps, lease: Lease, *, granted_at: float | None = None) -> None:
         self.state = TickState(deps, lease, granted_at=granted_at)
         self._task: asyncio.Task[Any] | None = None
+        self._program: AgentProgram | None = None  # what the agent task runs
+        self.loop = asyncio.get_running_loop()
+        self._keep = False  # parked with the agent task suspended: keep this tick
+        self._next: tuple[Lease, float | None] | None = None  # the lease to continue under
+
+    @classmethod
+    def claimed(
+        cls, deps: TickDeps, lease: Lease, *, granted_at: float | None = None
+    ) -> TickRunner:
+        """The tick for a run just claimed: the one this worker kept suspended when the
+        run parked (continued under ``lease`` if nothing changed since; see
+        :mod:`toren.core.drivers.sticky`), or a new one."""
+        kept = deps.sticky.take(lease.run_id) if deps.sticky is not None else None
+        if kept is not None and kept.state.deps is not deps:  # kept by another host's deps
+            kept.discard()
+            kept = None
+        if kept is None:
+            return cls(deps, lease, granted_at=granted_at)
+        kept._next = (lease, granted_at)
+        return kept
+
+    @property
+    def program(self) -> AgentProgram | None:
+        return self._program
+
+    def discard(self) -> None:
+        """Cancel a kept tick's suspended agent task (evicted, or not resumable)."""
+        self.state.detach()
+        self._task = None
 
     # -- what the worker reads and tells ---------------------------------------------------
 
@@ -122,21 +153,51 @@ class TickRunner:
     # -- the drive ------------------------------------------------------------------------
 
     async def run(self) -> TickResult:
-        self.state.begin_replay()
+        self._keep = False
+        if self._next is None:
+            self.state.begin_replay()
         try:
+            if self._next is not None:
+                return await self._continue(*self._next)
             return await self._run()
         except InfrastructureError as exc:  # reading the run or its log, releasing it
             await self._block(exc)
             raise
         finally:
+            self._next = None
             self.state.end_replay()
-            # The agent task (its frames, a cancelled task's traceback) points back at
-            # the state, through the root context and its steps: drop it, so the tick and
-            # its log are freed at once, by reference counting, not at the cycle
-            # collector's next full pass. A task still running (the tick itself was
-            # cancelled or failed) is cancelled first, never orphaned.
-            self.state.detach()
-            self._task = None
+            if self._keep and self.state.deps.sticky is not None:
+                self.state.deps.sticky.keep(self)
+            else:
+                # The agent task (its frames, a cancelled task's traceback) points back
+                # at the state, through the root context and its steps: drop it, so the
+                # tick and its log are freed at once, by reference counting, not at the
+                # cycle collector's next full pass. A task still running (the tick
+                # itself was cancelled or failed) is cancelled first, never orphaned.
+                self.discard()
+
+    async def _continue(self, lease: Lease, granted_at: float | None) -> TickResult:
+        """Continue this kept tick under the run's next lease, or, if anything may have
+        changed since it parked, drop it and replay the run as any tick does."""
+        run = await resumable(self, lease)
+        sticky = self.state.deps.sticky
+        if sticky is not None:
+            if run is None:
+                sticky.stale += 1
+            else:
+                sticky.continued += 1
+        if run is None:
+            self.discard()
+            self.state = TickState(self.state.deps, lease, granted_at=granted_at)
+            self.state.begin_replay()
+            return await self._run()
+        self.state.rebind(lease, granted_at)
+        self.state.writer.record = run
+        if self.state.live_versions is not NO_GUARD:
+            await self.state.load_live_versions()
+        self.state.parker.resume()
+        await self._drive()
+        return await self._conclude()
 
     async def _run(self) -> TickResult:
         run = await self.state.store.get_run(self.run_id)
@@ -151,6 +212,7 @@ class TickRunner:
                 return await self._finish_cancelled()
             return await self._defer(exc)
         self.state.code_version = self.state.deps.code_version or program.code_version
+        self._program = program
         events = await self.state.store.load_events(self.run_id)
         self.state.writer.chain = tail(events)
         self.state.journal = Journal.fold(self.run_id, events)
@@ -202,9 +264,12 @@ class TickRunner:
         )
 
     def _stop_for(self, why: str) -> None:
-        self.state.stop(
-            Draining("worker draining") if why == "drain" else Parking(RunStatus.WAITING.value)
-        )
+        if why == "drain":
+            self.state.stop(Draining("worker draining"))
+        elif self.state.deps.sticky is not None and self.state.parker.parked:
+            self.state.suspend(Parking(RunStatus.WAITING.value))  # kept, if released
+        else:
+            self.state.stop(Parking(RunStatus.WAITING.value))
 
     def _correct_totals(self, run: RunRecord) -> None:
         """The run row is a cache of the log: put right what a crashed tick left unsaid."""
@@ -329,9 +394,12 @@ class TickRunner:
         not_before = min(deadlines) if deadlines else None
         names = sorted({n for _, ns in self.state.parker.parked for n in ns})
         event = self.state.run_event(RunWaiting(not_before=not_before, messages=names))
-        await self._release(
+        stored = await self._release(
             Release(RunStatus.WAITING, not_before=not_before, waiting_for=names, events=[event])
         )
+        if self.state.parker.suspended and self._task is not None and not self._task.done():
+            self.state.journal.recorded(stored)  # a kept tick's journal is the whole log
+            self._keep = True
         return self.state.result(TickStatus.WAITING, not_before=not_before)
 
     async def _release_running(self, status: TickStatus, not_before: float | None) -> TickResult:
@@ -400,4 +468,4 @@ async def tick(run_id: str, deps: TickDeps, *, lease: Lease | None = None) -> Ti
                 raise RunNotFound(f"no run with id {run_id!r}")
             return TickResult(run_id, TickStatus.NOT_CLAIMED)
         lease = leases[0]
-    return await TickRunner(deps, lease, granted_at=granted_at).run()
+    return await TickRunner.claimed(deps, lease, granted_at=granted_at).run()

@@ -25,7 +25,6 @@ reference counting, not the cycle collector.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import random as _random
 import uuid as _uuid
@@ -62,12 +61,14 @@ from toren.core.drivers.aborts import (
 )
 from toren.core.drivers.effects import RequestBodies
 from toren.core.drivers.fencing import LeaseFence
+from toren.core.drivers.gcpause import ReplayGcPause
 from toren.core.drivers.parker import Parker
 from toren.core.drivers.writer import FLUSH_INTERVAL, Writer
 from toren.errors import LeaseLost, StorageError
 
 if TYPE_CHECKING:
     from toren.core.contract.ports import Telemetry
+    from toren.core.drivers.sticky import StickyRuns
 
 log = logging.getLogger("toren.tick")
 
@@ -110,6 +111,9 @@ class TickDeps:
     telemetry: Telemetry | None = None  # toren.agents.telemetry.create_telemetry()
     random: Callable[[], float] = _random.random
     uuid: Callable[[], str] = _new_uuid
+    # Parked runs kept suspended, continued in place when claimed again (a worker makes
+    # one unless Settings.sticky_cache_mb is 0; None: every park cancels its agent task).
+    sticky: StickyRuns | None = None
 
 
 @dataclass(frozen=True)
@@ -122,34 +126,6 @@ class TickResult:
     replayed: int = 0
     executed: int = 0
     invalidations: int = 0
-
-
-class ReplayGcPause:
-    """Pauses Python's cycle collector while ticks replay.
-
-    A replay builds one object graph per recorded event (a 10,000-step run: ~50,000
-    containers) and keeps it; the collector would re-scan that growing heap again and
-    again while the agent code re-runs, a third of the replay's time. The objects are
-    acyclic (reference counting frees them), so pausing the collector from the start of a
-    tick until its first live step loses nothing. The collector is process-wide, hence one
-    count shared by every tick of the process; it comes back on when no tick replays.
-    """
-
-    _replaying = 0
-    _was_enabled = True
-
-    @classmethod
-    def begin(cls) -> None:
-        if cls._replaying == 0:
-            cls._was_enabled = gc.isenabled()
-            gc.disable()
-        cls._replaying += 1
-
-    @classmethod
-    def end(cls) -> None:
-        cls._replaying -= 1
-        if cls._replaying == 0 and cls._was_enabled:
-            gc.enable()
 
 
 class Busy:
@@ -286,6 +262,25 @@ class TickState:
         abort = LeaseGone(exc) if isinstance(exc, LeaseLost) else StoreFailed(exc)
         self.stop(abort)
         return abort
+
+    def suspend(self, abort: Abort) -> None:
+        """Park without cancelling the agent task: the run is released as waiting, and
+        the task waits in its parked steps for :meth:`rebind` (a sticky run)."""
+        if self._abort is None:
+            self._abort = abort
+        self.parker.suspended = True
+        self.parker.wake.set()
+
+    def rebind(self, lease: Lease, granted_at: float | None) -> None:
+        """Continue a suspended tick under the run's next lease: a new fence and writer
+        lease, no abort, fresh per-tick counts (see :mod:`toren.core.drivers.sticky`)."""
+        settings = self.deps.settings.lease
+        self.lease = lease
+        self.fence = LeaseFence(lease, settings.ttl, settings.fence_margin, granted_at)
+        self.writer.lease = lease
+        self._abort = None
+        self.releasing = False
+        self.replayed = self.executed = self.invalidations = 0
 
     def stop(self, abort: Abort) -> None:
         if self._abort is None:

@@ -22,6 +22,7 @@ from toren.core.contract.records import Lease, WorkerInfo
 from toren.core.contract.values import TickStatus
 from toren.core.drivers.fencing import lease_clock
 from toren.core.drivers.scheduler import POLL, Scheduler
+from toren.core.drivers.sticky import StickyRuns
 from toren.core.drivers.takeover import take_over_gone
 from toren.core.drivers.tick import TickDeps, TickResult, TickRunner, newest_start_by_version
 from toren.core.drivers.upkeep import WorkerMetrics, declare_schedules, processes, prune_loop
@@ -64,6 +65,8 @@ class LocalWorkerRuntime:
             else f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
         )
         self.deps.worker_id = self.worker_id
+        if deps.sticky is None and self.settings.sticky_cache_mb > 0:
+            deps.sticky = StickyRuns(int(self.settings.sticky_cache_mb * 1_000_000))
         self.metrics = WorkerMetrics()
         # The last tick's result of recently ticked runs, newest last: bounded, so a worker
         # that ticks runs for a month does not keep every output it ever produced.
@@ -231,7 +234,7 @@ class LocalWorkerRuntime:
         stale = self._active.get(lease.run_id)
         if stale is not None:  # this worker stalled past its own lease and claimed it anew
             stale[0].lose_lease(f"run {lease.run_id!r} was claimed again (epoch {lease.epoch})")
-        runner = TickRunner(self.deps, lease, granted_at=granted_at)
+        runner = TickRunner.claimed(self.deps, lease, granted_at=granted_at)
         task = asyncio.ensure_future(self._tick(runner))
         self._active[lease.run_id] = (runner, task)
 
@@ -456,6 +459,8 @@ class LocalWorkerRuntime:
         rest = [task for _, task in self._active.values()]
         if rest:
             await asyncio.wait(rest)
+        if self.deps.sticky is not None:  # kept runs replay under whoever claims them next
+            self.deps.sticky.clear()
         for task in self._loops:
             task.cancel()
             with contextlib.suppress(BaseException):

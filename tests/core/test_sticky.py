@@ -1,0 +1,197 @@
+"""Sticky runs (toren.core.drivers.sticky): a parked run continues in place, under the
+next lease of the same worker, without reloading or replaying its log; anything that may
+have changed since it parked (another claim, a new code version, a cancel, a log that
+grew, eviction) falls back to the full replay. The corpus test (tests/corpus, "(d)")
+shows the logs are byte for byte the same cached and uncached."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import toren
+from toren.core.contract.records import Release
+from toren.core.drivers.sticky import StickyRuns
+from toren.providers.scripted import ScriptedProvider
+from toren.store import Store
+
+
+def waiting_agent(steps_before: int = 3):
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "count"}]
+        for i in range(steps_before):
+            messages.append({"role": "user", "content": f"step {i}"})
+            messages.append((await ctx.model("scripted:echo", messages)).message())
+        answer = await ctx.wait_for_message("go")
+        messages.append({"role": "user", "content": f"answer {answer}"})
+        reply = await ctx.model("scripted:echo", messages)
+        await ctx.sleep(30)  # a durable timer: parks again (inline_wait is 2 s)
+        return {"last": reply.text, "answer": answer}
+
+    return agent
+
+
+def registry(version: str = "A") -> toren.Registry:
+    reg = toren.Registry()
+    reg.add("waiter", waiting_agent(), code_version=version)
+    return reg
+
+
+def deps_for(store: Store, reg: toren.Registry, sticky: StickyRuns | None, **kw: Any):
+    return toren.TickDeps(
+        store=store,
+        agents=reg,
+        providers={"scripted": kw.pop("provider", ScriptedProvider())},
+        sticky=sticky,
+        **kw,
+    )
+
+
+async def test_a_parked_run_continues_in_place(store: Store) -> None:
+    clock = toren.ManualClock(1_700_000_000.0)
+    sticky = StickyRuns(64_000_000)
+    provider = ScriptedProvider()
+    deps = deps_for(store, registry(), sticky, provider=provider, clock=clock)
+    run = await toren.start_run(store, registry(), "waiter", {}, clock=clock)
+    first = await toren.tick(run.id, deps)
+    assert first.status == "waiting" and provider.served == 3
+    assert run.id in sticky and len(sticky) == 1
+    await toren.send_message(store, run.id, "go", "yes", clock=clock)
+    second = await toren.tick(run.id, deps)
+    # Continued where it parked: nothing replayed, one new model call, parked on the timer.
+    assert (second.status, second.replayed, provider.served) == ("waiting", 0, 4)
+    assert (sticky.hits, sticky.continued, sticky.stale) == (1, 1, 0)
+    await clock.advance(31)
+    third = await toren.tick(run.id, deps)
+    assert (third.status, third.replayed, provider.served) == ("completed", 0, 4)
+    assert third.output == {"last": "answer yes", "answer": "yes"}  # scripted:echo echoes
+    assert sticky.continued == 2 and len(sticky) == 0  # a finished run is not kept
+
+
+async def test_without_the_cache_the_same_run_replays(store: Store) -> None:
+    clock = toren.ManualClock(1_700_000_000.0)
+    provider = ScriptedProvider()
+    deps = deps_for(store, registry(), None, provider=provider, clock=clock)
+    run = await toren.start_run(store, registry(), "waiter", {}, clock=clock)
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    await toren.send_message(store, run.id, "go", "yes", clock=clock)
+    second = await toren.tick(run.id, deps)
+    assert (second.status, provider.served) == ("waiting", 4)
+    assert second.replayed >= 3  # the three model steps, answered from the log
+
+
+async def _parked(store: Store, sticky: StickyRuns, **kw: Any) -> tuple[Any, Any, Any]:
+    clock = toren.ManualClock(1_700_000_000.0)
+    provider = ScriptedProvider()
+    deps = deps_for(store, registry(), sticky, provider=provider, clock=clock, **kw)
+    run = await toren.start_run(store, registry(), "waiter", {}, clock=clock)
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    await toren.send_message(store, run.id, "go", "yes", clock=clock)
+    return run, deps, provider
+
+
+async def test_a_claim_by_another_worker_in_between_replays(store: Store) -> None:
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    # Another worker claims the run and gives it back untouched: the lease's epoch moved
+    # twice, so what this worker kept may be stale.
+    (lease,) = await store.claim("other", 1, now=deps.clock.now(), ttl=30, only=run.id)
+    await store.release(lease, Release("waiting", waiting_for=["go"]), now=deps.clock.now())
+    second = await toren.tick(run.id, deps)
+    assert (second.status, provider.served) == ("waiting", 4)
+    assert second.replayed >= 3
+    assert (sticky.hits, sticky.continued, sticky.stale) == (1, 0, 1)
+
+
+async def test_a_new_code_version_replays(store: Store) -> None:
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    new = deps_for(store, registry("B"), sticky, provider=provider, clock=deps.clock)
+    second = await toren.tick(run.id, new)
+    assert second.status == "waiting" and second.replayed >= 3
+    assert sticky.continued == 0
+    events = await store.load_events(run.id)
+    assert events[-2].code_version == "B"  # the new model step was written by B
+
+
+async def test_the_same_code_reloaded_replays(store: Store) -> None:
+    """A reload (``toren dev``) resolves a new program object even for the same version:
+    the suspended task runs the old one, so the run replays."""
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    deps.agents = registry("A")
+    second = await toren.tick(run.id, deps)
+    assert second.status == "waiting" and second.replayed >= 3
+    assert (sticky.continued, sticky.stale) == (0, 1)
+
+
+async def test_a_cancel_while_kept_ends_the_run(store: Store) -> None:
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    await store.request_cancel(run.id, now=deps.clock.now())
+    result = await toren.tick(run.id, deps)
+    assert result.status == "cancelled" and provider.served == 3
+    assert sticky.continued == 0 and len(sticky) == 0
+
+
+async def test_a_log_that_grew_since_replays(store: Store) -> None:
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    kept = sticky.take(run.id)
+    assert kept is not None
+    kept.state.journal.log.last_seq -= 1  # as if an event came after the kept tick's last
+    sticky.keep(kept)
+    second = await toren.tick(run.id, deps)
+    assert second.status == "waiting" and second.replayed >= 3
+    assert (sticky.continued, sticky.stale) == (0, 1)
+
+
+async def test_the_cache_is_bounded_and_evicts_the_oldest(store: Store) -> None:
+    one = StickyRuns(10**9)
+    run, deps, _ = await _parked(store, one)
+    kept = one.take(run.id)
+    assert kept is not None
+    size = StickyRuns.weight(kept)
+    one.keep(kept)
+    small = StickyRuns(size * 2 + size // 2)  # room for two
+    deps.sticky = small
+    clock = deps.clock
+    ids = []
+    for _ in range(3):
+        r = await toren.start_run(store, deps.agents, "waiter", {}, clock=clock)
+        assert (await toren.tick(r.id, deps)).status == "waiting"
+        ids.append(r.id)
+    assert [i in small for i in ids] == [False, True, True]
+    assert small.evictions == 1 and small.bytes <= small.max_bytes
+    too_small = StickyRuns(size // 2)
+    deps.sticky = too_small
+    r = await toren.start_run(store, deps.agents, "waiter", {}, clock=clock)
+    assert (await toren.tick(r.id, deps)).status == "waiting"
+    assert len(too_small) == 0
+
+
+async def test_a_worker_continues_its_parked_runs_and_drops_them_on_stop(store: Store) -> None:
+    provider = ScriptedProvider()
+    reg = registry()
+    deps = deps_for(store, reg, None, provider=provider)
+    settings = toren.Settings(poll_interval=0.02)
+    deps.settings = settings
+    worker = toren.LocalWorkerRuntime(deps)
+    assert deps.sticky is not None  # a worker makes one (Settings.sticky_cache_mb)
+    sticky = deps.sticky
+    async with worker:
+        run = await toren.start_run(store, reg, "waiter", {})
+        await until(lambda: run.id in sticky)
+        await toren.send_message(store, run.id, "go", "yes")
+        await until(lambda: sticky.continued == 1 and run.id in sticky)  # parked on the timer
+        assert provider.served == 4
+        assert worker.metrics.steps_replayed == 0
+    assert len(sticky) == 0  # stopped: nothing kept
+
+
+async def until(done: Any, tries: int = 2000) -> None:
+    for _ in range(tries):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
