@@ -53,6 +53,7 @@ def test_readme_opens_with_two_commands() -> None:
     assert second in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_wheel_install_init_and_run_offline(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
