@@ -84,13 +84,14 @@ requires-python = ">=3.11"
 # Pinned to the 0.x line: minors are additive; a major is a decision.
 dependencies = ["toren-run>=0.1,<1"]
 
-# Nothing to download to install the project: the build backend is build_backend.py,
-# standard library only (see its docstring), so `pip install -e .` works beside a Toren
-# installed from a checkout, with no package index, as well as from an index.
 [build-system]
-requires = []
-build-backend = "build_backend"
-backend-path = ["."]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+# Toren loads the agent from this directory: installing the project installs only its
+# dependencies (no module of the directory is packaged).
+[tool.setuptools]
+py-modules = []
 """
 
 GITIGNORE = """\
@@ -113,16 +114,15 @@ $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 
 Toren from a checkout instead of a package index: install it first into the same
 environment (`pip install /path/to/toren`), then `pip install -e .` finds `toren-run`
-there and needs no index at all (`build_backend.py` installs the project with the
-standard library alone, so there is no build tool to download either). Both ways, for
-this machine and for the image, are in "Installing Toren" of Toren's docs/deploy.md.
+there and takes nothing from the index for it (the index still serves setuptools, the
+build backend). Both ways, for this machine and for the image, are in "Installing Toren"
+of Toren's docs/deploy.md.
 
 - `agent.yaml`: the model, instructions and tools. It runs offline with the `scripted`
   model (`script.yaml`); switch the `model:` line to `openai:gpt-4o-mini` for a real one.
 - `prompts/system.md`: the system prompt.
 - `tools.py`: the agent's tools.
-- `pyproject.toml`, `build_backend.py`: what `pip install -e .` installs (the project's
-  dependencies), with nothing to download but those.
+- `pyproject.toml`: what `pip install -e .` installs (the project's dependencies).
 - `Dockerfile`, `compose.yaml`: PostgreSQL, workers and the API with `docker compose up`.
 
 The image installs `toren-run` from your package index. From a checkout instead, build a
@@ -224,13 +224,14 @@ description = "A pydantic-ai agent on Toren."
 requires-python = ">=3.11"
 dependencies = ["toren-run[pydantic-ai]>=0.1,<1"]
 
-# Nothing to download to install the project: the build backend is build_backend.py,
-# standard library only (see its docstring), so `pip install -e .` works beside a Toren
-# installed from a checkout, with no package index, as well as from an index.
 [build-system]
-requires = []
-build-backend = "build_backend"
-backend-path = ["."]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+# Toren loads the agent from this directory: installing the project installs only its
+# dependencies (no module of the directory is packaged).
+[tool.setuptools]
+py-modules = []
 """
 
 PYDANTIC_AI_README = """\
@@ -328,13 +329,14 @@ requires-python = ">=3.11"
 # Pinned to the 0.x line: minors are additive; a major is a decision.
 dependencies = ["toren-run[openai-agents]>=0.1,<1"]
 
-# Nothing to download to install the project: the build backend is build_backend.py,
-# standard library only (see its docstring), so `pip install -e .` works beside a Toren
-# installed from a checkout, with no package index, as well as from an index.
 [build-system]
-requires = []
-build-backend = "build_backend"
-backend-path = ["."]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+# Toren loads the agent from this directory: installing the project installs only its
+# dependencies (no module of the directory is packaged).
+[tool.setuptools]
+py-modules = []
 """
 
 OA_README = """\
@@ -364,7 +366,6 @@ def openai_agents_files(name: str) -> dict[str, str | Callable[[], str]]:
         "app.py": OA_APP_PY.format(name=name),
         "script.yaml": OA_SCRIPT_YAML.format(),
         "pyproject.toml": OA_PYPROJECT.format(name=name),
-        "build_backend.py": _build_backend,
         ".gitignore": GITIGNORE,
         "README.md": OA_README.format(name=name),
         "Dockerfile": _docker("render_project_dockerfile"),
@@ -374,13 +375,6 @@ def openai_agents_files(name: str) -> dict[str, str | Callable[[], str]]:
 
 
 TEMPLATES = ("default", "openai-agents", "pydantic-ai")
-
-
-def _build_backend() -> str:
-    """build_backend.py of a new project: the source of :mod:`toren.cli.project_build`."""
-    from toren.cli import project_build
-
-    return Path(project_build.__file__).read_text(encoding="utf-8")
 
 
 def _docker(name: str) -> Callable[[], str]:
@@ -412,7 +406,6 @@ def project_files(name: str, template: str = "default") -> dict[str, str | Calla
             "agent.yaml": PYDANTIC_AI_YAML.format(schema=SCHEMA_URL, name=name),
             "app.py": PYDANTIC_AI_APP,
             "pyproject.toml": PYDANTIC_AI_PYPROJECT.format(name=name),
-            "build_backend.py": _build_backend,
             ".gitignore": GITIGNORE,
             "README.md": PYDANTIC_AI_README.format(name=name),
             **docker,
@@ -423,7 +416,6 @@ def project_files(name: str, template: str = "default") -> dict[str, str | Calla
         "tools.py": TOOLS_PY,
         "script.yaml": SCRIPT_YAML,
         "pyproject.toml": PYPROJECT.format(name=name),
-        "build_backend.py": _build_backend,
         ".gitignore": GITIGNORE,
         "README.md": README.format(name=name),
         "Dockerfile": _docker("render_project_dockerfile"),
