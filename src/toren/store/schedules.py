@@ -21,11 +21,13 @@ from toren.core.contract.schedule import (
     ScheduleDef,
     ScheduleSpec,
     ScheduleState,
+    Skip,
     next_after,
     schedule_id,
 )
 from toren.core.contract.values import TERMINAL_STATUSES
 from toren.errors import InvalidInput, ScheduleNotFound
+from toren.store.firing import apply_firings
 
 T = TypeVar("T")
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; not imported: sql imports this)
@@ -33,6 +35,8 @@ Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; not imported: sql impor
 
 class Host(Protocol):
     """What the statements need of the store they run in (toren.store.sql.SqlStore)."""
+
+    dialect: str
 
     async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T: ...
     def _x(self, cur: Cursor, sql: str, params: Sequence[object] = ()) -> Cursor: ...
@@ -139,65 +143,17 @@ class SqlSchedules:
 
         return await self._store._run(tx, write=False)
 
-    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[bool]:
-        """Apply decisions in one transaction, each only if its row still holds what it
-        was made from (False for one another worker decided first: nothing of it is
-        written). Rows are taken in id order, so two workers applying overlapping batches
-        on PostgreSQL wait for each other instead of deadlocking."""
-        order = sorted(range(len(firings)), key=lambda i: firings[i].schedule.id)
-
-        def tx(cur: Cursor) -> list[bool]:
-            applied = [False] * len(firings)
-            for i in order:
-                applied[i] = self._apply_one(cur, firings[i], now)
-            return applied
-
-        applied = await self._store._run(tx)
-        if any(ok and f.runs for ok, f in zip(applied, firings, strict=True)):
+    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[list[Skip] | None]:
+        """Apply decisions in one transaction of a few statements (toren.store.firing),
+        each only if its row still holds what it was made from: per firing, None for one
+        another worker decided first (nothing of it is written), else the times its
+        agent's ``concurrency: on_conflict: reject`` refused (recorded as skips)."""
+        if not firings:
+            return []
+        applied = await self._store._run(lambda cur: apply_firings(self._store, cur, firings, now))
+        if any(a is not None and f.runs for a, f in zip(applied, firings, strict=True)):
             await self._store.notify()
         return applied
-
-    def _apply_one(self, cur: Cursor, firing: Firing, now: float) -> bool:
-        s, d = firing.schedule, firing.decision
-        last_skip = d.skips[-1] if d.skips else None
-        # The run each time has: the one inserted here, or the one already holding its key.
-        holders = [self._taken(cur, run) or run.id for run in firing.runs]
-        last_run = holders[-1] if holders else None
-        done = self._x(
-            cur,
-            "UPDATE schedules SET next_fire_at = ?, buffered_at = ?, "
-            "last_fired_at = COALESCE(?, last_fired_at), "
-            "last_run_id = COALESCE(?, last_run_id), "
-            "last_skip_at = COALESCE(?, last_skip_at), "
-            "last_skip_reason = COALESCE(?, last_skip_reason), "
-            "fires = fires + ?, skips = skips + ?, lateness_total = lateness_total + ?, "
-            "updated_at = ? "
-            "WHERE id = ? AND removed = 0 AND paused = 0 AND next_fire_at = ? AND "
-            + ("buffered_at IS NULL" if s.buffered_at is None else "buffered_at = ?"),
-            (
-                d.next_fire_at,
-                d.buffered,
-                d.fire[-1] if d.fire else None,
-                last_run,
-                last_skip.nominal if last_skip else None,
-                last_skip.reason if last_skip else None,
-                len(d.fire),
-                len(d.skips),
-                firing.lateness,
-                now,
-                s.id,
-                s.next_fire_at,
-                *(() if s.buffered_at is None else (s.buffered_at,)),
-            ),
-        ).rowcount
-        if done != 1:
-            return False
-        for run, holder in zip(firing.runs, holders, strict=True):
-            if holder == run.id:
-                self._store._insert_new_run(cur, run)
-        if d.cancel is not None:
-            self._store._cancel_in(cur, d.cancel, now=now)
-        return True
 
     async def start(self, sid: str, runs: Sequence[NewRun]) -> list[NewRun]:
         """Start runs of a schedule outside its timeline (trigger, backfill): each
