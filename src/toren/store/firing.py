@@ -123,7 +123,7 @@ def apply_firings(
         host,
         cur,
         "SELECT id, next_fire_at, buffered_at FROM schedules WHERE removed = 0 AND "
-        "paused = 0 AND {in} ORDER BY id" + (" FOR UPDATE" if pg else ""),
+        "paused = 0 AND orphaned IS NULL AND {in} ORDER BY id" + (" FOR UPDATE" if pg else ""),
         "id",
         ids,
     )

@@ -26,7 +26,7 @@ from toren.core.contract.schedule import (
     schedule_id,
 )
 from toren.core.contract.values import TERMINAL_STATUSES
-from toren.errors import InvalidInput, ScheduleNotFound
+from toren.errors import ConcurrencyConflict, InvalidInput, ScheduleNotFound
 from toren.store.firing import apply_firings
 
 T = TypeVar("T")
@@ -49,7 +49,7 @@ COLUMNS = (
     "s.id, s.agent, s.name, s.process, s.spec, s.input, s.source, s.code_version, "
     "s.declared_at, s.paused, s.note, s.removed, s.next_fire_at, s.buffered_at, "
     "s.last_fired_at, s.last_run_id, s.last_skip_at, s.last_skip_reason, s.fires, s.skips, "
-    "s.lateness_total, s.created_at, s.updated_at, r.status"
+    "s.lateness_total, s.created_at, s.updated_at, s.orphaned, r.status"
 )
 FROM = "schedules s LEFT JOIN runs r ON r.id = s.last_run_id"
 
@@ -79,7 +79,8 @@ def _state(row: Sequence[Any]) -> ScheduleState:
         lateness_total=row[20],
         created_at=row[21],
         updated_at=row[22],
-        last_run_status=row[23],
+        orphaned=row[23],
+        last_run_status=row[24],
     )
 
 
@@ -123,7 +124,7 @@ class SqlSchedules:
             rows = self._x(
                 cur,
                 f"SELECT {COLUMNS} FROM {FROM} WHERE s.removed = 0 AND s.paused = 0 AND "
-                "(s.next_fire_at <= ? OR s.buffered_at IS NOT NULL) "
+                "s.orphaned IS NULL AND (s.next_fire_at <= ? OR s.buffered_at IS NOT NULL) "
                 "ORDER BY s.next_fire_at LIMIT ?",
                 (now, limit),
             ).fetchall()
@@ -137,7 +138,8 @@ class SqlSchedules:
         def tx(cur: Cursor) -> float | None:
             row = self._x(
                 cur,
-                "SELECT MIN(next_fire_at) FROM schedules WHERE removed = 0 AND paused = 0",
+                "SELECT MIN(next_fire_at) FROM schedules WHERE removed = 0 AND paused = 0 "
+                "AND orphaned IS NULL",
             ).fetchone()
             return row[0] if row and row[0] is not None else None
 
@@ -155,24 +157,36 @@ class SqlSchedules:
             await self._store.notify()
         return applied
 
-    async def start(self, sid: str, runs: Sequence[NewRun]) -> list[NewRun]:
+    async def start(
+        self, sid: str, runs: Sequence[NewRun], *, refuse: bool = False
+    ) -> tuple[list[NewRun], list[NewRun]]:
         """Start runs of a schedule outside its timeline (trigger, backfill): each
-        idempotent by its key; the ones that were new."""
+        idempotent by its key, each under its agent's concurrency as any start. (the
+        ones that were new, the ones ``on_conflict: reject`` refused); a refusal raises
+        ``ConcurrencyConflict`` unless ``refuse``."""
 
-        def tx(cur: Cursor) -> list[NewRun]:
+        def tx(cur: Cursor) -> tuple[list[NewRun], list[NewRun]]:
             if self._get(cur, sid) is None:
                 raise ScheduleNotFound(f"no schedule {sid!r}")
-            made = []
+            made, refused = [], []
             for run in runs:
-                if not self._taken(cur, run):
+                if self._taken(cur, run):
+                    continue
+                try:
                     self._store._insert_new_run(cur, run)
-                    made.append(run)
-            return made
+                except ConcurrencyConflict:
+                    # Raised before any statement failed: the transaction goes on.
+                    if not refuse:
+                        raise
+                    refused.append(run)
+                    continue
+                made.append(run)
+            return made, refused
 
-        made = await self._store._run(tx)
+        made, refused = await self._store._run(tx)
         if made:
             await self._store.notify()
-        return made
+        return made, refused
 
     async def create(self, definition: ScheduleDef, *, now: float) -> ScheduleState:
         def tx(cur: Cursor) -> ScheduleState:
@@ -235,7 +249,10 @@ class SqlSchedules:
         """A worker's agent.yaml schedules for ``agents``: written unless a worker of a
         newer deploy (a later ``started_at``) declared them last, as in the
         invalidation-storm guard. A schedule of these agents that came from agent.yaml and
-        is no longer declared is marked removed (its row and history stay)."""
+        is no longer declared is marked removed (its row and history stay). A schedule
+        of an agent this code does not have at all (agent.yaml or API) is *orphaned*: it
+        stops firing, with the reason shown, until a deploy that has the agent again
+        declares (the times in between are not caught up)."""
 
         def tx(cur: Cursor) -> None:
             declared = {d.id for d in definitions}
@@ -294,8 +311,41 @@ class SqlSchedules:
                             "declared_at = ?, buffered_at = NULL, updated_at = ? WHERE id = ?",
                             (code_version, started_at, now, sid),
                         )
+            self._orphans(cur, set(agents), code_version, started_at, now)
 
         await self._store._run(tx)
+
+    def _orphans(
+        self, cur: Cursor, agents: set[str], code_version: str, started_at: float, now: float
+    ) -> None:
+        """Orphan the schedules of agents this code lacks, and bring back the orphans of
+        agents it has, unless a newer deploy declared them last."""
+        rows = self._x(
+            cur,
+            "SELECT id, agent, spec, declared_at, orphaned FROM schedules WHERE removed = 0",
+        ).fetchall()
+        for sid, agent, spec, declared_at, orphaned in rows:
+            if (declared_at or 0) > started_at:
+                continue  # a newer deploy's say
+            if agent not in agents and orphaned is None:
+                reason = (
+                    f"agent {agent!r} is not in code version {code_version!r}, the newest "
+                    "deploy: a deploy that has it again brings the schedule back"
+                )
+                self._x(
+                    cur,
+                    "UPDATE schedules SET orphaned = ?, code_version = ?, declared_at = ?, "
+                    "buffered_at = NULL, updated_at = ? WHERE id = ?",
+                    (reason, code_version, started_at, now, sid),
+                )
+            elif agent in agents and orphaned is not None:
+                next_fire = next_after(ScheduleSpec.from_dict(json.loads(spec)), now)
+                self._x(
+                    cur,
+                    "UPDATE schedules SET orphaned = NULL, code_version = ?, declared_at = ?, "
+                    "next_fire_at = ?, updated_at = ? WHERE id = ?",
+                    (code_version, started_at, next_fire, now, sid),
+                )
 
     async def set_paused(
         self, sid: str, paused: bool, note: str | None, *, now: float

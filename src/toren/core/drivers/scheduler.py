@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toren.core.agent_api.program import AgentResolver
 from toren.core.contract.clock import Clock
 from toren.core.contract.events import RunStarted, make_event
 from toren.core.contract.records import NewRun
@@ -26,8 +27,8 @@ from toren.core.contract.schedule import (
     nominal_text,
 )
 from toren.core.contract.values import TERMINAL_STATUSES
-from toren.core.drivers.runs import new_run_id
-from toren.errors import InvalidInput, ScheduleNotFound
+from toren.core.drivers.runs import flow_of, new_run_id
+from toren.errors import InvalidInput, ScheduleNotFound, TorenError
 
 log = logging.getLogger("toren.scheduler")
 
@@ -66,11 +67,21 @@ class _Firing:
     runs: Sequence[NewRun]
 
 
+Flow = tuple[str | None, int | None, str]  # a run's concurrency key, limit, on_conflict
+NO_FLOW: Flow = (None, None, "enqueue")
+
+
 def scheduled_run(
-    schedule: ScheduleState | ScheduleDef, nominal: float, now: float, *, key: str | None = None
+    schedule: ScheduleState | ScheduleDef,
+    nominal: float,
+    now: float,
+    *,
+    key: str | None = None,
+    flow: Flow = NO_FLOW,
 ) -> NewRun:
     """The run a firing starts: its key ``schedule:{id}:{nominal}`` (two workers that
-    both fire it start one run), its origin in the row and in ``RunStarted``."""
+    both fire it start one run), its origin in the row and in ``RunStarted``, and its
+    agent's ``concurrency:`` (``flow``) as any start of the agent has it."""
     run_id = new_run_id(now)
     sid = schedule.id
     started = make_event(
@@ -94,13 +105,25 @@ def scheduled_run(
         started,
         schedule_id=sid,
         scheduled_for=nominal,
+        concurrency_key=flow[0],
+        concurrency_limit=flow[1],
+        on_conflict=flow[2],
     )
 
 
 class Scheduler:
-    def __init__(self, store: ScheduleStore, clock: Clock) -> None:
+    """Fires due schedules (:meth:`look`), triggers and backfills. With ``agents`` (the
+    code this process runs), each run gets its agent's ``concurrency:`` as a start from
+    the API would: a keyed limit queues it, ``on_conflict: reject`` turns a firing of a
+    busy key into a recorded skip (toren.store.firing). An agent this process does not
+    have is started without a key: the run is the workers' that have it."""
+
+    def __init__(
+        self, store: ScheduleStore, clock: Clock, agents: AgentResolver | None = None
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.agents = agents
         self.metrics = SchedulerMetrics()
         self._held: float | None = None  # the earliest jittered moment the last look saw
 
@@ -124,7 +147,8 @@ class Scheduler:
             if decision is None:
                 self._hold(schedule, now)
                 continue
-            runs = [scheduled_run(schedule, t, now) for t in decision.fire]
+            flow = self._flow(schedule)
+            runs = [scheduled_run(schedule, t, now, flow=flow) for t in decision.fire]
             firings.append(_Firing(schedule, decision, runs))
             planned += len(runs)
             if planned >= MAX_RUNS:
@@ -181,15 +205,21 @@ class Scheduler:
         now = self.clock.now()
         nominal = float(int(now))
         run = scheduled_run(
-            schedule, nominal, now, key=f"schedule:{sid}:trigger:{nominal_text(now)}:{now!r}"
+            schedule,
+            nominal,
+            now,
+            key=f"schedule:{sid}:trigger:{nominal_text(now)}:{now!r}",
+            flow=self._flow(schedule),
         )
-        await self.store.start(sid, [run])
+        await self.store.start(sid, [run])  # ConcurrencyConflict: the agent refuses it
         return run
 
-    async def backfill(self, sid: str, start: float, end: float) -> tuple[int, int]:
+    async def backfill(self, sid: str, start: float, end: float) -> tuple[int, int, int]:
         """Start a run for every nominal time in ``[start, end)``, each under the key
         its timely firing would have had: a time that already ran is not run again, and
-        the same backfill twice starts nothing the second time. (started, already ran)."""
+        the same backfill twice starts nothing the second time. Each run gets its agent's
+        concurrency: a keyed limit queues them, ``on_conflict: reject`` refuses the ones
+        its key is busy for. (started, already ran, refused)."""
         schedule = await self._get(sid)
         now = self.clock.now()
         if end > now:
@@ -204,17 +234,31 @@ class Scheduler:
                 f"{nominal_text(end)}"
             )
         wanted = []
+        flow = self._flow(schedule)
         for t in backfill_times(schedule.spec, start, end):
-            wanted.append(scheduled_run(schedule, t, now))
+            wanted.append(scheduled_run(schedule, t, now, flow=flow))
             if len(wanted) > MAX_BACKFILL:
                 raise InvalidInput(f"a backfill of more than {MAX_BACKFILL} times; split the range")
-        made = await self.store.start(sid, wanted)
-        return len(made), len(wanted) - len(made)
+        made, refused = await self.store.start(sid, wanted, refuse=True)
+        return len(made), len(wanted) - len(made) - len(refused), len(refused)
+
+    def _flow(self, schedule: ScheduleState) -> Flow:
+        """The agent's concurrency for this schedule's runs, from the code this process
+        runs (none known: no key)."""
+        if self.agents is None:
+            return NO_FLOW
+        try:
+            program = self.agents.resolve(schedule.agent, schedule.process)
+        except TorenError:
+            return NO_FLOW
+        return flow_of(program.concurrency, schedule.agent, schedule.process, schedule.input)
 
     async def _get(self, sid: str) -> ScheduleState:
         schedule = await self.store.get(sid)
         if schedule is None or schedule.removed:
             raise ScheduleNotFound(f"no schedule {sid!r}")
+        if schedule.orphaned:
+            raise InvalidInput(f"schedule {sid!r} does not fire: {schedule.orphaned}")
         return schedule
 
 
