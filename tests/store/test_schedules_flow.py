@@ -195,3 +195,17 @@ async def test_a_batch_of_firings_is_a_few_statements(store: Store) -> None:
     assert len(await store.schedules.runs_of("tick/s007", limit=5)) == 1
     row = await store.schedules.get("tick/s007")
     assert row is not None and row.last_run_id == backfilled
+
+
+async def test_a_catch_up_of_several_times_in_one_batch(store: Store) -> None:
+    """An ``every`` given as an int, three times missed, catch-up all: the times are
+    floats and ints mixed (the row's next time, then computed ones); all three start."""
+    clock = ManualClock(T0 - 1)
+    spec = ScheduleSpec(every=60, catch_up="all", overlap="allow_all")
+    for name in ("a", "b"):
+        await store.schedules.create(ScheduleDef("tick", name, spec), now=clock.now())
+    await clock.advance(121 + 0.5)
+    assert await Scheduler(store.schedules, clock).look() == 6
+    for name in ("a", "b"):
+        runs = await _runs(store, f"tick/{name}")
+        assert [r.scheduled_for for r in runs] == [T0, T0 + 60, T0 + 120]

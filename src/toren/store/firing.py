@@ -227,16 +227,16 @@ def _update_rows(
         last_skip = max(skips, key=lambda k: k.nominal) if skips else None
         rows.append(
             (
-                d.next_fire_at,
-                d.buffered,
-                out.fired[-1] if out.fired else None,
+                _real(d.next_fire_at),
+                _real(d.buffered),
+                _real(out.fired[-1] if out.fired else None),
                 out.holders[-1] if out.holders else None,
-                last_skip.nominal if last_skip else None,
+                _real(last_skip.nominal if last_skip else None),
                 last_skip.reason if last_skip else None,
                 len(out.fired),
                 len(skips),
-                sum(max(0.0, now - t) for t in out.fired),
-                now,
+                float(sum(max(0.0, now - t) for t in out.fired)),
+                _real(now),
                 s.id,
             )
         )
@@ -263,22 +263,30 @@ def _insert_runs(host: Host, cur: Cursor, runs: Sequence[NewRun], pg: bool) -> N
                 run.process,
                 _json(run.input),
                 run.idempotency_key,
-                run.created_at,
-                run.created_at,
+                _real(run.created_at),
+                _real(run.created_at),
                 run.schedule_id,
-                run.scheduled_for,
+                _real(run.scheduled_for),
                 run.concurrency_key,
                 run.concurrency_limit,
                 run.priority,
             )
         )
-        event_rows.append(event_params(run.started_event))
+        params = list(event_params(run.started_event))
+        params[9] = _real(params[9])  # created_at
+        event_rows.append(params)
     if pg:
         host._x(cur, PG_RUNS, [list(c) for c in zip(*run_rows, strict=True)])
         host._x(cur, PG_EVENTS, [list(c) for c in zip(*event_rows, strict=True)])
     else:
         _many(cur, SQLITE_RUNS, run_rows)
         _many(cur, SQLITE_EVENTS, event_rows)
+
+
+def _real(value: Any) -> float | None:
+    """A time as a float: an array parameter must hold one type (a nominal time of an
+    ``every`` given as an int is an int), and PostgreSQL's columns are double."""
+    return None if value is None else float(value)
 
 
 def _json(value: object) -> str:

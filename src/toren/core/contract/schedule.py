@@ -223,7 +223,7 @@ def _zone(name: object) -> ZoneInfo:
 def next_after(spec: ScheduleSpec, t: float) -> float:
     """The first nominal time strictly after ``t`` (seconds since the epoch)."""
     if spec.every is not None:
-        return (math.floor(t / spec.every) + 1) * spec.every
+        return float((math.floor(t / spec.every) + 1) * spec.every)
     assert spec.cron is not None
     zone = ZoneInfo(spec.zone)
     # cronsim counts whole seconds: start from the second t falls in.
