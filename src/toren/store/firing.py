@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toren.core.contract.audit import chain
+from toren.core.contract.jsontext import dumps
 from toren.core.contract.records import NewRun
 from toren.core.contract.schedule import Firing, Skip
 from toren.store.flow import unfinished_of
+from toren.store.rows import event_params
 
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; not imported: sql imports this)
 
@@ -249,8 +251,6 @@ def _update_rows(
 def _insert_runs(host: Host, cur: Cursor, runs: Sequence[NewRun], pg: bool) -> None:
     if not runs:
         return
-    from toren.store.sql import event_params  # sql imports this module's caller
-
     run_rows = []
     event_rows = []
     for run in runs:
@@ -290,8 +290,6 @@ def _real(value: Any) -> float | None:
 
 
 def _json(value: object) -> str:
-    from toren.core.contract.jsontext import dumps
-
     return dumps(value)
 
 
