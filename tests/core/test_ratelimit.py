@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 import toren
@@ -200,6 +201,21 @@ async def test_a_call_over_the_limit_parks_without_an_event_and_a_new_limit_rele
     )
     # No event records the pacing: the log is the one of a run that has not begun.
     assert [e.type for e in await store.load_events(paced.id)] == ["RunStarted"]
+    # Why it waits, over HTTP; and the fleet's counts in /metrics.
+    from toren.api.app import create_app
+
+    token = "rate-limit-test-token-0123"
+    app = create_app(store, reg, tokens=[token])
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as http:
+        shown = (await http.get(f"/v1/runs/{paced.id}")).json()
+        metrics = (await http.get("/metrics")).text
+    assert shown["status"] == "waiting" and shown["rate_limit"]["key"] == KEY
+    assert shown["rate_limit"]["reason"].startswith("waiting: rate limit fake:m, next slot in")
+    assert 'toren_rate_limit_calls_total{model="fake:m"} 2' in metrics
+    assert 'toren_rate_limit_parked_runs{model="fake:m"} 1' in metrics
+    assert 'toren_rate_limit_429s_total{model="fake:m"} 0' in metrics
     # A worker with a looser limit (a deploy): the parked run takes a slot under it.
     async with toren.LocalWorkerRuntime(
         _deps(store, provider, RateLimit(rpm=5, period=3600)), concurrency=10
