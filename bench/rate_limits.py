@@ -11,11 +11,13 @@ SQLite runs one worker process, PostgreSQL three (16 runs each at once). Measure
 - **over**: requests the provider refused for being over its limit (must be 0: Toren's
   limit equals the provider's here, so this is "0 over the limit");
 - **peak**: the most calls the provider served in one sliding window (<= the limit);
-- **used**: how close the fleet came to the fastest schedule the limit allows. A sliding
-  window of R per period lets call k (1-based) go at ``floor((k - 1) / R)`` periods after
-  the first; the last of N calls can go no earlier than ``floor((N - 1) / R)`` periods
-  in. used = that ideal / the time the N calls actually took, first to last (only
-  meaningful when N > R: a backlog for at least one full window);
+- **rate used**: a sliding window of R per period lets call k + R go no earlier than
+  one period after call k. How much later each call past the first R went (``late``:
+  p50, max; negative would be over the limit) is what pacing cost; the paced calls'
+  rate against the limit is period / (period + mean lateness). (The first R go as fast
+  as the workers start them: that burst is the workers' speed, not the limit's.)
+- **N calls took**: first to last request, next to the fastest a sliding window allows
+  with infinitely fast workers (``floor((N - 1) / R)`` periods);
 - **worker CPU**: user+system CPU seconds of the worker processes over the whole run,
   per run and per paced run (a run that had to wait for its slot at least once; from
   ``toren_rate_limit_paced_total``).
@@ -135,6 +137,11 @@ def scenario(kind: str, runs: int, rpm: int, period: float, limited: bool) -> di
     served = sorted(provider.arrivals)  # arrivals, 429s included
     span = served[-1] - served[0] if len(served) > 1 else 0.0
     ideal = math.floor((runs - 1) / rpm) * period
+    # Pacing delay: call k (k > R) may go no earlier than call k - R plus one period (a
+    # sliding window of R); how much later it went is what pacing cost. Negative: over.
+    late = [served[k] - (served[k - rpm] + period) for k in range(rpm, len(served))]
+    late_sorted = sorted(late)
+    mean_late = sum(late) / len(late) if late else 0.0
     result = {
         "backend": kind,
         "workers": size,
@@ -148,7 +155,13 @@ def scenario(kind: str, runs: int, rpm: int, period: float, limited: bool) -> di
         "peak": provider.peak,
         "span_s": round(span, 2),
         "ideal_s": ideal,
-        "used": round(ideal / span, 4) if span and ideal else None,
+        "paced_calls": len(late),
+        "late_mean_s": round(mean_late, 3),
+        "late_p50_s": round(late_sorted[len(late) // 2], 3) if late else None,
+        "late_max_s": round(late_sorted[-1], 3) if late else None,
+        "late_min_s": round(late_sorted[0], 3) if late else None,
+        # the rate the paced calls achieved against the limit: R per (period + mean delay)
+        "rate_used": round(period / (period + mean_late), 4) if late else None,
         "wall_s": round(wall, 1),
         "cpu_s": round(got["cpu_s"], 2),
         "cpu_ms_per_run": round(1000 * got["cpu_s"] / runs, 2),
@@ -178,16 +191,17 @@ def main() -> None:
             print(json.dumps(result), flush=True)
     print()
     print(
-        "| backend | limit | over | peak/window | N calls took | ideal | used | "
-        "worker CPU/run | CPU/paced run | completed |"
+        "| backend | limit | over | peak/window | rate used | paced call late p50/max | "
+        "N calls took (ideal) | worker CPU/run | CPU/paced run | completed |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        used = f"{100 * r['used']:.1f}%" if r["used"] else "-"
+        used = f"{100 * r['rate_used']:.1f}%" if r["rate_used"] else "-"
         print(
             f"| {r['backend']} ({r['workers']}w) | {'yes' if r['limited'] else 'none'} | "
-            f"{r['over']} | {r['peak']}/{r['rpm']} | {r['span_s']} s | {r['ideal_s']:g} s | "
-            f"{used} | {r['cpu_ms_per_run']} ms | {r['cpu_ms_per_paced']} ms | "
+            f"{r['over']} | {r['peak']}/{r['rpm']} | {used} | {r['late_p50_s']}/"
+            f"{r['late_max_s']} s | {r['span_s']} s ({r['ideal_s']:g} s) | "
+            f"{r['cpu_ms_per_run']} ms | {r['cpu_ms_per_paced']} ms | "
             f"{r['completed']}/{r['runs']} |"
         )
     if args.out:
