@@ -320,6 +320,9 @@ SCHEMA: tuple[Migration, ...] = (
     CreateVirtualTable("run_search_fts", "fts5(body, content='run_search', content_rowid='rowid')"),
     # The indexer finds what changed since it last looked through this index.
     CreateIndex("runs_updated", "runs", ("updated_at",)),
+    # --- 0.2.0: a schedule whose agent the newest deploy no longer has ------------------
+    # Why it does not fire (NULL: it does); see docs/schedules.md#removed-agents.
+    AddColumn("schedules", _c("orphaned", "text")),
     # --- 0.2.0: provider rate limits (toren.core.contract.ratelimit; docs/flow-control.md) --
     # One row per "provider:model": the limit last declared, the fleet's 429 state, counts.
     CreateTable(
