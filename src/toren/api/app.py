@@ -32,6 +32,7 @@ from toren.api.state import ApiState, InProcessWorker, State, error_responses
 from toren.core.agent_api.program import AgentResolver
 from toren.core.contract.changes import explain_invalidations
 from toren.core.contract.events import StreamInvalidated
+from toren.core.contract.ratelimit import reason as rate_reason
 from toren.core.contract.recorded import load_blobs
 from toren.core.contract.values import RunStatus
 from toren.core.drivers.fixforward import fork_run as core_fork_run
@@ -444,6 +445,12 @@ async def get_run(run_id: str, state: State) -> dict[str, Any]:
     queued = await state.store.queued_because(run)
     if queued is not None:
         shown["queue"] = state.redact(queued.to_dict())
+    if run.status == RunStatus.WAITING and run.paced:
+        shown["rate_limit"] = {
+            "key": run.paced,
+            "next_slot_at": run.not_before,
+            "reason": rate_reason(run.paced, run.not_before, time.time()),
+        }
     return shown
 
 

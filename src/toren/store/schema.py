@@ -323,6 +323,42 @@ SCHEMA: tuple[Migration, ...] = (
     # --- 0.2.0: a schedule whose agent the newest deploy no longer has ------------------
     # Why it does not fire (NULL: it does); see docs/schedules.md#removed-agents.
     AddColumn("schedules", _c("orphaned", "text")),
+    # --- 0.2.0: provider rate limits (toren.core.contract.ratelimit; docs/flow-control.md) --
+    # One row per "provider:model": the limit last declared, the fleet's 429 state, counts.
+    CreateTable(
+        "rate_limits",
+        (
+            _c("key", "text", primary_key=True),
+            _c("rpm", "int"),
+            _c("tpm", "int"),
+            _c("period", "real", not_null=True, default="60"),
+            _c("blocked_until", "real"),
+            _c("strikes", "int", not_null=True, default="0"),
+            _c("probe", "int"),
+            _c("calls", "int", not_null=True, default="0"),
+            _c("paced", "int", not_null=True, default="0"),
+            _c("waited", "real", not_null=True, default="0"),
+            _c("throttled", "int", not_null=True, default="0"),
+            _c("updated_at", "real", not_null=True),
+        ),
+    ),
+    # One row per slot taken in a key's window (deleted once out of it).
+    CreateTable(
+        "rate_grants",
+        (
+            _c("id", "serial"),
+            _c("key", "text", not_null=True),
+            _c("owner", "text", not_null=True),
+            _c("at", "real", not_null=True),
+            _c("tokens", "int", not_null=True, default="0"),
+            _c("state", "int", not_null=True, default="0"),
+        ),
+    ),
+    CreateIndex("rate_grants_key_at", "rate_grants", ("key", "at")),
+    CreateIndex("rate_grants_owner", "rate_grants", ("owner",)),
+    # The key a run waits on for its next slot (status 'waiting', not_before the slot).
+    AddColumn("runs", _c("paced", "text")),
+    CreateIndex("runs_paced", "runs", ("paced", "status")),
 )
 
 

@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
+from toren.config import RateLimit
 from toren.core.contract.audit import chain
 from toren.core.contract.events import Event, parse_payload
 from toren.core.contract.flow import Queued
 from toren.core.contract.jsontext import dumps
+from toren.core.contract.ratelimit import Grant
 from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import (
     ConcurrencyConflict,
@@ -33,6 +35,7 @@ from toren.errors import (
     RunNotFound,
     RunNotRetryable,
 )
+from toren.store import ratelimits
 from toren.store import search as search_query
 from toren.store.base import (
     InboxMessage,
@@ -73,7 +76,7 @@ RUN_COLUMNS = (
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
     "blocked_error, blocked_attempts, blocked_since, schedule_id, scheduled_for, "
-    "concurrency_key, concurrency_limit, priority, tool_errors"
+    "concurrency_key, concurrency_limit, priority, tool_errors, paced"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -185,12 +188,13 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         concurrency_limit=row[33],
         priority=row[34],
         tool_errors=row[35],
+        paced=row[36],
     )
 
 
 # What a list reads: the columns of the covering index runs_list, then the columns added
 # since (read from the table: one lookup by rowid per listed row on SQLite).
-LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors"
+LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors, paced"
 _LISTED_NAMES = tuple(c.strip() for c in LISTED_COLUMNS.split(","))  # RunRecord fields
 _LISTED = len(_LISTED_NAMES)  # the summary expressions follow these columns
 _RUN_DEFAULTS = {
@@ -418,6 +422,54 @@ class SqlStore:
             await self.notify()
         return changed
 
+    # -- provider rate limits (toren.store.ratelimits) ----------------------------------
+
+    async def take_rate_slot(
+        self, key: str, limit: RateLimit, *, owner: str, tokens: int, now: float
+    ) -> Grant:
+        """A slot for one model call of ``key`` (see toren.core.contract.ratelimit). Its
+        time is read inside the transaction (``now`` at the earliest): a slot records when
+        the call goes out, not when it was asked for behind other writes."""
+        return await self._run(
+            lambda cur: ratelimits.take(self, cur, key, limit, owner, tokens, max(now, time.time()))
+        )
+
+    async def settle_rate_slot(
+        self, key: str, grant_id: int, *, tokens: int, ok: bool, now: float
+    ) -> None:
+        """The call of slot ``grant_id`` was answered: its real tokens (``ok``: served)."""
+        woke = await self._run(
+            lambda cur: ratelimits.settle(
+                self, cur, key, grant_id, tokens, ok, max(now, time.time())
+            )
+        )
+        if woke:
+            await self.notify()
+
+    async def throttle_rate(
+        self, key: str, grant_id: int | None, *, retry_after: float | None, now: float
+    ) -> float:
+        """A 429 on ``key``: the fleet waits; the block's end."""
+        return await self._run(
+            lambda cur: ratelimits.throttle(
+                self, cur, key, grant_id, retry_after, max(now, time.time())
+            )
+        )
+
+    async def declare_rate_limits(
+        self, agents: Sequence[str], limits: Mapping[str, RateLimit], *, now: float
+    ) -> int:
+        """A starting worker's limits for ``agents``: a changed one re-paces its parked
+        runs, a removed one releases them (toren.store.ratelimits.declare)."""
+        woke = await self._run(lambda cur: ratelimits.declare(self, cur, agents, limits, now))
+        if woke:
+            await self.notify()
+        return woke
+
+    async def rate_limit_stats(self) -> list[tuple[str, int, int, float, int, int]]:
+        """Per key: calls, paced calls, seconds waited, 429s, runs parked on it now."""
+        return await self._run(lambda cur: ratelimits.stats(self, cur), write=False)
+
     async def get_run(self, run_id: str) -> RunRecord | None:
         def tx(cur: Cursor) -> RunRecord | None:
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
@@ -592,7 +644,8 @@ class SqlStore:
                 "invalidations",
             )
             sums = {k: int(v) for k, v in zip(keys, totals, strict=True)}
-            return {"runs_by_status": by_status, **sums}
+            limits = ratelimits.stats(self, cur)
+            return {"runs_by_status": by_status, **sums, "rate_limits": limits}
 
         return await self._run(tx, write=False)
 
@@ -846,7 +899,7 @@ class SqlStore:
             self._x(
                 cur,
                 f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
-                "waiting_for = ?, output = ?, error = ?, lease_owner = NULL, "
+                "waiting_for = ?, output = ?, error = ?, paced = ?, lease_owner = NULL, "
                 f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
                 (*release_values(release, now), now, lease.run_id),
             )
@@ -1118,7 +1171,7 @@ RELEASE_NOT_BEFORE = "not_before = CASE WHEN cancel_requested <> 0 THEN {p} ELSE
 
 def release_values(release: Release, now: float) -> tuple[object, ...]:
     """The run row's (status, not_before if a cancel is pending, not_before otherwise,
-    waiting_for, output, error) after a release."""
+    waiting_for, output, error, paced) after a release."""
     terminal = release.status in TERMINAL_STATUSES
     return (
         release.status,
@@ -1127,6 +1180,7 @@ def release_values(release: Release, now: float) -> tuple[object, ...]:
         None if release.waiting_for is None else dumps(release.waiting_for),
         dumps(release.output) if terminal else None,
         None if release.error is None else dumps(release.error),
+        None if terminal else release.paced,
     )
 
 
