@@ -49,7 +49,7 @@ from toren.store.base import (
 )
 from toren.store.flow import queued_because, set_limits, unfinished_of
 from toren.store.schedules import SqlSchedules
-from toren.store.schema import LIST_COLUMNS, SEARCH_VECTOR, summary_expressions
+from toren.store.schema import LIST_COLUMNS, summary_expressions
 
 T = TypeVar("T")
 
@@ -127,11 +127,23 @@ _PHASE = "CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.stat
 SEARCH_BACKLOG = (
     f"SELECT r.id, r.updated_at, {_PHASE}, r.agent, r.input, r.output, r.error FROM runs r "
     "LEFT JOIN run_search s ON s.run_id = r.id WHERE r.updated_at >= ? "
-    f"AND (s.run_id IS NULL OR s.phase <> {_PHASE}) ORDER BY r.updated_at LIMIT ?"
+    f"AND (s.run_id IS NULL OR s.phase <> {_PHASE}{{stale}}) ORDER BY r.updated_at LIMIT ?"
 )
+# On PostgreSQL a row without its stored vector (written before ``run_search.vector``
+# existed) is written again, vector included: the backfill, in the indexer's batches.
+SEARCH_BACKLOG_SQLITE = SEARCH_BACKLOG.format(stale="")
+SEARCH_BACKLOG_POSTGRES = SEARCH_BACKLOG.format(stale=" OR s.vector IS NULL")
 PUT_SEARCH_TEXT = (
     "INSERT INTO run_search (run_id, body, phase) VALUES (?, ?, ?) "
     "ON CONFLICT (run_id) DO UPDATE SET body = excluded.body, phase = excluded.phase"
+)
+# PostgreSQL stores the vector with the text (SEARCH_VECTOR over the new body), computed
+# by the database from the one copy of the body sent.
+PUT_SEARCH_TEXT_POSTGRES = (
+    "INSERT INTO run_search (run_id, body, phase, vector) SELECT t.run_id, t.body, t.phase, "
+    "to_tsvector('simple', t.body) FROM (VALUES (?, ?, ?)) AS t (run_id, body, phase) "
+    "ON CONFLICT (run_id) DO UPDATE SET body = excluded.body, phase = excluded.phase, "
+    "vector = excluded.vector"
 )
 NEXT_DUE = (
     "SELECT MIN(t) FROM ("
@@ -505,10 +517,7 @@ class SqlStore:
                 "id IN (SELECT s.run_id FROM run_search_fts f JOIN run_search s "
                 "ON s.rowid = f.rowid WHERE run_search_fts MATCH ?)"
             )
-        return (
-            f"id IN (SELECT run_id FROM run_search WHERE {SEARCH_VECTOR} @@ "
-            "to_tsquery('simple', ?))"
-        )
+        return "id IN (SELECT run_id FROM run_search WHERE vector @@ to_tsquery('simple', ?))"
 
     def _search_param(self, terms: list[search_query.Term]) -> str:
         if self.dialect == "sqlite":
@@ -522,7 +531,8 @@ class SqlStore:
         move ``since`` to)."""
 
         def tx(cur: Cursor) -> SearchBacklog:
-            rows = self._x(cur, SEARCH_BACKLOG, (since, limit)).fetchall()
+            backlog = SEARCH_BACKLOG_SQLITE if self.dialect == "sqlite" else SEARCH_BACKLOG_POSTGRES
+            rows = self._x(cur, backlog, (since, limit)).fetchall()
             high = self._x(cur, "SELECT MAX(updated_at) FROM runs").fetchone()[0]
             return SearchBacklog(
                 [SearchSource(r[0], float(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows],
@@ -544,7 +554,7 @@ class SqlStore:
 
     def _put_search_text(self, cur: Cursor, run_id: str, phase: str, body: str) -> None:
         if self.dialect != "sqlite":
-            self._x(cur, PUT_SEARCH_TEXT, (run_id, body, phase))
+            self._x(cur, PUT_SEARCH_TEXT_POSTGRES, (run_id, body, phase))
             return
         # FTS5 over an external content table: the old text leaves the index by the
         # 'delete' command with exactly the values it was indexed with.
