@@ -527,7 +527,17 @@ async def _event_page(
             fits = max(1, _EVENT_CHUNK_BYTES // per_event)
             want = min(want * 2, fits, _EVENT_CHUNK, limit - count)
             del chunk
-            chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+            try:
+                chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+            except TorenError:
+                # The response has started: an exception now could only abort the
+                # connection (a client sees a truncated body). The page ends here instead,
+                # whole, with ``next_after`` set: the client reads on from there.
+                log.warning(
+                    "reading events of %s after seq %d failed", run_id, after, exc_info=True
+                )
+                more = True
+                break
             continue
         break
     parts.append(b'],"next_after":' + (str(last).encode() if more else b"null") + b"}")
