@@ -213,11 +213,29 @@ async def hammer(
     return latencies, errors, start, peak
 
 
+async def _seeded(url: str, runs: int) -> bool:
+    from toren.store import connect
+
+    store = await connect(url)
+    try:
+        return len(await store.list_runs(limit=runs, summary=True)) >= runs
+    finally:
+        await store.close()
+
+
 async def measure(
-    url: str | None, runs: int, input_bytes: int, clients: int, requests: int
+    url: str | None,
+    runs: int,
+    input_bytes: int,
+    clients: int,
+    requests: int,
+    reuse: bool = False,
 ) -> Result:
-    async with database(url) as (db, backend):
-        seed_seconds = await seed(db, runs, input_bytes)
+    async with database(url, fresh=not reuse) as (db, backend):
+        if reuse and await _seeded(db, runs):
+            seed_seconds = 0.0  # seeded by an earlier run of this bench (--reuse)
+        else:
+            seed_seconds = await seed(db, runs, input_bytes)
         print(f"seeded {runs} runs in {seed_seconds:.0f} s", flush=True)
         with server_process(db) as (base, proc):
             index_seconds, index_peak = await _until_indexed(base, proc.pid, runs)
@@ -261,11 +279,24 @@ def main() -> None:
     parser.add_argument("--input-bytes", type=int, default=900_000)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--requests", type=int, default=20, help="per client")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="--database-url names a database an earlier run seeded (and left, e.g. "
+        "interrupted): use it as it is, search texts already built included",
+    )
     parser.add_argument("--note", default="", help="recorded with the result")
     parser.add_argument("--json", type=Path, default=None, help="append the result here")
     args = parser.parse_args()
     result = asyncio.run(
-        measure(args.database_url, args.runs, args.input_bytes, args.clients, args.requests)
+        measure(
+            args.database_url,
+            args.runs,
+            args.input_bytes,
+            args.clients,
+            args.requests,
+            args.reuse,
+        )
     )
     result.note = args.note
     print(json.dumps(asdict(result), indent=2))
