@@ -326,6 +326,9 @@ SCHEMA: tuple[Migration, ...] = (
     CreateVirtualTable("run_search_fts", "fts5(body, content='run_search', content_rowid='rowid')"),
     # The indexer finds what changed since it last looked through this index.
     CreateIndex("runs_updated", "runs", ("updated_at",)),
+    # --- 0.2.0: a schedule whose agent the newest deploy no longer has ------------------
+    # Why it does not fire (NULL: it does); see docs/schedules.md#removed-agents.
+    AddColumn("schedules", _c("orphaned", "text")),
     # PostgreSQL: the search text's vector, stored (``to_tsvector('simple', body)``, filled
     # by the indexer as it writes ``body``), and the GIN index searches read. NULL on rows
     # written before it: the indexer counts such a row as missing and writes it again, a
