@@ -1,8 +1,8 @@
-"""Concurrency keys across a fleet on PostgreSQL: 300 runs over 20 keys with a limit of 2
-per key, three worker processes SIGKILLed at random meanwhile, or one SIGSTOPped past its
-lease while it holds slots. A loopback server that the runs' tool calls counts, per key,
-how many calls are in progress at once: never more than 2, and every run completes (a
-killed or frozen worker's slots come back when its leases run out)."""
+"""Concurrency keys across a fleet: 300 runs over 20 keys with a limit of 2 per key, three
+worker processes on PostgreSQL (one on SQLite) SIGKILLed at random meanwhile, or one
+SIGSTOPped past its lease while it holds slots. A loopback server that the runs' tool
+calls counts, per key, how many calls are in progress at once: never more than 2, and
+every run completes (a killed or frozen worker's slots come back when its leases run out)."""
 
 from __future__ import annotations
 
@@ -131,15 +131,17 @@ async def _finished(url: str, ids: list[str]) -> int:
         await store.close()
 
 
-def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg_only_url: str) -> None:
-    pg = pg_only_url
+def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> None:
+    """PostgreSQL with three worker processes, SQLite with one (killed and restarted)."""
+    pg = db_url
+    fleet = 3 if db_url.startswith("postgres") else 1
     desk = Desk()
     server = serve(desk)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     rng = random.Random(os.urandom(8))
     try:
         ids = asyncio.run(_start(pg, base))
-        workers = [_worker(pg, base) for _ in range(3)]
+        workers = [_worker(pg, base) for _ in range(fleet)]
         kills = 0
         deadline = time.monotonic() + 300
         try:
@@ -152,7 +154,7 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg_only_url: str
                         break
                     time.sleep(0.05)
                 if kills < 8 and asyncio.run(_finished(pg, ids)) < RUNS:
-                    victim = rng.randrange(3)
+                    victim = rng.randrange(fleet)
                     _end(workers[victim], signal.SIGKILL)
                     kills += 1
                     workers[victim] = _worker(pg, base)

@@ -77,6 +77,7 @@ async def until(predicate: Any, proc: subprocess.Popen[bytes], log: Path) -> Non
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 async def test_sigkill_mid_run_pays_no_call_twice_and_runs_no_tool_twice(
     db_url: str, tmp_path: Path
 ) -> None:

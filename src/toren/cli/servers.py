@@ -177,7 +177,9 @@ class WorkerSwitch:
         self.runtime = runtime
         self.current = worker
         self._idle = WorkerMetrics()
-        self._idle_scheduler = Scheduler(runtime.store.schedules, runtime.deps.clock)
+        self._idle_scheduler = Scheduler(
+            runtime.store.schedules, runtime.deps.clock, runtime.deps.agents
+        )
 
     @property
     def deps(self) -> TickDeps:

@@ -320,6 +320,9 @@ SCHEMA: tuple[Migration, ...] = (
     CreateVirtualTable("run_search_fts", "fts5(body, content='run_search', content_rowid='rowid')"),
     # The indexer finds what changed since it last looked through this index.
     CreateIndex("runs_updated", "runs", ("updated_at",)),
+    # --- 0.2.0: a schedule whose agent the newest deploy no longer has ------------------
+    # Why it does not fire (NULL: it does); see docs/schedules.md#removed-agents.
+    AddColumn("schedules", _c("orphaned", "text")),
 )
 
 

@@ -48,6 +48,7 @@ from toren.store.base import (
     read_json,
 )
 from toren.store.flow import queued_because, set_limits, unfinished_of
+from toren.store.rows import event_params as event_params
 from toren.store.schedules import SqlSchedules
 from toren.store.schema import LIST_COLUMNS, SEARCH_VECTOR, summary_expressions
 
@@ -283,24 +284,6 @@ def event_from_row(row: Sequence[Any]) -> Event:
 
 _ENVELOPE_COLUMNS = tuple(c.strip() for c in EVENT_COLUMNS.split(","))[:12]
 assert _ENVELOPE_COLUMNS[-1] == "format_version"  # the payload comes last, parsed apart
-
-
-def event_params(event: Event) -> tuple[object, ...]:
-    return (
-        event.run_id,
-        event.stream,
-        event.position,
-        event.generation,
-        event.slot,
-        event.type,
-        event.digest,
-        event.code_version,
-        event.worker_id,
-        event.created_at,
-        event.format_version,
-        event.payload_json(),
-        event.chain,
-    )
 
 
 class SqlStore:

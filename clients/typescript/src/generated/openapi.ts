@@ -443,6 +443,12 @@ export interface components {
              * @description Times of the range that already had their run.
              */
             already_ran: number;
+            /**
+             * Refused
+             * @description Times the agent's concurrency refused (on_conflict: reject, its key busy): not started.
+             * @default 0
+             */
+            refused: number;
         };
         /** Blocked */
         Blocked: {
@@ -1076,6 +1082,11 @@ export interface components {
             paused: boolean;
             /** Note */
             note: string | null;
+            /**
+             * Orphaned
+             * @description Why it does not fire: its agent is not in the newest deploy's code (null: it fires).
+             */
+            orphaned?: string | null;
             /** Next Fire At */
             next_fire_at: string | null;
             /** Upcoming */
