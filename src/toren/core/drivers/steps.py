@@ -39,7 +39,7 @@ from toren.core.contract.ports import ModelProvider
 from toren.core.contract.ratelimit import PACED, Throttled
 from toren.core.contract.replay import Step
 from toren.core.contract.text import repair_text
-from toren.core.contract.values import RunStatus, StepKind, Totals, to_nano
+from toren.core.contract.values import RunStatus, StepKind, Totals, recorded_nano, to_nano
 from toren.core.drivers.effects import (
     call_model,
     call_tool,
@@ -115,7 +115,7 @@ class LiveSteps:
         if state.interrupted:
             payload = step.first.payload
             assert isinstance(payload, ModelCallRecorded)
-            state.writer.add(Totals(saved_nanousd=to_nano(payload.cost_usd)))
+            state.writer.add(Totals(saved_nanousd=recorded_nano(payload.cost_usd)))
         return replay_model(step)
 
     async def _record_cut_off(
