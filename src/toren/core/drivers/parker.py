@@ -29,6 +29,9 @@ class Parker:
         "draining",
         "futures",
         "inflight",
+        "paced_on",
+        "paced_waits",
+        "pacing",
         "parked",
         "suspended",
         "waiters",
@@ -47,12 +50,23 @@ class Parker:
         # Parked with the agent task kept, suspended in its waits (a sticky run: see
         # toren.core.drivers.sticky); :meth:`resume` wakes the waits under a new lease.
         self.suspended = False
+        # Model calls waiting for their slot of a rate limit, by key (of the waiters), and
+        # the keys as the run parked (see toren.core.contract.ratelimit).
+        self.pacing: dict[str, int] = {}
+        self.paced_on: list[str] = []
+        self.paced_waits = 0
 
-    async def park(self, not_before: float | None, names: tuple[str, ...]) -> None:
+    async def park(
+        self, not_before: float | None, names: tuple[str, ...], paced: str | None = None
+    ) -> None:
         """Wait for the tick to park the run. Returns only when a sticky run is resumed
-        (:meth:`resume`: the caller looks at its timer or inbox again); otherwise the
-        agent task is cancelled here. Called inside a live step (counted in flight)."""
+        (:meth:`resume`: the caller looks at its timer, inbox or slot again); otherwise
+        the agent task is cancelled here. Called inside a live step (counted in flight).
+        ``paced``: a model call waiting for its slot of this rate limit (no event records
+        it)."""
         entry = (not_before, names)
+        if paced is not None:
+            self.pacing[paced] = self.pacing.get(paced, 0) + 1
         parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(entry)
         self.futures[parked] = None
@@ -66,6 +80,8 @@ class Parker:
             self.inflight += 1
             self.waiters.remove(entry)
             self.futures.pop(parked, None)
+            if paced is not None:
+                self.pacing[paced] -= 1
 
     def resume(self) -> None:
         """Wake every parked wait of a suspended run (a later tick continues it), in the
@@ -105,6 +121,8 @@ class Parker:
                 break
             if self.parkable() and await self._settled(task, stopped, grace, run_id):
                 self.parked = list(self.waiters)
+                self.paced_on = sorted(k for k, n in self.pacing.items() if n > 0)
+                self.paced_waits = sum(self.pacing.values())
                 stop("park")
                 if self.suspended:  # the agent task stays, suspended in its waits
                     return
