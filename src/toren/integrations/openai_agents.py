@@ -477,8 +477,11 @@ class _Provider:
                 status=exc.status_code,
             ) from None
         except openai.APIError as exc:
+            cause = exc.__cause__  # what the transport saw: a reset, a cut-off body...
+            why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
             raise ModelCallFailed(
-                f"{self.name} failed: {type(exc).__name__}: {exc.message}", provider=self.name
+                f"{self.name} failed: {type(exc).__name__}: {exc.message}{why}",
+                provider=self.name,
             ) from None
         if final is None:
             raise ModelCallFailed(
@@ -607,6 +610,7 @@ class _Graph:
             target = agents.handoff(target)
         original = target.on_invoke_handoff
         name = target.tool_name
+        known = _handoff_target(target)
 
         async def invoke(context: object, arguments: str) -> object:
             live: list[object] = []
@@ -619,12 +623,30 @@ class _Graph:
             recorded = await _step(name, _arguments({"arguments": arguments}), run)
             if live:
                 return self.wrap(live[0])
-            chosen = self.by_name.get(str((recorded or {}).get("agent")))
-            if chosen is None:  # a target not reached yet in this process: ask the SDK
+            # Replayed: the recorded agent, without calling the handoff again (its
+            # ``on_handoff`` callback ran when the step was taken, not on a resume).
+            agent_name = str((recorded or {}).get("agent"))
+            chosen = self.by_name.get(agent_name)
+            if chosen is None and known is not None and known.name == agent_name:
+                chosen = self.wrap(known)
+            if chosen is None:
+                # A hand-built Handoff (not made by agents.handoff): only its own
+                # on_invoke_handoff knows its agent, so it runs again, as agent code
+                # outside a step does on a replay.
                 chosen = self.wrap(await original(context, arguments))
             return chosen
 
         return dataclasses.replace(target, on_invoke_handoff=invoke)
+
+
+def _handoff_target(handoff: Any) -> Any:
+    """The agent a handoff made by ``agents.handoff()`` (or listed as an ``Agent``) hands
+    to, without invoking it: the SDK keeps it on the handoff as a weak reference
+    (``_agent_ref``, which its own run state and graph visualisation read; present across
+    the pinned SDK range). ``None`` for a hand-built ``Handoff``."""
+    ref = getattr(handoff, "_agent_ref", None)
+    agent = ref() if callable(ref) else None
+    return agent if isinstance(agent, Agent) else None
 
 
 def _wrap_guardrail(guardrail: Any, kind: str) -> Any:
