@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -109,3 +110,53 @@ def _split(command: str) -> list[str]:
     import shlex
 
     return shlex.split(command)
+
+
+def scaffold_install_command(project: Path) -> list[str]:
+    """The first command of the scaffold README's console block, as written there."""
+    text = (project / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"```console\n(.*?)```", text, re.S)
+    assert block, "the scaffold's README shows its commands in a console block"
+    first = block.group(1).splitlines()[0].removeprefix("$ ")
+    return shlex.split(first, comments=True)
+
+
+@pytest.mark.timeout(240)
+def test_scaffold_installs_beside_a_toren_from_a_checkout(tmp_path: Path) -> None:
+    """Issue 40 item 8: Toren installed from a checkout (not editable, and on no package
+    index), then `toren init hello` and the scaffold README's `pip install -e .` as
+    written, then `toren run hello ...` offline: pip takes toren-run as installed (the
+    index has none), the project installs, editable, and the agent runs."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    install = [str(python), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)]
+    if importlib.util.find_spec("hatchling") is not None:
+        install.append("--no-build-isolation")  # no download of Toren's build backend
+    subprocess.run(install, check=True, capture_output=True, text=True, env=venv_env())
+    work = tmp_path / "work"
+    work.mkdir()
+    env = venv_env(PATH=f"{venv / 'bin'}:/usr/bin:/bin", NO_COLOR="1")
+
+    def sh(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{argv}\n{done.stdout}\n{done.stderr}"
+        return done
+
+    sh(["toren", "init", "hello"], work)
+    command = scaffold_install_command(work / "hello")
+    assert command == ["pip", "install", "-e", "."]
+    installed = sh(command, work / "hello").stdout
+    assert "Requirement already satisfied: toren-run" in installed, installed
+
+    # The project is installed, editable, and its toren-run is the checkout's.
+    shown = sh(["pip", "show", "hello", "toren-run"], work).stdout
+    assert f"Editable project location: {work / 'hello'}" in shown
+    assert "Requires: toren-run" in shown
+    where = sh(["python", "-c", "import toren; print(toren.__file__)"], work).stdout
+    assert where.strip().startswith(str(venv)), f"toren imported from {where}, not the checkout"
+
+    ran = sh(["toren", "run", "hello", "What is the weather in Lyon?"], work)
+    assert "✔ completed" in ran.stdout
+    assert "This scripted model (script.yaml) always looks up Paris" in ran.stdout
+    assert (work / "hello" / ".toren" / "toren.db").is_file()

@@ -1,7 +1,8 @@
-"""Concurrency keys across a fleet on PostgreSQL: 300 runs over 20 keys with a limit of 2
-per key, three worker processes SIGKILLed at random meanwhile. A loopback server that the
-runs' tool calls counts, per key, how many calls are in progress at once: never more than
-2, and every run completes (a killed worker's slots come back when its leases run out)."""
+"""Concurrency keys across a fleet: 300 runs over 20 keys with a limit of 2 per key, three
+worker processes on PostgreSQL (one on SQLite) SIGKILLed at random meanwhile, or one
+SIGSTOPped past its lease while it holds slots. A loopback server that the runs' tool
+calls counts, per key, how many calls are in progress at once: never more than 2, and
+every run completes (a killed or frozen worker's slots come back when its leases run out)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -129,15 +131,17 @@ async def _finished(url: str, ids: list[str]) -> int:
         await store.close()
 
 
-def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg_only_url: str) -> None:
-    pg = pg_only_url
+def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> None:
+    """PostgreSQL with three worker processes, SQLite with one (killed and restarted)."""
+    pg = db_url
+    fleet = 3 if db_url.startswith("postgres") else 1
     desk = Desk()
     server = serve(desk)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     rng = random.Random(os.urandom(8))
     try:
         ids = asyncio.run(_start(pg, base))
-        workers = [_worker(pg, base) for _ in range(3)]
+        workers = [_worker(pg, base) for _ in range(fleet)]
         kills = 0
         deadline = time.monotonic() + 300
         try:
@@ -150,7 +154,7 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg_only_url: str
                         break
                     time.sleep(0.05)
                 if kills < 8 and asyncio.run(_finished(pg, ids)) < RUNS:
-                    victim = rng.randrange(3)
+                    victim = rng.randrange(fleet)
                     _end(workers[victim], signal.SIGKILL)
                     kills += 1
                     workers[victim] = _worker(pg, base)
@@ -165,3 +169,93 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(pg_only_url: str
     assert max(desk.peak.values()) <= LIMIT, desk.peak
     assert max(desk.peak.values()) == LIMIT  # the limit was reached, not just respected
     assert set(desk.finished) == set(ids)  # every run's call was served to the end
+
+
+async def _held_by(url: str, ids: list[str], pid: int) -> list[str]:
+    """The runs of ``ids`` whose lease the worker process ``pid`` holds (its worker id is
+    ``host-PID-random``)."""
+    store = await toren.connect(url)
+    try:
+        held = []
+        for i in ids:
+            run = await store.get_run(i)
+            assert run is not None
+            if run.status == "running" and f"-{pid}-" in (run.lease_owner or ""):
+                held.append(i)
+        return held
+    finally:
+        await store.close()
+
+
+async def _tool_records(url: str, ids: list[str]) -> dict[str, int]:
+    store = await toren.connect(url)
+    try:
+        return {
+            i: sum(e.type == "ToolCallRecorded" for e in await store.load_events(i)) for i in ids
+        }
+    finally:
+        await store.close()
+
+
+async def _recoveries(url: str, ids: list[str]) -> dict[str, int]:
+    store = await toren.connect(url)
+    try:
+        return {i: (await store.get_run(i)).lease_recoveries for i in ids}  # type: ignore[union-attr]
+    finally:
+        await store.close()
+
+
+def _until(done: Any, what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -> None:
+    """A worker SIGSTOPped while its runs hold their keys' slots: once its leases run out,
+    the other workers take those runs (and the slots) over; when it is SIGCONTed it finds
+    its leases gone and writes nothing. No key ever runs more than its limit, every run
+    completes, and each run's tool step is recorded exactly once."""
+    pg = pg_only_url
+    desk = Desk()
+    server = serve(desk)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        ids = asyncio.run(_start(pg, base))
+        workers = [_worker(pg, base) for _ in range(3)]
+        victim = workers[0]
+        try:
+            _until(lambda: sum(desk.finished.values()) >= 20, "the first 20 runs")
+            held: list[str] = []
+
+            def holding() -> bool:
+                held[:] = asyncio.run(_held_by(pg, ids, victim.pid))
+                return bool(held)
+
+            _until(holding, "the victim to hold a run")
+            victim.send_signal(signal.SIGSTOP)
+            try:
+                # What it held at the moment it froze (a run it was releasing may finish).
+                held = asyncio.run(_held_by(pg, ids, victim.pid))
+                assert held, "the worker released every run as it froze: nothing to take over"
+                _until(
+                    lambda: asyncio.run(_finished(pg, held)) == len(held),
+                    "the frozen worker's runs to be taken over and finish",
+                )
+            finally:
+                victim.send_signal(signal.SIGCONT)
+            _until(lambda: asyncio.run(_finished(pg, ids)) == RUNS, "every run", 300)
+        finally:
+            for w in workers:
+                if w.poll() is None:
+                    _end(w, signal.SIGTERM)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert max(desk.peak.values()) <= LIMIT, desk.peak
+    assert set(desk.finished) == set(ids)
+    recovered = asyncio.run(_recoveries(pg, held))
+    assert all(n >= 1 for n in recovered.values()), recovered  # taken over, not waited out
+    records = asyncio.run(_tool_records(pg, ids))
+    assert set(records.values()) == {1}, {i: n for i, n in records.items() if n != 1}

@@ -97,8 +97,34 @@ _DOC_STEMS = frozenset(
     {"changelog", "license", "licence", "copying", "notice", "authors", "contributing"}
 )
 _DOC_SUFFIXES = frozenset({"", ".md", ".rst", ".txt", ".markdown", ".adoc"})
-# Editor swap, backup and lock files, compiled Python, OS litter.
-_JUNK_SUFFIXES = (".pyc", ".pyo", ".swp", ".swo", ".swx", ".bak", ".orig", ".tmp", "~")
+# Editor swap, backup and lock files, compiled Python, OS litter. (Hidden names, such as
+# ``.DS_Store``, Emacs's ``.#tools.py`` and vim's ``.tools.py.swp``, are left out as such.)
+_JUNK_SUFFIXES = (
+    ".pyc",
+    ".pyo",
+    ".swp",
+    ".swo",
+    ".swx",
+    ".bak",
+    ".orig",
+    ".tmp",
+    "~",
+    "___jb_tmp___",  # JetBrains IDEs' safe write
+    "___jb_old___",
+)
+_JUNK_NAMES = frozenset({"thumbs.db", "desktop.ini"})
+# Vim checks that it may write a directory by creating and deleting the file "4913"
+# (then "5036", "5159", ... while one exists): 4913 + 123 * k.
+_VIM_PROBE, _VIM_PROBE_STEP = 4913, 123
+
+
+def _is_vim_probe(name: str) -> bool:
+    return (
+        name.isascii()
+        and name.isdigit()
+        and int(name) >= _VIM_PROBE
+        and (int(name) - _VIM_PROBE) % _VIM_PROBE_STEP == 0
+    )
 
 
 # -- results ----------------------------------------------------------------------------
@@ -241,7 +267,9 @@ def is_code_path(rel: str | Path) -> bool:
     (bare or ``.md``, ``.rst``, ``.txt``, ``.markdown``, ``.adoc``; any case) at any depth
     and, at the top, ``CHANGELOG``, ``LICENSE``/``LICENCE``, ``COPYING``, ``NOTICE``,
     ``AUTHORS``, ``CONTRIBUTING`` spelled the same way; editor backups and compiled Python
-    (``*~``, ``#*#``, ``*.swp``, ``*.bak``, ``*.orig``, ``*.tmp``, ``*.pyc``)."""
+    (``*~``, ``#*#``, ``*.swp``, ``*.bak``, ``*.orig``, ``*.tmp``, ``*.pyc``,
+    ``*___jb_tmp___``, ``*___jb_old___``, ``~$*``), vim's write probe (``4913``, and
+    ``5036``, ``5159``, ... when that exists) and ``Thumbs.db``, ``desktop.ini``."""
     parts = Path(rel).parts
     if not parts:
         return False
@@ -251,7 +279,9 @@ def is_code_path(rel: str | Path) -> bool:
     if dirs and dirs[0].lower() in _TOP_LEVEL_DIRS:
         return False
     lower = name.lower()
-    if name.startswith((".", "#")) or lower.endswith(_JUNK_SUFFIXES):
+    if name.startswith((".", "#", "~$")) or lower.endswith(_JUNK_SUFFIXES):
+        return False
+    if lower in _JUNK_NAMES or _is_vim_probe(name):
         return False
     stem, dot, suffix = lower.partition(".")
     if (stem == "readme" or (stem in _DOC_STEMS and not dirs)) and (

@@ -11,18 +11,12 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from toren.cli._common import (
-    examples,
-    follow_up_options,
-    open_existing_runtime,
-    out,
-    parse_payload,
-    run_async,
-)
-from toren.cli.backend import UNSET, Backend, EmbeddedBackend, run_json
-from toren.cli.runs import INTERACTIVE_DRAIN, backend_options, follow, last_seq, open_backend
+from toren.cli._common import examples, follow_up_options, out, parse_payload, run_async
+from toren.cli.backend import UNSET, Backend, run_json
+from toren.cli.follow import follow, last_seq
+from toren.cli.runs import backend_options, open_backend
+from toren.cli.session import LocalSession
 from toren.client import Run
-from toren.runtime import close_runtime
 
 
 def _go(
@@ -55,20 +49,18 @@ def _go(
             return await follow(backend, run.id, resume_hint=False, reach=reach, replayed_upto=upto)
 
     async def embedded() -> int:
-        runtime = await open_existing_runtime(agents_root, database_url, code_version)
-        backend = EmbeddedBackend(runtime)
-        try:
-            upto = await before(backend)
-            run = await action(backend)
+        async with await LocalSession.open(
+            agents_root,
+            database_url=database_url,
+            code_version=code_version,
+            reach=reach,
+            create=False,
+        ) as session:
+            upto = await before(session.backend)
+            run = await action(session.backend)
             if detach or as_json:
                 return _print(run, reach, as_json)
-            await backend.start_worker(run.id)
-            return await follow(backend, run.id, reach=reach, replayed_upto=upto)
-        finally:
-            try:
-                await backend.stop_worker(INTERACTIVE_DRAIN)
-            finally:
-                await close_runtime(runtime)
+            return await session.follow(run.id, replayed_upto=upto)
 
     return run_async(remote if url else embedded)
 

@@ -83,6 +83,15 @@ description = "A Toren agent."
 requires-python = ">=3.11"
 # Pinned to the 0.x line: minors are additive; a major is a decision.
 dependencies = ["toren-run>=0.1,<1"]
+
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+# Toren loads the agent from this directory: installing the project installs only its
+# dependencies (no module of the directory is packaged).
+[tool.setuptools]
+py-modules = []
 """
 
 GITIGNORE = """\
@@ -105,13 +114,15 @@ $ toren dev                 # worker + API + console on http://127.0.0.1:8000
 
 Toren from a checkout instead of a package index: install it first into the same
 environment (`pip install /path/to/toren`), then `pip install -e .` finds `toren-run`
-there and takes nothing from the index for it. Both ways, for this machine and for the
-image, are in "Installing Toren" of Toren's docs/deploy.md.
+there and takes nothing from the index for it (the index still serves setuptools, the
+build backend). Both ways, for this machine and for the image, are in "Installing Toren"
+of Toren's docs/deploy.md.
 
 - `agent.yaml`: the model, instructions and tools. It runs offline with the `scripted`
   model (`script.yaml`); switch the `model:` line to `openai:gpt-4o-mini` for a real one.
 - `prompts/system.md`: the system prompt.
 - `tools.py`: the agent's tools.
+- `pyproject.toml`: what `pip install -e .` installs (the project's dependencies).
 - `Dockerfile`, `compose.yaml`: PostgreSQL, workers and the API with `docker compose up`.
 
 The image installs `toren-run` from your package index. From a checkout instead, build a
@@ -212,6 +223,15 @@ version = "0.1.0"
 description = "A pydantic-ai agent on Toren."
 requires-python = ">=3.11"
 dependencies = ["toren-run[pydantic-ai]>=0.1,<1"]
+
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+# Toren loads the agent from this directory: installing the project installs only its
+# dependencies (no module of the directory is packaged).
+[tool.setuptools]
+py-modules = []
 """
 
 PYDANTIC_AI_README = """\
@@ -308,6 +328,15 @@ description = "An OpenAI Agents SDK agent on Toren."
 requires-python = ">=3.11"
 # Pinned to the 0.x line: minors are additive; a major is a decision.
 dependencies = ["toren-run[openai-agents]>=0.1,<1"]
+
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+# Toren loads the agent from this directory: installing the project installs only its
+# dependencies (no module of the directory is packaged).
+[tool.setuptools]
+py-modules = []
 """
 
 OA_README = """\

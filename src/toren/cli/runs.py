@@ -3,14 +3,11 @@ embedded database (default) or a server (``--url``)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as _dt
 import functools
 import json
-import logging
 import shlex
-import signal
 import time
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,38 +19,29 @@ from rich.markup import escape
 from rich.table import Table
 
 from toren.cli._common import (
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
     EXIT_OK,
-    EXIT_WAITING,
-    STATUS_EXIT,
     NoDatabase,
-    database_url_for,
     err,
     examples,
     follow_up_options,
-    open_existing_runtime,
     out,
     parse_payload,
     read_input,
     remember_command,
     run_async,
-    settings_from,
 )
-from toren.cli.backend import Backend, EmbeddedBackend, RemoteBackend, parked, run_json
+from toren.cli.backend import Backend, RemoteBackend, run_json
+from toren.cli.follow import follow
+from toren.cli.session import LocalSession
 from toren.cli.view import RunView, money, next_try, short
 from toren.client import Run, TorenMessageWarning
 from toren.core.contract.values import STATUSES, RunStatus
 from toren.core.drivers.runs import MAX_RUNS_PAGE, unexpected_message
 from toren.core.drivers.takeover import take_over_gone
 from toren.errors import AgentConfigError
-from toren.runtime import close_runtime, open_runtime
 
 F = TypeVar("F", bound=Callable[..., object])
 T = TypeVar("T")
-
-# How long an interrupted `toren run` lets a running step finish before giving it back.
-INTERACTIVE_DRAIN = 2.0
 
 
 def backend_options(fn: F) -> F:
@@ -116,17 +104,11 @@ async def open_backend(
         finally:
             await remote.close()
         return
-    root = agents_root.resolve()
-    settings = settings_from(database_url=database_url)
     # These commands read or steer existing runs: a missing database is not created.
-    found = database_url_for(root, database_url, create=False)
-    runtime = await open_runtime(root, found, settings)
-    backend = EmbeddedBackend(runtime)
-    try:
-        yield backend
-    finally:
-        await backend.close()
-        await close_runtime(runtime)
+    async with await LocalSession.open(
+        agents_root, database_url=database_url, code_version=None, create=False
+    ) as session:
+        yield session.backend
 
 
 def on_backend(
@@ -235,150 +217,6 @@ def _single_name(root: Path) -> str:
     from toren.agents import DirectoryResolver
 
     return DirectoryResolver(root).names()[0]
-
-
-# -- following --------------------------------------------------------------------------
-
-
-async def follow(
-    backend: Backend,
-    run_id: str,
-    *,
-    resume_hint: bool = True,
-    reach: str = "",
-    replayed_upto: int | None = None,
-) -> int:
-    """Follow a run in the live view until it ends or parks; returns the exit code.
-    ``reach`` is what the printed follow-up commands need to find the run
-    (:func:`follow_up_options`). ``replayed_upto`` is the last seq recorded before the
-    run went on (default: the log as it is now); a caller that set the run going before
-    it follows (``toren runs retry``) reads it first, or steps that ran live in between
-    would be marked replayed."""
-    console = out()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    installed = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-            installed.append(sig)
-    final: Run | None = None
-    stalled: dict[str, Any] | None = None
-    # The worker's log line for this run's block says what the error line below says:
-    # one error line and one hint, nothing in between.
-    quiet = _NotThisRunsBlock(run_id)
-    tick_log = logging.getLogger("toren.tick")
-    tick_log.addFilter(quiet)
-    # The steps already in the log are replayed from it (free) when the run goes on here.
-    upto = await last_seq(backend, run_id) if replayed_upto is None else replayed_upto
-    try:
-        with RunView(console, replayed_upto=upto) as view:
-            items = backend.follow(run_id).__aiter__()
-            while True:
-                nxt = asyncio.ensure_future(items.__anext__())
-                stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                stopper.cancel()
-                if stop.is_set():
-                    nxt.cancel()
-                    with contextlib.suppress(BaseException):
-                        await nxt
-                    break
-                try:
-                    kind, data = nxt.result()
-                except StopAsyncIteration:
-                    break
-                view.handle(kind, data)
-                if isinstance(data, Run):
-                    if kind == "end":
-                        final = data
-                        break
-                elif kind == "stalled":
-                    stalled = data
-                    break
-            with contextlib.suppress(Exception):
-                await items.aclose()  # type: ignore[attr-defined]
-        if stalled is not None:
-            return _stalled(run_id, stalled["error"], reach)
-        if final is None:
-            how = f"toren runs resume {run_id}{reach}"
-            console.print(
-                f"[yellow]interrupted[/]: run {escape(run_id)} is not finished; continue it "
-                f"with [bold]{escape(how)}[/]"
-                if resume_hint
-                else f"[yellow]stopped following[/] run {escape(run_id)}; it goes on"
-            )
-            return EXIT_INTERRUPTED
-        view.summary(final)
-    finally:
-        tick_log.removeFilter(quiet)
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-    return exit_code(final, reach)
-
-
-class _NotThisRunsBlock(logging.Filter):
-    """Drops the worker's "run X blocked" lines of the run followed in the foreground,
-    which says the same thing itself (:func:`_stalled`)."""
-
-    def __init__(self, run_id: str) -> None:
-        super().__init__()
-        self.run_id = run_id
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        blocked = str(record.msg).startswith(("run %s blocked", "run %s: blocked"))
-        return not (blocked and args[:1] == (self.run_id,))
-
-
-async def last_seq(backend: Backend, run_id: str) -> int:
-    """The seq of the run's last recorded event (0 for none)."""
-    recorded = await backend.events(run_id)
-    return max((int(e.get("seq") or 0) for e in recorded), default=0)
-
-
-def _stalled(run_id: str, error: dict[str, object], reach: str) -> int:
-    """The run's tick failed for a reason outside the agent (no API key for its model,
-    the database): a worker would retry it after its lease runs out, but in the
-    foreground that is a silent wait. Say why, and how to go on once it is fixed."""
-    how = f"toren runs resume {run_id}{reach}"
-    console = err()
-    console.print(f"[bold red]error:[/] {escape(str(error.get('message')))}", highlight=False)
-    retry = ""
-    if error.get("attempts"):
-        # No clock time: the next try is due within seconds, long past when this is read.
-        retry = (
-            f" (blocked, attempt {error['attempts']}; a 'toren worker' or 'toren dev' on "
-            "this database retries it by itself)"
-        )
-    console.print(
-        f"[dim]hint:[/] run {escape(run_id)} is kept as it is{escape(retry)}; fix the problem "
-        f"named above, then continue it with [bold]{escape(how)}[/]",
-        highlight=False,
-    )
-    return EXIT_ERROR
-
-
-def exit_code(run: Run, reach: str = "") -> int:
-    if parked(run):
-        names = run.waiting_for or ["<name>"]
-        run_id = run.id
-        out().print(
-            f"run {escape(str(run_id))} is waiting for message {escape(repr(names[0]))}. "
-            f"Send it with:\n  [bold]toren runs send {escape(str(run_id))} "
-            f"{escape(shlex.quote(names[0]))} '\"your answer\"'{escape(reach)}[/]\nthen continue "
-            f"with [bold]toren runs resume {escape(str(run_id))}{escape(reach)}[/] (a running "
-            "'toren dev' or 'toren worker' continues it by itself)"
-        )
-        return EXIT_WAITING
-    if run.status == RunStatus.FAILED:
-        how = f"toren runs retry {run.id}{reach}"
-        err().print(
-            f"[dim]hint:[/] fix the cause, then continue the run from its log with "
-            f"[bold]{escape(how)}[/] (recorded steps are not paid again)",
-            highlight=False,
-        )
-    return STATUS_EXIT.get(run.status, EXIT_OK)
 
 
 # -- toren run --------------------------------------------------------------------------
@@ -490,26 +328,14 @@ async def _run_embedded(
     code_version: str | None,
     reach: str,
 ) -> int:
-    settings = settings_from(database_url=database_url, code_version=code_version)
-    runtime = await open_runtime(root, database_url_for(root, database_url), settings)
-    backend = EmbeddedBackend(runtime)
-    try:
-        agent = name or runtime.resolver.names()[0]
-        # The run executes here, with this environment: a provider it could never reach
-        # (no key) is refused now, before a run is created, not found blocked later.
-        runtime.resolver.check_ready(agent)
-        run = await backend.start_run(agent, value, process=process, idempotency_key=key)
-        run_id = run.id
+    async with await LocalSession.open(
+        root, database_url=database_url, code_version=code_version, reach=reach
+    ) as session:
+        run = await session.start(name, value, process=process, idempotency_key=key)
         if detach:
             _print_detached(run, reach, remote=False)
             return EXIT_OK
-        await backend.start_worker(run_id)
-        return await follow(backend, run_id, reach=reach)
-    finally:
-        try:
-            await backend.stop_worker(INTERACTIVE_DRAIN)
-        finally:
-            await close_runtime(runtime)
+        return await session.follow(run.id)
 
 
 def _print_detached(run: Run, reach: str, *, remote: bool) -> None:
@@ -931,15 +757,16 @@ async def _resume_embedded(
     code_version: str | None,
     reach: str,
 ) -> int:
-    runtime = await open_existing_runtime(agents_root, database_url, code_version)
-    backend = EmbeddedBackend(runtime)
-    try:
-        found = await backend.get_run(run_id)
+    async with await LocalSession.open(
+        agents_root, database_url=database_url, code_version=code_version, reach=reach, create=False
+    ) as session:
+        found = await session.backend.get_run(run_id)
         if found.terminal:
             out().print(f"run {escape(run_id)} already {found.status}")
-            return await follow(backend, run_id, reach=reach)
+            return await follow(session.backend, run_id, reach=reach)
         owner, expires = found.lease_owner, found.lease_expires_at
         if owner and expires and float(expires) > time.time():
+            runtime = session.runtime
             freed = dict(
                 await take_over_gone(
                     runtime.store,
@@ -960,10 +787,4 @@ async def _resume_embedded(
                     f"{until}; waiting for its lease to expire "
                     f"({float(expires) - time.time():.0f}s) unless that worker finishes it first"
                 )
-        await backend.start_worker(run_id)
-        return await follow(backend, run_id, reach=reach)
-    finally:
-        try:
-            await backend.stop_worker(INTERACTIVE_DRAIN)
-        finally:
-            await close_runtime(runtime)
+        return await session.follow(run_id)

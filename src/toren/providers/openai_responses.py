@@ -24,9 +24,7 @@ usage.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 from collections.abc import Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -36,20 +34,17 @@ from openai.types.responses import Response, ResponseUsage
 
 from toren.providers._retry import (
     Attempt,
-    Rand,
-    Retrying,
-    Sleep,
     StreamBroken,
     decoded,
     parsed,
 )
+from toren.providers._sdk import SdkProvider
 from toren.providers._wire import content_text, require, sampling_params, tool_call
 from toren.providers.base import (
     DeltaCallback,
     MessageLike,
     ModelRequest,
     ModelResponse,
-    RetryPolicy,
     ToolCall,
     ToolSpec,
     Usage,
@@ -174,47 +169,25 @@ class _InStreamError(Exception):
 # --- the provider ----------------------------------------------------------------------
 
 
-class OpenAIResponsesProvider:
+class OpenAIResponsesProvider(SdkProvider[openai.AsyncOpenAI]):
     """:class:`~toren.providers.base.ModelProvider` over the OpenAI Responses API.
 
     Takes the same settings as :class:`~toren.providers.openai.OpenAIProvider` (key and
-    base URL from ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` when not given).
+    base URL from ``OPENAI_API_KEY`` / ``OPENAI_BASE_URL`` when not given); the
+    constructor (``client``, ``sleep``, ``rand``) is
+    :class:`~toren.providers._sdk.SdkProvider`'s.
     """
 
     name = "openai-responses"
+    errors = _ERRORS
 
-    def __init__(
-        self,
-        api_key: str | None = None,
-        base_url: str | None = None,
-        timeout: float = 60.0,
-        retry: RetryPolicy = RetryPolicy(),
-        client: openai.AsyncOpenAI | None = None,
-        *,
-        sleep: Sleep = asyncio.sleep,
-        rand: Rand = random.random,
-    ) -> None:
-        self._owns_client = client is None
-        base = client if client is not None else _client(api_key, base_url, timeout)
-        self._client = base.with_options(max_retries=0)
-        secret = base.api_key if isinstance(base.api_key, str) else ""
-        self._retrying = Retrying(self.name, _ERRORS, retry, timeout, sleep, (secret,), rand)
+    def _connect(
+        self, api_key: str | None, base_url: str | None, timeout: float
+    ) -> openai.AsyncOpenAI:
+        return _client(api_key, base_url, timeout)
 
-    async def complete(
-        self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
-    ) -> ModelResponse:
-        kwargs = wire_request(request)
-        if on_delta is None:
-            return await self._retrying.call(
-                request.model, lambda attempt: self._create(kwargs, attempt)
-            )
-        return await self._retrying.call(
-            request.model, lambda attempt: self._stream(kwargs, on_delta, attempt)
-        )
-
-    async def aclose(self) -> None:
-        if self._owns_client:
-            await self._client.close()
+    def _wire(self, request: ModelRequest) -> dict[str, object]:
+        return wire_request(request)
 
     async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.responses.with_raw_response.create(**kwargs)
