@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toren.agents.entries import EntryRefused
-from toren.core.agent_api.program import AgentFn, ToolDef, raised
+from toren.core.agent_api.program import AgentFn, ToolDef
 from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     DeltaCallback,
@@ -55,7 +55,8 @@ from toren.core.contract.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.errors import AgentConfigError, InvalidInput, LimitExceeded, ModelCallFailed, ToolFailed
+from toren.errors import AgentConfigError, InvalidInput, ModelCallFailed, ToolFailed
+from toren.integrations._steps import StepTools, check_steps, prompt_of
 
 try:
     import openai
@@ -674,28 +675,6 @@ def _wrap_guardrail(guardrail: Any, kind: str) -> Any:
     return dataclasses.replace(guardrail, guardrail_function=checked)
 
 
-class _Tools(Mapping[str, ToolDef]):
-    """The tools of an SDK agent as the engine sees them: its function tools (with their
-    options), and any other name its steps use (handoffs, guardrails) as a tool with
-    side effects (recorded once, reused after an invalidation)."""
-
-    def __init__(self, known: Mapping[str, ToolDef]) -> None:
-        self._known = known
-
-    def __getitem__(self, name: str) -> ToolDef:
-        found = self._known.get(name)
-        return found or ToolDef(name=name, fn=_run_pending, spec=ToolSpec(name))
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._known)
-
-    def __len__(self) -> int:
-        return len(self._known)
-
-
 # -- the agent function ---------------------------------------------------------------------
 
 
@@ -710,34 +689,7 @@ def _current() -> Context:
 
 
 def _check_steps(ctx: Context, what: str) -> None:
-    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
-    the run's steps: every model call, tool call, handoff and guardrail is one. Checked
-    before the step, from positions a replay takes the same way, so a replay stops where
-    the live run did."""
-    limits = raised(ctx.program.limits, ctx.raised_limits)
-    taken = ctx.positions_taken
-    if limits.max_steps is not None and taken >= limits.max_steps:
-        raise LimitExceeded(
-            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
-            f"max_steps={limits.max_steps}: {taken} steps taken and the OpenAI Agents SDK "
-            f"agent asked for one more ({what}). Raise limits.max_steps in agent.yaml if "
-            "the task needs more steps.",
-            limit="max_steps",
-            value=limits.max_steps,
-            steps=taken,
-        )
-
-
-def _prompt(input: object) -> str:
-    if isinstance(input, str):
-        return input
-    if isinstance(input, Mapping) and isinstance(input.get("prompt"), str):
-        return str(input["prompt"])
-    raise InvalidInput(
-        f"an OpenAI Agents SDK agent takes a text prompt; found {type(input).__name__} "
-        f"{json.dumps(input, default=str)[:200]}; expected a string, or an object with a "
-        "'prompt' string"
-    )
+    check_steps(ctx, "OpenAI Agents SDK agent", what)
 
 
 def _approved(answer: object) -> tuple[bool, str | None]:
@@ -770,7 +722,7 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
     _check(start, set(), declared)
 
     async def run(ctx: Context, input: object) -> object:
-        prompt = _prompt(input)
+        prompt = prompt_of(input, "OpenAI Agents SDK agent")
         graph = _Graph(MultiProvider())
         agent = graph.wrap(start)
         declared.update(graph.tools)
@@ -792,6 +744,6 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
         return _jsonable(result.final_output)
 
     run.toren_providers = _providers()  # type: ignore[attr-defined]
-    run.toren_tools = _Tools(declared)  # type: ignore[attr-defined]
+    run.toren_tools = StepTools(declared, _run_pending)  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"openai_agents:{start.name or where}"
     return run
