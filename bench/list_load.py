@@ -71,6 +71,12 @@ class Result:
     note: str = ""
 
 
+# Runs started at once while seeding: the store commits concurrent writes together
+# (SQLite's write queue, PostgreSQL's pool), which made seeding 1,000 runs of 1 MB two to
+# three times faster than one after another (bench/RESULTS.md, "The test suite's time").
+SEED_CONCURRENCY = 8
+
+
 async def seed(url: str, runs: int, input_bytes: int) -> None:
     """``runs`` queued runs whose input is a JSON object of about ``input_bytes``."""
     import toren
@@ -84,8 +90,15 @@ async def seed(url: str, runs: int, input_bytes: int) -> None:
     store = await connect(url)
     try:
         text = "x" * max(0, input_bytes - 32)
-        for i in range(runs):
-            await toren.start_run(store, registry, "big", {"i": i, "text": text})
+        slots = asyncio.Semaphore(SEED_CONCURRENCY)
+
+        async def one(i: int) -> None:
+            async with slots:
+                await toren.start_run(store, registry, "big", {"i": i, "text": text})
+
+        async with asyncio.TaskGroup() as group:  # one fails: the others are cancelled
+            for i in range(runs):
+                group.create_task(one(i))
     finally:
         await store.close()
 

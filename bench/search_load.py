@@ -7,11 +7,17 @@ memory, sampled every 20 ms, throughout. Targets: p95 < 200 ms, RSS < 150 MB.
                                 [--input-bytes 900000] [--clients 50] [--requests 20]
                                 [--note TEXT] [--json PATH]
 
-Each run's input holds ~40 words drawn from a vocabulary of 2,000, repeated to the input
-size, and one word of its own (``runNNNNN``). The server's indexer builds the search text
-first (the time it takes is reported: ``index_seconds``); the clients then search a mix
-of one word, two words, a phrase and a prefix, back to back. Uses the database, server
-and connection helpers of :mod:`bench.list_load`.
+Each run's input starts with ~4 KB of its own words: 40 drawn from a vocabulary of 2,000
+(``wNNNNx``, each in ~2% of the runs) and one of its own (``runNNNNN``); the rest, to the
+input size, is a slice at a random offset of a 4 MB text of filler words drawn from
+another 50,000 (``fNNNNN``), so no two inputs are alike and a database that compresses
+(PostgreSQL's TOAST) compresses them about as much as prose. The runs (finished, with a
+small output) are written by bulk insert (PostgreSQL ``COPY``, SQLite ``executemany``;
+the runs table only: search reads no events), as :mod:`bench.scale` fills its database.
+The server's indexer builds the search text first (the time it takes is reported:
+``index_seconds``); the clients then search a mix of one word, two words, a phrase and a
+prefix, back to back. Uses the database, server and connection helpers of
+:mod:`bench.list_load`.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ import random
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.list_load import TOKEN, Connection, cpu_seconds, database, rss_mb, server_process
 
@@ -47,6 +53,7 @@ class Result:
     errors: int
     rss_start_mb: float
     rss_max_mb: float
+    seed_seconds: float
     index_seconds: float
     rss_max_while_indexing_mb: float
     seconds: float
@@ -60,23 +67,74 @@ def _words(i: int) -> list[str]:
     return [*rnd.sample(VOCABULARY, 40), f"run{i:05d}"]
 
 
-async def seed(url: str, runs: int, input_bytes: int) -> None:
-    import toren
+FILLER = [f"f{n:05d}" for n in range(50_000)]
+POOL_BYTES = 4_000_000
+HEADER_BYTES = 4096
+INSERT_RUN = (
+    "INSERT INTO runs (id, agent, status, input, output, created_at, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _inputs(runs: int, input_bytes: int, base: float) -> Iterator[tuple[str, str]]:
+    """(run id, input JSON) per run, oldest first (created a second apart from ``base``):
+    ids made as the store makes them."""
+    from toren.core.drivers.runs import new_run_id
+
+    rnd = random.Random(7)
+    pool = " ".join(rnd.choices(FILLER, k=POOL_BYTES // 6))
+    for i in range(runs):
+        sentence = " ".join(_words(i)) + ". "
+        header = sentence * (HEADER_BYTES // len(sentence) + 1)
+        rest = max(0, input_bytes - len(header))
+        start = rnd.randrange(0, max(1, len(pool) - rest))
+        text = header + pool[start : start + rest]
+        yield new_run_id(base + i), json.dumps({"i": i, "text": text})
+
+
+async def seed(url: str, runs: int, input_bytes: int) -> float:
+    """Create the schema through the store, then bulk-insert the runs; the seconds it took."""
     from toren.store import connect
 
-    async def big(ctx: Any, input: Any) -> Any:
-        return None
+    began = time.monotonic()
+    store = await connect(url)  # migrates
+    await store.close()
+    output = json.dumps({"answer": "done"})
+    base = time.time() - runs
+    rows = (
+        (run_id, "big", "completed", text, output, base + i, base + i)
+        for i, (run_id, text) in enumerate(_inputs(runs, input_bytes, base))
+    )
+    if url.startswith("sqlite"):
+        import sqlite3
 
-    registry = toren.Registry()
-    registry.add("big", big)
-    store = await connect(url)
-    try:
-        for i in range(runs):
-            sentence = " ".join(_words(i)) + ". "
-            text = (sentence * (input_bytes // len(sentence) + 1))[:input_bytes]
-            await toren.start_run(store, registry, "big", {"i": i, "text": text})
-    finally:
-        await store.close()
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            batch: list[tuple[object, ...]] = []
+            for row in rows:
+                batch.append(row)
+                if len(batch) == 200:
+                    with conn:
+                        conn.executemany(INSERT_RUN, batch)
+                    batch.clear()
+            with conn:
+                conn.executemany(INSERT_RUN, batch)
+        finally:
+            conn.close()
+    else:
+        import psycopg
+
+        with psycopg.connect(url) as conn, conn.cursor() as cur:
+            with cur.copy(
+                "COPY runs (id, agent, status, input, output, created_at, updated_at) FROM STDIN"
+            ) as copy:
+                for row in rows:
+                    copy.write_row(row)
+            conn.commit()
+            cur.execute("ANALYZE runs")
+            conn.commit()
+    return time.monotonic() - began
 
 
 def _query(rnd: random.Random, runs: int) -> str:
@@ -155,11 +213,30 @@ async def hammer(
     return latencies, errors, start, peak
 
 
+async def _seeded(url: str, runs: int) -> bool:
+    from toren.store import connect
+
+    store = await connect(url)
+    try:
+        return len(await store.list_runs(limit=runs, summary=True)) >= runs
+    finally:
+        await store.close()
+
+
 async def measure(
-    url: str | None, runs: int, input_bytes: int, clients: int, requests: int
+    url: str | None,
+    runs: int,
+    input_bytes: int,
+    clients: int,
+    requests: int,
+    reuse: bool = False,
 ) -> Result:
-    async with database(url) as (db, backend):
-        await seed(db, runs, input_bytes)
+    async with database(url, fresh=not reuse) as (db, backend):
+        if reuse and await _seeded(db, runs):
+            seed_seconds = 0.0  # seeded by an earlier run of this bench (--reuse)
+        else:
+            seed_seconds = await seed(db, runs, input_bytes)
+        print(f"seeded {runs} runs in {seed_seconds:.0f} s", flush=True)
         with server_process(db) as (base, proc):
             index_seconds, index_peak = await _until_indexed(base, proc.pid, runs)
             began, cpu = time.monotonic(), cpu_seconds(proc.pid)
@@ -186,6 +263,7 @@ async def measure(
         errors=errors,
         rss_start_mb=round(start, 1),
         rss_max_mb=round(peak, 1),
+        seed_seconds=round(seed_seconds, 1),
         index_seconds=round(index_seconds, 1),
         rss_max_while_indexing_mb=round(index_peak, 1),
         seconds=round(seconds, 1),
@@ -201,11 +279,24 @@ def main() -> None:
     parser.add_argument("--input-bytes", type=int, default=900_000)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--requests", type=int, default=20, help="per client")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="--database-url names a database an earlier run seeded (and left, e.g. "
+        "interrupted): use it as it is, search texts already built included",
+    )
     parser.add_argument("--note", default="", help="recorded with the result")
     parser.add_argument("--json", type=Path, default=None, help="append the result here")
     args = parser.parse_args()
     result = asyncio.run(
-        measure(args.database_url, args.runs, args.input_bytes, args.clients, args.requests)
+        measure(
+            args.database_url,
+            args.runs,
+            args.input_bytes,
+            args.clients,
+            args.requests,
+            args.reuse,
+        )
     )
     result.note = args.note
     print(json.dumps(asdict(result), indent=2))

@@ -172,6 +172,15 @@ def require_pg() -> None:
         pytest.skip(_PG_PROBLEM)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``slow`` first, the others after them in their order: the longest
+    first, so pytest-xdist's workers (which take tests in this order, a group as one unit)
+    start the minute-long ones while the many short ones are still to come and fill in
+    around them, instead of one worker starting a minute-long test at the end while the
+    other has nothing left to do."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _output_as_into_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CLI sizes its output to ``COLUMNS`` when it is set, and to whole lines in a pipe

@@ -7,6 +7,7 @@ process.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -62,6 +63,58 @@ class BlockedRetry:
 
 
 @dataclass(frozen=True)
+class RateLimit:
+    """A provider model's rate limit, shared by every worker through the database
+    (docs/flow-control.md#provider-rate-limits): at most ``rpm`` model calls and ``tpm``
+    tokens (estimated before the call, corrected after) in any window of ``period``
+    seconds. Either may be None (not limited); with both None the entry only shares the
+    provider's 429s across the fleet."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    period: float = 60.0  # the window; 60 s for the per-minute limits providers publish
+
+    def __post_init__(self) -> None:
+        for name in ("rpm", "tpm"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or not 1 <= value <= 10**12):
+                raise InvalidInput(f"rate limit {name} must be a whole number >= 1; got {value!r}")
+        if not (isinstance(self.period, int | float) and 0.001 <= self.period <= 86_400):
+            raise InvalidInput(
+                f"rate limit period must be between 0.001 and 86400 seconds; got {self.period!r}"
+            )
+
+
+RATE_KEY = "a provider and model such as 'openai:gpt-4o-mini'"
+
+
+def rate_limits(raw: object, where: str) -> dict[str, RateLimit]:
+    """Limits from their plain form: ``{"openai:gpt-4o-mini": {"rpm": 500, "tpm": 30000,
+    "period": "60s"}}`` (JSON, agent.yaml). ``InvalidInput`` naming ``where`` and the key."""
+    if not isinstance(raw, Mapping):
+        raise InvalidInput(f"{where}: a mapping of {RATE_KEY} to {{rpm, tpm, period}}")
+    found: dict[str, RateLimit] = {}
+    for key, spec in raw.items():
+        provider, _, model = str(key).partition(":")
+        if not isinstance(key, str) or not provider or not model or len(key) > 255:
+            raise InvalidInput(f"{where}: key {key!r} is not {RATE_KEY}")
+        spec = {} if spec is None else spec
+        if not isinstance(spec, Mapping) or set(spec) - {"rpm", "tpm", "period"}:
+            raise InvalidInput(
+                f"{where}: {key!r} takes rpm, tpm and period (seconds or a duration "
+                f"such as '60s'); found {spec!r}"
+            )
+        period = spec.get("period", 60.0)
+        try:
+            if isinstance(period, str):
+                period = parse_duration(period)
+            found[key] = RateLimit(rpm=spec.get("rpm"), tpm=spec.get("tpm"), period=period)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {key!r}: {exc}") from None
+    return found
+
+
+@dataclass(frozen=True)
 class Settings:
     database_url: str = "sqlite:///.toren/toren.db"
     lease: LeaseSettings = field(default_factory=LeaseSettings)
@@ -84,6 +137,9 @@ class Settings:
     pause_gc_on_replay: bool = True
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     blocked_retry: BlockedRetry = field(default_factory=BlockedRetry)
+    # Provider rate limits by "provider:model" (TOREN_RATE_LIMITS, JSON); an agent's own
+    # agent.yaml ``rate_limits:`` entry for the same key wins. docs/flow-control.md.
+    rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
 
     def with_(self, **changes: object) -> Settings:
         return replace(self, **changes)  # type: ignore[arg-type]
@@ -97,7 +153,13 @@ class Settings:
         floats = {f.name for f in fields(cls) if f.type in ("float", float)}
         for f in fields(cls):
             raw = env.get(f"TOREN_{f.name.upper()}")
-            if raw is None or f.name in ("lease", "storm_guard", "retention", "blocked_retry"):
+            if raw is None or f.name in (
+                "lease",
+                "storm_guard",
+                "retention",
+                "blocked_retry",
+                "rate_limits",
+            ):
                 continue
             try:
                 if f.name == "pause_gc_on_replay":
@@ -123,6 +185,15 @@ class Settings:
                         f"environment variable TOREN_LEASE_{key.upper()}={raw!r} is not a number"
                     ) from None
         changes["retention"] = _retention_from_env(env, base.retention)
+        raw_limits = env.get("TOREN_RATE_LIMITS")
+        if raw_limits is not None and raw_limits.strip():
+            try:
+                parsed = json.loads(raw_limits)
+            except ValueError as exc:
+                raise InvalidInput(
+                    f"environment variable TOREN_RATE_LIMITS is not JSON ({exc})"
+                ) from None
+            changes["rate_limits"] = rate_limits(parsed, "TOREN_RATE_LIMITS")
         return replace(base, lease=lease, **changes)  # type: ignore[arg-type]
 
 

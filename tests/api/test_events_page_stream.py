@@ -17,6 +17,7 @@ from toren.api import create_app, models
 from toren.api.app import MAX_EVENTS_PAGE_BYTES
 from toren.core.contract.events import RunStarted, ToolCallRecorded, make_event
 from toren.core.drivers.runs import new_run_id
+from toren.errors import StorageError
 from toren.redact import Redactor
 from toren.store import Store
 from toren.store.base import NewRun
@@ -185,3 +186,58 @@ async def test_small_pages_and_the_end_of_the_log_are_unchanged(store: Store) ->
         assert b"".join(pieces) == model_body(events, next_after)
     missing = await call(app, "/v1/runs/run_0000000000000000000000/events", "", lambda _: None)
     assert missing == 404
+
+
+class FailingAfterStart:
+    """A real store whose event reads fail once the first chunk of a page was read: the
+    database gone while a page is streamed (PostgreSQL under 200 concurrent event reads
+    gave up waiting for a connection there, issue 34)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def load_events(self, run_id: str, *, after_seq: int = 0, limit: int | None = None):  # type: ignore[no-untyped-def]
+        if after_seq > 0 and self.failed == 0:
+            self.failed += 1
+            raise StorageError("PostgreSQL error: couldn't get a connection after 30.00 sec")
+        return await self._store.load_events(run_id, after_seq=after_seq, limit=limit)
+
+
+async def test_a_read_failing_mid_page_ends_the_page_instead_of_the_connection(
+    store: Store,
+) -> None:
+    """Once a page's response has started, a failed read cannot become an error status: it
+    used to abort the connection (the client read a truncated body). The page now ends
+    whole where it was, with ``next_after``, and the next page carries on from there."""
+    run_id = new_run_id(1764669600.0)
+    started = make_event(run_id, RunStarted(input={}), slot="run:start")
+    steps = [
+        make_event(
+            run_id,
+            ToolCallRecorded(name="fetch", args={"i": i}, result=f"r{i}"),
+            position=i,
+            slot=f"main#0:{i}",
+            created_at=1764669600.5 + i,
+        )
+        for i in range(12)
+    ]
+    await store.create_run(
+        NewRun(run_id, "big", "main", {}, None, 1764669600.0, started, events=steps)
+    )
+    failing = FailingAfterStart(store)
+    app = create_app(failing, toren.Registry(), tokens=[TOKEN], console=False)  # type: ignore[arg-type]
+    path = f"/v1/runs/{run_id}/events"
+    pieces: list[bytes] = []
+    assert await call(app, path, "limit=1000", pieces.append) == 200
+    first = json.loads(b"".join(pieces))  # whole JSON: nothing cut
+    assert failing.failed == 1
+    assert 0 < len(first["events"]) < 13 and first["next_after"] == first["events"][-1]["seq"]
+    pieces.clear()
+    assert await call(app, path, f"after={first['next_after']}&limit=1000", pieces.append) == 200
+    rest = json.loads(b"".join(pieces))
+    seqs = [e["seq"] for e in first["events"] + rest["events"]]
+    assert seqs == [e.seq for e in await store.load_events(run_id)] and rest["next_after"] is None

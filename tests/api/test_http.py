@@ -440,6 +440,36 @@ async def test_agent_errors_and_error_bodies_are_redacted(
             assert "[redacted]" in r.text, r.text
 
 
+async def test_agent_errors_name_paths_relative_to_the_agents_root(
+    store: Store, tmp_path: Path
+) -> None:
+    """A client never learns where the server keeps its agents: an agent whose tools.py
+    fails to import, or a name no agent has, is described with paths relative to the
+    agents root (``broken/tools.py:2``), on ``GET /v1/agents`` and ``POST /v1/runs``."""
+    root = tmp_path / "srv-secret-layout" / "agents"
+    broken = root / "broken"
+    broken.mkdir(parents=True)
+    (broken / "agent.yaml").write_text("name: broken\nmodel: scripted:echo\ninstructions: hi\n")
+    (broken / "tools.py").write_text(
+        f"x = '{store.url[:6]}'\nraise RuntimeError('tools refused to load')\n"
+    )
+    app = create_app(store, DirectoryResolver(root), tokens=[TOKEN], console=False)
+    async with (
+        running_server(app) as server,
+        httpx.AsyncClient(base_url=server.url, headers={"X-API-Key": TOKEN}) as http,
+    ):
+        agents = await http.get("/v1/agents")
+        (info,) = agents.json()["agents"]
+        assert info["error"].startswith("broken/tools.py:2: importing tools.py"), info
+        start = await http.post("/v1/runs", json={"agent": "broken"})
+        assert start.status_code == 400
+        assert start.json()["error"]["message"].startswith("broken/tools.py:2:"), start.text
+        unknown = await http.post("/v1/runs", json={"agent": "nobody"})
+        assert unknown.status_code == 404 and "(looked in .)" in unknown.text, unknown.text
+        for r in (agents, start, unknown):
+            assert str(tmp_path) not in r.text and "srv-secret-layout" not in r.text, r.text
+
+
 async def test_bodies_that_are_not_json_objects_say_what_is_expected(api: Api) -> None:
     body = json.dumps({"agent": "echo", "input": {"n": 1}}).encode()
     before = await api.store.list_runs(limit=200)

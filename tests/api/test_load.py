@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+import pytest
+
 from toren.client import AsyncTorenClient, Event
 from toren.store import Store
 
@@ -38,6 +40,7 @@ async def test_200_concurrent_clients_start_and_stream(store: Store) -> None:
         assert elapsed < 60
 
 
+@pytest.mark.slow  # seeds 1,000 runs of 1 MB: a minute or two
 def test_heavy_rows_200_clients_list_1000_runs_of_1mb(db_url: str, record_property: Any) -> None:
     """Issue 23: 200 concurrent clients list a runs table of 1,000 runs with 1 MB inputs,
     against a real server process. Its resident memory stays under 300 MB throughout

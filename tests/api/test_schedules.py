@@ -64,10 +64,12 @@ async def test_schedules_over_http(api: Api) -> None:
     assert await client.backfill_schedule("echo/beat", start, end) == {
         "started": 60,
         "already_ran": 0,
+        "refused": 0,
     }
     assert await client.backfill_schedule("echo/beat", start, end) == {
         "started": 0,
         "already_ran": 60,
+        "refused": 0,
     }
     await client.delete_schedule("echo/beat")
     with pytest.raises(TorenAPIError) as raised:

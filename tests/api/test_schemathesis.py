@@ -69,6 +69,7 @@ def app_factory(db_url: str) -> contextlib.AbstractAsyncContextManager[FastAPI]:
 
 # schemathesis's strategies call `random` inside Hypothesis, which warns (an error under
 # filterwarnings=error) at random: a fault of the harness, not of the API under test.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 def test_openapi_conformance(db_url: str) -> None:
     with ThreadedServer(lambda: app_factory(db_url)) as server:
@@ -135,6 +136,7 @@ def _says(text: str, words: tuple[str, ...]) -> bool:
     return any(word in message for word in words)
 
 
+@pytest.mark.slow
 def test_every_check_of_the_schemathesis_cli_passes(db_url: str, tmp_path: Path) -> None:
     """The whole API through schemathesis's own runner, every check it has (schema,
     status codes, headers, content types, SSE events against their schema, OPTIONS/405

@@ -285,11 +285,10 @@ def run_python(block: Block, site: Path, shell: Shell) -> None:
 
 
 def run_typescript(block: Block, site: Path, shell: Shell, tmp_path: Path) -> None:
-    from tests.client_ts.support import ensure_installed, node_and_npm, npm
+    from tests.client_ts.support import ensure_built, node_and_npm
 
     node, _ = node_and_npm()
-    ensure_installed()
-    npm("run", "build")
+    ensure_built()
     scope = tmp_path / "node_modules" / "@toren-run"
     scope.mkdir(parents=True)
     (scope / "client").symlink_to(PACKAGE, target_is_directory=True)

@@ -6,9 +6,13 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 from click.testing import CliRunner
+
+from toren.cli.main import cli as cli_main
 
 from .conftest import free_port, invoke, sub_env, toren_exe
 
@@ -121,3 +125,48 @@ def test_a_token_with_a_newline_is_named_not_echoed_nor_a_connection_problem(
     assert "line break" in result.stderr and "0123456789" not in result.output
     assert "is the server running" not in result.stderr and "cannot connect" not in result.stderr
     assert "hint: fix --token" in result.stderr
+
+
+def _served_options(
+    runner: CliRunner, monkeypatch: pytest.MonkeyPatch, *args: str, **kw: Any
+) -> dict[str, Any]:
+    """The options ``toren serve`` hands to uvicorn (its serve call recorded, not run)."""
+    import toren.api.server
+
+    seen: dict[str, Any] = {}
+
+    async def record(app: Any, host: str, port: int, **options: Any) -> None:
+        seen.update(toren.api.server._config(app, host, port, **options).__dict__)
+
+    monkeypatch.setattr(toren.api.server, "serve", record)
+    result = invoke(runner, "serve", "--port", str(free_port()), *args, **kw)
+    assert result.exit_code == 0, result.output
+    return seen
+
+
+def test_the_server_outlasts_its_clients_idle_connections(
+    runner: CliRunner, chain: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: under 200 concurrent event reads an idle keep-alive connection was closed
+    by the server (uvicorn's 5 s) just as a client (httpx keeps idle connections 5 s) sent
+    its next request on it: a dropped connection. The server now keeps an idle connection
+    longer than common clients do, and behind a load balancer longer than it does."""
+    client_idle = httpx.AsyncClient()._transport._pool._keepalive_expiry  # type: ignore[attr-defined]
+    assert client_idle is not None
+    default = _served_options(runner, monkeypatch)["timeout_keep_alive"]
+    assert default == 75 and default > client_idle > 0
+    behind_alb = _served_options(runner, monkeypatch, env={"TOREN_KEEP_ALIVE": "3605"})[
+        "timeout_keep_alive"
+    ]
+    assert behind_alb == 3605
+    flag = _served_options(runner, monkeypatch, "--keep-alive", "90")
+    assert flag["timeout_keep_alive"] == 90
+    bad = runner.invoke(cli_main, ["serve", "--keep-alive", "0"])
+    assert bad.exit_code == 2 and "--keep-alive" in bad.output
+
+
+def test_the_aws_module_keeps_the_api_connections_longer_than_its_alb() -> None:
+    from toren.adapters.aws import terraform_module_dir
+
+    ecs = (terraform_module_dir() / "ecs.tf").read_text()
+    assert '{ name = "TOREN_KEEP_ALIVE", value = tostring(var.alb_idle_timeout + 5) }' in ecs

@@ -54,6 +54,7 @@ def test_readme_opens_with_two_commands() -> None:
     assert second in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_wheel_install_init_and_run_offline(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
@@ -121,6 +122,7 @@ def scaffold_install_command(project: Path) -> list[str]:
     return shlex.split(first, comments=True)
 
 
+@pytest.mark.slow  # a virtualenv, Toren and the scaffold installed into it
 @pytest.mark.timeout(240)
 def test_scaffold_installs_beside_a_toren_from_a_checkout(tmp_path: Path) -> None:
     """Issue 40 item 8: Toren installed from a checkout (not editable, and on no package

@@ -58,3 +58,18 @@ def ensure_installed() -> None:
     """``npm ci`` from the committed lockfile unless ``node_modules`` already matches it."""
     if not installed():
         npm("ci")
+
+
+_built = False
+
+
+def ensure_built() -> None:
+    """``npm run build`` (the package's ``dist/``) once per test process. Every test that
+    reads ``dist/`` is in the xdist group ``clients_typescript``, so they run one after
+    another in one process, and none of them changes ``src/``: building it again for each
+    (``tsc``, seconds on a small machine) would build the same files."""
+    global _built
+    ensure_installed()
+    if not _built:
+        npm("run", "build")
+        _built = True

@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse
 import toren
 from tests.api.support import TOKEN, registry, worker
 from tests.client_ts.openapi import PACKAGE
-from tests.client_ts.support import ensure_installed, npm
+from tests.client_ts.support import ensure_built
 from tests.console.support import browser
 from toren.api import create_app, running_server
 from toren.store import Store, connect
@@ -61,8 +61,7 @@ def _serve_example(app: FastAPI) -> None:
 
 
 async def test_the_example_page_streams_a_run_in_chromium(sqlite_store: Store) -> None:
-    ensure_installed()
-    npm("run", "build")
+    ensure_built()
     from playwright.async_api import expect
 
     hub = toren.LiveHub()

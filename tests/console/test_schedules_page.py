@@ -24,6 +24,11 @@ async def test_the_schedules_page_shows_each_schedule(sqlite_store: Store, chrom
         nightly = ScheduleSpec(cron="30 2 * * *", zone="Europe/Paris", overlap="buffer_one")
         await schedules.create(ScheduleDef("support", "nightly", nightly), now=now)
         await schedules.set_paused("support/nightly", True, "migration tonight", now=now)
+        # An agent the newest deploy no longer has: its schedule is orphaned, with why.
+        await schedules.create(ScheduleDef("gone", "old", ScheduleSpec(every=60)), now=now)
+        await schedules.declare(
+            [], agents=["writer", "support"], code_version="v9", started_at=now, now=now
+        )
         # The one-second schedule fires in the server's worker; its runs are listed.
         deadline = now + 30
         while not await schedules.runs_of("writer/beat", limit=1):
@@ -44,6 +49,10 @@ async def test_the_schedules_page_shows_each_schedule(sqlite_store: Store, chrom
         await expect(night.locator("[data-overlap]")).to_have_text("buffer_one")
         await expect(night).to_contain_text("cron 30 2 * * * (Europe/Paris)")
         await expect(night).to_contain_text("No run yet.")
+        old = page.locator('[data-schedule="gone/old"]')
+        await expect(old.locator("h2")).to_contain_text("orphaned")
+        await expect(old).to_contain_text("Orphaned: agent 'gone' is not in code version 'v9'")
+        await expect(old.locator(".next")).to_have_text("– (orphaned)")
         # The nav links to it from every page.
         await page.goto(server.url + "/")
         await page.get_by_role("link", name="Schedules").click()

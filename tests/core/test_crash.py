@@ -15,6 +15,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 import toren
 from tests.core.crash_worker import STEPS, registry
 from toren.providers.scripted import read_ledger
@@ -62,6 +64,7 @@ async def wait_until(predicate, timeout: float, proc: subprocess.Popen[bytes]) -
         await asyncio.sleep(0.005)
 
 
+@pytest.mark.slow
 async def test_sigkill_twenty_times(db_url: str, tmp_path: Path) -> None:
     rng = random.Random(20261201)
     store = await toren.connect(db_url)

@@ -143,3 +143,47 @@ def test_a_frozen_list_built_directly_is_looked_into() -> None:
     assert cache.tools((spec,)) == [tool_spec_hash(spec)]
     spec.parameters["anyOf"][0]["required"] = ["b"]  # type: ignore[index]
     assert cache.tools((spec,)) == [tool_spec_hash(spec)]
+
+
+def test_single_message_requests_and_requests_without_tools_keep_the_reference() -> None:
+    # One-message requests skip the prefix machinery; a conversation that starts with one
+    # message and grows, a dict changed in place between two one-message requests, and
+    # requests alternating with and without tools all give the uncached digest.
+    cache = HashCache()
+    spec = ToolSpec("lookup", "Look up.", {"type": "object", "properties": {}})
+    first = {"role": "user", "content": "q"}
+    _check(cache, [first])
+    _check(cache, [first], (spec,))
+    first["content"] = "changed"
+    _check(cache, [first])
+    _check(cache, [first], (spec,))
+    history: list[Any] = [first]
+    for i in range(4):
+        history.append(Message(role="assistant", content=f"a{i}"))
+        history.append({"role": "user", "content": f"u{i}"})
+        _check(cache, history, (spec,) if i % 2 else ())
+    spec.parameters["properties"] = {"id": {"type": "string"}}  # type: ignore[index]
+    _check(cache, history, (spec,))
+    _check(cache, [])
+    for i in range(50):
+        _check(cache, [{"role": "user", "content": f"fresh {i}"}])
+
+
+def test_messages_rebuilt_for_every_request_hash_as_the_reference() -> None:
+    # An adapter that converts a framework's history anew for every request passes new
+    # dicts holding what earlier ones held: recognised by content, never confused with
+    # values that are equal in Python but not in JSON.
+    cache = HashCache()
+    spec = {"name": "lookup", "description": "Look up.", "parameters": {"type": "object"}}
+    history: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}]
+    for i in range(5):
+        history.append({"role": "user", "content": f"q{i}", "n": i})
+        _check(cache, copy.deepcopy(history))
+        request = ModelRequest("openai", "m", tuple(copy.deepcopy(history)), (dict(spec),), {})
+        assert cache.model(request).digest == model_digest(request)
+    for value in (1, True, 1.0, 0, False, -0.0, 0.0, None, "1", [1], {"a": 1}, (1,)):
+        _check(cache, [{"role": "user", "content": "x", "n": value}])
+    # A tool spec and a message holding the same JSON still hash as what each is.
+    same = {"name": "a", "description": "b", "parameters": {}}
+    assert cache.message(dict(same)) == message_hash(same)
+    assert cache.tool(dict(same)) == tool_spec_hash(same)

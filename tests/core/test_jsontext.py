@@ -18,7 +18,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toren.core.contract.digest import canonical_json, reference_canonical_json
-from toren.core.contract.jsontext import NOT_PLAIN, PLAIN, PLAIN_WITH_FLOATS, dumps, plain_kind
+from toren.core.contract.jsontext import (
+    NOT_PLAIN,
+    PLAIN,
+    PLAIN_WITH_FLOATS,
+    dumps,
+    loads,
+    plain_kind,
+)
 from toren.providers.base import Message
 
 _text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
@@ -114,3 +121,53 @@ def test_a_cyclic_value_is_refused_not_walked_forever() -> None:
     cyclic["self"] = cyclic
     with pytest.raises(ValueError, match="Circular"):
         dumps(cyclic)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_documents)
+def test_loads_reads_what_json_reads(doc: Any) -> None:
+    for text in (dumps(doc), json.dumps(doc), json.dumps(doc, ensure_ascii=False, indent=1)):
+        assert _same(loads(text), json.loads(text)), text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "18446744073709551616",  # orjson would read a float
+        "-9223372036854775809",
+        '{"n": 123456789012345678901234567890}',
+        "[1e400, -1e400]",  # json: infinities; orjson refuses
+        "NaN",
+        '{"x": Infinity}',
+        '"\\ud800"',  # a lone surrogate, escaped
+        '"\ud800"',  # ... and literal
+        '{"a": 1, "a": 2}',
+        "0.1000000000000000055511151231257827",
+        "-0",
+        "-0.0",
+        "5e-324",
+    ],
+)
+def test_loads_edge_cases_match_json(text: str) -> None:
+    assert _same(loads(text), json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["", "{", "[1,]", '{"a" 1}', "\ufeff{}", '"x" y', "nul"])
+def test_loads_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        loads(text)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON values: the same types (1, 1.0 and True apart), NaN equal to NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float):
+        return (math.isnan(a) and math.isnan(b)) or (a == b and str(a) == str(b))
+    return bool(a == b)

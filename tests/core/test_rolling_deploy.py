@@ -72,6 +72,7 @@ def pg_db() -> Any:
         drop_pg_database(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("old", "new"), [("A", "B"), ("B", "A")], ids=["deploy", "rollback"])
 async def test_rolling_deploy(pg_db: str, tmp_path: Path, old: str, new: str) -> None:
     store = await toren.connect(pg_db)

@@ -105,6 +105,8 @@ def test_an_hourly_cron_across_both_transitions() -> None:
         ({"cron": "0 * * * *", "overlap": "sometimes"}, "overlap", "skip, buffer_one"),
         ({"cron": "0 * * * *", "catch_up": "most"}, "catch_up", "latest, all"),
         ({"cron": "0 * * * *", "jitter": -1}, "jitter", ">= 0"),
+        ({"every": 60, "jitter": 60}, "jitter", "less than the interval"),
+        ({"every": 60, "jitter": 90, "catch_up": "all"}, "jitter", "less than the interval"),
     ],
 )
 def test_nonsense_is_refused_with_the_field(fields: dict, field: str, expected: str) -> None:  # type: ignore[type-arg]
@@ -210,3 +212,27 @@ def test_jittered_time_waits_for_its_offset() -> None:
 def test_backfill_times_are_the_nominal_times_of_the_range() -> None:
     got = list(backfill_times(HOURLY, T0 - 0.5 * H, T0 + 3 * H))
     assert got == [T0, T0 + H, T0 + 2 * H]
+
+
+def test_a_buffered_time_still_waiting_decides_nothing() -> None:
+    """Nothing due, the buffered time's run still going: no decision, so no write."""
+    spec = ScheduleSpec(cron="0 * * * *", overlap="buffer_one")
+    assert _decide(spec, T0 + H, T0 + 30, last_running=True, buffered=T0) is None
+
+
+def test_a_time_jittered_past_the_next_one_is_not_passed_over() -> None:
+    """A cron at :00 and :01 with a 10-minute jitter: when :01's moment comes before
+    :00's, :01 waits for :00 (times fire in order, catch-up all fires both); no time is
+    dropped without a decision."""
+    spec = ScheduleSpec(cron="0,1 * * * *", jitter=600, catch_up="all", overlap="allow_all")
+    name = next(
+        f"a/s{i}"
+        for i in range(1000)
+        if jitter_of(f"a/s{i}", T0, 600) > jitter_of(f"a/s{i}", T0 + 60, 600) + 60
+    )
+    early = T0 + 60 + jitter_of(name, T0 + 60, 600)  # :01's moment, before :00's
+    args = {"last_run": None, "last_running": False, "buffered": None}
+    assert decide(spec, name, next_fire_at=T0, now=early, **args) is None  # type: ignore[arg-type]
+    late = T0 + jitter_of(name, T0, 600)
+    d = decide(spec, name, next_fire_at=T0, now=late, **args)  # type: ignore[arg-type]
+    assert d is not None and d.fire == [T0, T0 + 60] and d.next_fire_at == T0 + H

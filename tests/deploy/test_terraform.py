@@ -243,6 +243,7 @@ def test_terraform_fmt_is_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # the AWS provider plugin is started for every plan and apply
 def test_terraform_test_plans_and_applies_with_a_mocked_provider(tmp_path: Path) -> None:
     """`terraform validate` and `terraform test` (tests/deploy/terraform/*.tftest.hcl) with
     the AWS provider from a local plugin directory, mocked: no network, no account."""

@@ -80,6 +80,7 @@ def fake() -> Iterator[FakeModelServer]:
         yield server
 
 
+@pytest.mark.slow  # real worker or dev processes, several of them
 @pytest.mark.parametrize("api", APIS)
 async def test_sigkill_at_random_points_pays_nothing_twice_and_takes_the_same_handoff(
     db_url: str, tmp_path: Path, fake: FakeModelServer, api: str

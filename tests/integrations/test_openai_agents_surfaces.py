@@ -46,6 +46,7 @@ def turns(fake: FakeModelServer) -> list[tuple[str, int]]:
 # -- retry and fork from the CLI -----------------------------------------------------------
 
 
+@pytest.mark.slow  # real worker or dev processes, several of them
 def test_cli_retry_and_fork_of_an_sdk_run_replay_the_handoff_and_the_tools(
     db_url: str, tmp_path: Path, fake: FakeModelServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -133,6 +134,7 @@ def read_until(dev: subprocess.Popen[str], text: str) -> str:
     return out
 
 
+@pytest.mark.slow  # real worker or dev processes, several of them
 async def test_toren_dev_runs_reloads_and_shows_an_sdk_agent(
     tmp_path: Path, fake: FakeModelServer, database: str | None
 ) -> None:

@@ -77,6 +77,7 @@ def test_the_kill_plans_cover_every_point() -> None:
     assert {p.after for p in chosen if p.kind == "model"} == {None, 1, 2}, plans
 
 
+@pytest.mark.slow  # real worker or dev processes, several of them
 @pytest.mark.parametrize("vendor", VENDORS)
 async def test_sigkill_at_random_points_pays_no_call_twice_and_runs_no_tool_twice(
     db_url: str, tmp_path: Path, vendor: str

@@ -24,6 +24,7 @@ def test_the_extra_names_the_oldest_release() -> None:
     assert f'pydantic-ai = ["pydantic-ai-slim[openai,anthropic]>={OLDEST},<3"]' in pyproject
 
 
+@pytest.mark.slow  # a virtualenv, a release installed, a pytest run in it
 def test_the_oldest_supported_release(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)

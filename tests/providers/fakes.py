@@ -22,6 +22,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -582,6 +583,79 @@ def anthropic_error(failure: Failure) -> dict[str, Any]:
 def anthropic_error_event(broken: Break) -> str:
     """Anthropic's in-stream ``error`` event (e.g. ``overloaded_error`` mid-answer)."""
     return _event("error", {"error": {"type": broken.error_type, "message": broken.message}})
+
+
+# --- a provider's own rate limits -----------------------------------------------------
+
+
+class ProviderLimit:
+    """A responder (:attr:`FakeEndpoint.responder`) that enforces a provider's own limits,
+    as a real one does: at most ``rpm`` requests and ``tpm`` tokens (the prompt's JSON
+    characters / 4, plus ``output_tokens``) served in any sliding window of ``period``
+    seconds, by arrival on the server's clock. A request over either is answered 429 with
+    ``retry-after`` and counted in :attr:`over`; while a storm lasts (:meth:`storm`) every
+    request is answered 429 and counted in :attr:`during_storm`. Runs on the server's
+    thread."""
+
+    def __init__(
+        self,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        *,
+        period: float = 60.0,
+        retry_after: str = "1",
+        output_tokens: int = 5,
+    ) -> None:
+        self.rpm, self.tpm, self.period = rpm, tpm, period
+        self.retry_after = retry_after
+        self.output_tokens = output_tokens
+        self.window: deque[tuple[float, int]] = deque()
+        self.served = 0  # answered 200
+        self.over = 0  # answered 429 for being over the limit
+        self.peak = 0  # the most requests served in one window
+        self.peak_tokens = 0
+        self.storm_until = 0.0
+        self._storm = 0.0
+        self.during_storm = 0  # requests that arrived during a storm
+        self.arrivals: list[float] = []
+        self._lock = threading.Lock()
+
+    def storm(self, seconds: float) -> None:
+        """Answer 429 to everything for ``seconds`` from the next request on."""
+        with self._lock:
+            self._storm = seconds
+
+    def storming(self) -> bool:
+        return time.monotonic() < self.storm_until
+
+    def tokens_of(self, body: dict[str, Any]) -> int:
+        """A prompt's tokens: its messages' JSON characters / 4, rounded up."""
+        return -(-sum(len(json.dumps(m)) for m in body.get("messages", [])) // 4)
+
+    def __call__(self, body: dict[str, Any]) -> Reply:
+        now = time.monotonic()
+        with self._lock:
+            self.arrivals.append(now)
+            if self._storm:
+                self.storm_until, self._storm = now + self._storm, 0.0
+            if now < self.storm_until:
+                self.during_storm += 1
+                return Failure(429, "storm: rate limited", retry_after=self.retry_after)
+            while self.window and self.window[0][0] <= now - self.period:
+                self.window.popleft()
+            prompt = self.tokens_of(body)
+            tokens = prompt + self.output_tokens
+            used = sum(t for _, t in self.window)
+            if (self.rpm is not None and len(self.window) >= self.rpm) or (
+                self.tpm is not None and used + tokens > self.tpm
+            ):
+                self.over += 1
+                return Failure(429, "rate limit reached", retry_after=self.retry_after)
+            self.window.append((now, tokens))
+            self.served += 1
+            self.peak = max(self.peak, len(self.window))
+            self.peak_tokens = max(self.peak_tokens, used + tokens)
+            return Completion(text="ok", input_tokens=prompt, output_tokens=self.output_tokens)
 
 
 # --- the server ----------------------------------------------------------------------

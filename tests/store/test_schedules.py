@@ -107,9 +107,9 @@ async def test_pause_resume_trigger_backfill_delete(store: Store) -> None:
     await clock.advance(1)  # a backfill's range lies in the past
     with pytest.raises(InvalidInput, match="not in the future"):
         await scheduler.backfill("tick/beat", T0, T0 + 3600)
-    made, before = await scheduler.backfill("tick/beat", T0 - 3000, T0 + 601)
-    assert (made, before) == (60, 1)
-    assert await scheduler.backfill("tick/beat", T0 - 3000, T0 + 601) == (0, 61)
+    made, before, refused = await scheduler.backfill("tick/beat", T0 - 3000, T0 + 601)
+    assert (made, before, refused) == (60, 1, 0)
+    assert await scheduler.backfill("tick/beat", T0 - 3000, T0 + 601) == (0, 61, 0)
     nominal = sorted(at for _, at in await _runs(store) if at is not None)
     assert len(nominal) == len(set(nominal)) + 1  # the triggered run's "now" is its own
     await store.schedules.delete("tick/beat", now=clock.now())

@@ -44,7 +44,7 @@ export type Schedule = Schemas["Schedule"];
 export type ScheduleList = Schemas["ScheduleList"];
 /** The body of `POST /v1/schedules`: `agent`, `name`, `cron` or `every`, and the rest. */
 export type CreateSchedule = Schemas["CreateSchedule"];
-/** What a backfill did: runs `started`, and times that `already_ran`. */
+/** What a backfill did: runs `started`, times that `already_ran`, and times the agent's concurrency `refused`. */
 export type BackfillDone = Schemas["BackfillDone"];
 
 /** The filters and page of `GET /v1/runs` (`status`, `agent`, `process`, `limit`, `cursor`). */

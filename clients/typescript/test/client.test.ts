@@ -444,10 +444,12 @@ describe("schedules", () => {
     assert.deepEqual(await client.backfillSchedule("demo/beat", ...range), {
       started: 10,
       already_ran: 0,
+      refused: 0,
     });
     assert.deepEqual(await client.backfillSchedule("demo/beat", ...range), {
       started: 0,
       already_ran: 10,
+      refused: 0,
     });
     await client.deleteSchedule("demo/beat");
     await assert.rejects(client.getSchedule("demo/beat"), (error: unknown) => {

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from toren.config import RateLimit
 from toren.core.contract.flow import Concurrency, parse_key
 from toren.core.contract.schedule import (
     ScheduleDef,
@@ -269,6 +270,38 @@ class ConcurrencyConfig(_Strict):
         return Concurrency(limit=self.limit, key=key, on_conflict=self.on_conflict)
 
 
+class RateLimitConfig(_Strict):
+    """A provider model's rate limit, shared by every worker through the database
+    (docs/flow-control.md#provider-rate-limits)."""
+
+    rpm: int | None = Field(
+        default=None, ge=1, le=10**12, description="Model calls per period (a minute)."
+    )
+    tpm: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Tokens per period, estimated before each call and corrected after it.",
+    )
+    period: float | str = Field(
+        default=60.0,
+        description="The window the limits count in: seconds or a duration ('60s', '1m'). "
+        "Providers publish per-minute limits: keep 60 s unless yours counts otherwise.",
+    )
+
+    def value(self) -> RateLimit:
+        period = parse_duration(self.period) if isinstance(self.period, str) else self.period
+        return RateLimit(rpm=self.rpm, tpm=self.tpm, period=period)
+
+    @model_validator(mode="after")
+    def _valid(self) -> RateLimitConfig:
+        try:
+            self.value()
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+
 class _Overridable(_Strict):
     """Keys a process may set to override the agent's top level."""
 
@@ -461,6 +494,22 @@ class AgentConfig(_Overridable):
         description="Runs this agent starts on its own, on a cron expression or an "
         "interval (docs/schedules.md).",
     )
+    rate_limits: dict[str, RateLimitConfig] = Field(
+        default_factory=dict,
+        description="Provider rate limits by `provider:model` (`openai:gpt-4o-mini: {rpm: "
+        "500, tpm: 30000}`), enforced across every worker (docs/flow-control.md).",
+    )
+
+    @field_validator("rate_limits")
+    @classmethod
+    def _rate_keys(cls, value: dict[str, RateLimitConfig]) -> dict[str, RateLimitConfig]:
+        for key in value:
+            provider, _, model = key.partition(":")
+            if not provider or not model or len(key) > 255:
+                raise ValueError(
+                    f"rate_limits: {key!r} is not a provider and model such as 'openai:gpt-4o-mini'"
+                )
+        return value
 
     @model_validator(mode="after")
     def _schedule_names(self) -> AgentConfig:

@@ -215,6 +215,7 @@ class AgentDefinition:
             pricing=self.prices.cost,
             schedules=tuple(s.definition(self.name) for s in self.config.schedules),
             concurrency=proc.concurrency,
+            rate_limits={k: v.value() for k, v in self.config.rate_limits.items()},
         )
 
     def process(self, name: str) -> ProcessDefinition:

@@ -22,7 +22,7 @@ from pydantic import TypeAdapter
 
 import toren
 from toren.api import metrics, models, render, schedules
-from toren.api.errors import ApiError, install
+from toren.api.errors import ApiError, RelativePaths, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
 from toren.api.routing import Methods
@@ -32,6 +32,7 @@ from toren.api.state import ApiState, InProcessWorker, State, error_responses
 from toren.core.agent_api.program import AgentResolver
 from toren.core.contract.changes import explain_invalidations
 from toren.core.contract.events import StreamInvalidated
+from toren.core.contract.ratelimit import reason as rate_reason
 from toren.core.contract.recorded import load_blobs
 from toren.core.contract.values import RunStatus
 from toren.core.drivers.fixforward import fork_run as core_fork_run
@@ -91,6 +92,7 @@ def create_app(
         live=live,
         runtime=runtime,
         redact=Redactor([*secrets, *tokens, *secrets_from_env(os.environ)]),
+        paths=RelativePaths(getattr(agents, "roots", ())),
         stream=StreamSettings(
             heartbeat=heartbeat,
             poll_interval=poll_interval or (1.0 if live is not None else 0.25),
@@ -111,7 +113,7 @@ def create_app(
     app.state.toren = state
     app.state.search_indexer = indexer
     app.state.tokens = tuple(tokens)
-    install(app, state.redact)
+    install(app, state.redact, state.paths)
     for path, endpoint, options in [*_ROUTES, *schedules.ROUTES]:
         app.add_api_route(path, endpoint, **options)
     app.add_api_route(
@@ -444,6 +446,12 @@ async def get_run(run_id: str, state: State) -> dict[str, Any]:
     queued = await state.store.queued_because(run)
     if queued is not None:
         shown["queue"] = state.redact(queued.to_dict())
+    if run.status == RunStatus.WAITING and run.paced:
+        shown["rate_limit"] = {
+            "key": run.paced,
+            "next_slot_at": run.not_before,
+            "reason": rate_reason(run.paced, run.not_before, time.time()),
+        }
     return shown
 
 
@@ -526,7 +534,17 @@ async def _event_page(
             fits = max(1, _EVENT_CHUNK_BYTES // per_event)
             want = min(want * 2, fits, _EVENT_CHUNK, limit - count)
             del chunk
-            chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+            try:
+                chunk = await state.store.load_events(run_id, after_seq=after, limit=want)
+            except TorenError:
+                # The response has started: an exception now could only abort the
+                # connection (a client sees a truncated body). The page ends here instead,
+                # whole, with ``next_after`` set: the client reads on from there.
+                log.warning(
+                    "reading events of %s after seq %d failed", run_id, after, exc_info=True
+                )
+                more = True
+                break
             continue
         break
     parts.append(b'],"next_after":' + (str(last).encode() if more else b"null") + b"}")
@@ -733,18 +751,18 @@ async def fork_run(run_id: str, body: models.ForkRunRequest, state: State) -> di
 async def list_agents(state: State) -> dict[str, object]:
     # An agent that fails to load says why, and that message may quote a key (an
     # exception raised while importing its tools.py, say).
-    agents = [_agent_info(state.agents, name) for name in state.agents.names()]
+    agents = [_agent_info(state.agents, name, state.paths) for name in state.agents.names()]
     return cast(dict[str, object], state.redact({"agents": agents}))
 
 
-def _agent_info(agents: AgentResolver, name: str) -> dict[str, object]:
+def _agent_info(agents: AgentResolver, name: str, paths: Callable[[str], str]) -> dict[str, object]:
     programs = getattr(agents, "programs", None)  # toren.Registry knows every process
     if isinstance(programs, dict):
         return {"name": name, "processes": sorted(p for a, p in programs if a == name)}
     try:
         return {"name": name, "processes": list(agents.resolve(name, "main").processes)}
     except TorenError as exc:
-        return {"name": name, "processes": [], "error": exc.message}
+        return {"name": name, "processes": [], "error": paths(exc.message)}
 
 
 @_route("GET", "/health", response_model=models.Health, tags=["operations"], summary="Liveness")

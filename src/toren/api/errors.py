@@ -7,9 +7,12 @@ a 500 with a generic message (logged server-side with its traceback, never sent)
 from __future__ import annotations
 
 import logging
+import os
+import re
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -274,10 +277,40 @@ def internal_error_response() -> JSONResponse:
     return error_response(500, "internal_error", INTERNAL_ERROR)
 
 
-def install(app: FastAPI, redact: Callable[[object], object]) -> None:
+class RelativePaths:
+    """Rewrites the server's agent directories out of a message that reaches a client: a
+    path under an agents root is named relative to it (``broken/tools.py:2``), the root
+    itself is ``.``. Clients learn nothing of the server's file layout; the server's own
+    logs and CLI keep absolute paths."""
+
+    def __init__(self, roots: Sequence[str | Path]) -> None:
+        # Longest first: a root inside another is rewritten relative to itself.
+        found = sorted({str(r) for root in roots for r in (root, Path(root).resolve())}, key=len)
+        self._pattern = (
+            re.compile(
+                "|".join(
+                    rf"{re.escape(r.rstrip(os.sep))}(?:{re.escape(os.sep)}|(?![\w.-]))"
+                    for r in reversed(found)
+                    if r.rstrip(os.sep)
+                )
+            )
+            if found
+            else None
+        )
+
+    def __call__(self, message: str) -> str:
+        if self._pattern is None:
+            return message
+        return self._pattern.sub(lambda m: "" if m.group().endswith(os.sep) else ".", message)
+
+
+def install(
+    app: FastAPI, redact: Callable[[object], object], paths: Callable[[str], str] = str
+) -> None:
     """Answer every error as JSON. Each body passes through ``redact`` (the same redaction
     as runs and events): messages quote what they are about (an agent file's exception, a
-    provider's error, the client's own input), and any of those may carry a key."""
+    provider's error, the client's own input), and any of those may carry a key. Messages
+    pass through ``paths`` first (:class:`RelativePaths`: no absolute agent paths)."""
     handlers: list[tuple[type[Exception], Callable[[Request, Exception], Failure]]] = [
         (ApiError, _on_api_error),
         (HTTPException, _on_http_error),
@@ -285,20 +318,22 @@ def install(app: FastAPI, redact: Callable[[object], object]) -> None:
         (TorenError, _on_toren_error),
     ]
     for exc_type, describe in handlers:
-        app.add_exception_handler(exc_type, _responder(describe, redact))
+        app.add_exception_handler(exc_type, _responder(describe, redact, paths))
     # Anything else is caught by ``middleware.CatchAll``, which answers with
     # ``internal_error_response``: no traceback ever reaches a client.
 
 
 def _responder(
-    describe: Callable[[Request, Exception], Failure], redact: Callable[[Any], Any]
+    describe: Callable[[Request, Exception], Failure],
+    redact: Callable[[Any], Any],
+    paths: Callable[[str], str],
 ) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
     async def respond(request: Request, exc: Exception) -> JSONResponse:
         failure = describe(request, exc)
         return error_response(
             failure.status,
             failure.code,
-            redact(failure.message),
+            redact(paths(failure.message)),
             redact(failure.details),
             failure.headers,
         )

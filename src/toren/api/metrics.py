@@ -69,6 +69,41 @@ def render(stats: Mapping[str, Any], runtime: InProcessWorker | None = None) -> 
             "Runs runnable now that no worker holds (what worker autoscaling follows).",
             [("", stats["queue_depth"])],
         )
+    limits: list[tuple[str, int, int, float, int, int]] = list(stats.get("rate_limits", ()))
+    if limits:
+        # docs/flow-control.md#provider-rate-limits: one series per "provider:model".
+        label = [f'{{model="{key}"}}' for key, *_ in limits]
+        for name, kind, help, at in (
+            ("toren_rate_limit_calls_total", "counter", "Model calls that took a slot.", 1),
+            (
+                "toren_rate_limit_paced_total",
+                "counter",
+                "Times a model call was held back for its slot (a run parked or waited).",
+                2,
+            ),
+            (
+                "toren_rate_limit_wait_seconds_total",
+                "counter",
+                "Seconds model calls were held back for their slots, summed.",
+                3,
+            ),
+            (
+                "toren_rate_limit_429s_total",
+                "counter",
+                "429 answers of the provider to limited calls (each blocks the key fleet-wide).",
+                4,
+            ),
+            (
+                "toren_rate_limit_parked_runs",
+                "gauge",
+                "Runs parked now waiting for their next slot.",
+                5,
+            ),
+        ):
+            samples: list[tuple[str, object]] = [
+                (lb, round(float(row[at]), 6)) for lb, row in zip(label, limits, strict=True)
+            ]
+            metric(name, kind, help, samples)
     if runtime is not None:
         m = runtime.metrics
         metric(

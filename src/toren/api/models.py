@@ -181,6 +181,12 @@ class QueuePlace(BaseModel):
     reason: str = Field(description="The same, in words.")
 
 
+class RateLimitWait(BaseModel):
+    key: str = Field(description="The provider rate limit, `provider:model`.")
+    next_slot_at: float | None = Field(description="When its call's slot comes (Unix time).")
+    reason: str = Field(description="`waiting: rate limit openai:gpt-4o-mini, next slot in 3 s`.")
+
+
 class ValueSummary(BaseModel):
     """A value a list of runs leaves out because its JSON text is larger than
     ``SUMMARY_INLINE`` bytes (4096); ``GET /v1/runs/{run_id}`` has it whole."""
@@ -232,6 +238,12 @@ class Run(BaseModel):
         default=None,
         description="The schedule and nominal time that started this run, if a schedule "
         "did (on a run's own endpoint; lists leave it null).",
+    )
+    rate_limit: RateLimitWait | None = Field(
+        default=None,
+        description="A waiting run parked for its next slot of a provider rate limit "
+        "(docs/flow-control.md#provider-rate-limits; on a run's own endpoint; null "
+        "otherwise).",
     )
 
     blocked: Blocked | None = Field(

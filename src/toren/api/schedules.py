@@ -43,6 +43,11 @@ class Backfill(BaseModel):
 class BackfillDone(BaseModel):
     started: int = Field(description="Runs started for times of the range that had none.")
     already_ran: int = Field(description="Times of the range that already had their run.")
+    refused: int = Field(
+        0,
+        description="Times the agent's concurrency refused (on_conflict: reject, its key "
+        "busy): not started.",
+    )
 
 
 class ScheduledRun(BaseModel):
@@ -70,6 +75,11 @@ class Schedule(BaseModel):
     code_version: str | None
     paused: bool
     note: str | None
+    orphaned: str | None = Field(
+        None,
+        description="Why it does not fire: its agent is not in the newest deploy's code "
+        "(null: it fires).",
+    )
     next_fire_at: str | None
     upcoming: list[str]
     buffered: str | None
@@ -108,7 +118,7 @@ async def _one(state: ApiState, agent: str, name: str) -> ScheduleState:
 
 
 def _scheduler(state: ApiState) -> Scheduler:
-    return Scheduler(state.store.schedules, SystemClock())
+    return Scheduler(state.store.schedules, SystemClock(), state.agents)
 
 
 async def list_schedules(state: State) -> dict[str, object]:
@@ -157,10 +167,10 @@ async def trigger_schedule(agent: Name, name: Name, state: State) -> dict[str, o
 async def backfill_schedule(
     agent: Name, name: Name, body: Backfill, state: State
 ) -> dict[str, int]:
-    started, already = await _scheduler(state).backfill(
+    started, already, refused = await _scheduler(state).backfill(
         schedule_id(agent, name), _seconds(body.start), _seconds(body.end)
     )
-    return {"started": started, "already_ran": already}
+    return {"started": started, "already_ran": already, "refused": refused}
 
 
 async def delete_schedule(agent: Name, name: Name, state: State) -> Response:

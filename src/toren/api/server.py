@@ -105,7 +105,20 @@ class _Server(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+# Seconds an idle keep-alive connection stays open (uvicorn's default is 5). Whichever side
+# closes an idle connection first races the other side's next request on it: a request
+# sent as the server's close is on its way is lost without an answer, a dropped connection
+# for the client (httpx raises RemoteProtocolError; a load balancer answers 502). Clients
+# keep idle connections for about 5 s (httpx, Node) and proxies for 60 s (ALB, nginx
+# upstreams vary), so a server that waits longer than they do is not the one that closes.
+# Under load the race is not rare at 5 s: the server starts its timer when it has *written*
+# a response, a busy client reads a large page seconds later and asks again at once.
+# ``toren serve --keep-alive`` (TOREN_KEEP_ALIVE) sets it; docs/deploy.md.
+KEEP_ALIVE = 75.0
+
+
 def _config(app: FastAPI, host: str, port: int, **options: Any) -> uvicorn.Config:
+    options.setdefault("timeout_keep_alive", KEEP_ALIVE)
     options.setdefault("log_level", "info")
     options.setdefault("timeout_graceful_shutdown", 5)
     options.setdefault("ws", "none")  # the API has no websockets

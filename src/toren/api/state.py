@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, cast
 
@@ -53,6 +54,8 @@ class ApiState:
     public_paths: set[str] = field(default_factory=lambda: set(PUBLIC_PATHS))
     pages: Pages = field(default_factory=Pages)  # list pages rendered lately (api/render.py)
     closing: bool = False  # set on shutdown: open streams end so the server can stop
+    # Agent paths in messages to clients, relative to the agents root (api/errors.py).
+    paths: Callable[[str], str] = str
 
     def is_public(self, path: str) -> bool:
         return path in self.public_paths

@@ -391,6 +391,9 @@ def stuck_rows(run: Run) -> list[tuple[str, str]]:
     queue = run.queue
     if queue and run.status == RunStatus.QUEUED:
         rows.append((RunStatus.QUEUED.value, escape(str(queue.get("reason")))))
+    paced = run.rate_limit
+    if paced and run.status == RunStatus.WAITING:
+        rows.append(("rate limit", escape(str(paced.get("reason")))))
     lease = run.lease
     if lease and not run.terminal:
         rows.append(

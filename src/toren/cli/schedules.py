@@ -63,7 +63,11 @@ class Remote:
 
     async def backfill(self, sid: str, start: datetime, end: datetime) -> dict[str, int]:
         found = await self.client.backfill_schedule(sid, start.isoformat(), end.isoformat())
-        return {"started": int(found["started"]), "already_ran": int(found["already_ran"])}
+        return {
+            "started": int(found["started"]),
+            "already_ran": int(found["already_ran"]),
+            "refused": int(found.get("refused", 0)),  # an older server: none refused
+        }
 
     async def delete(self, sid: str) -> None:
         await self.client.delete_schedule(sid)
@@ -108,13 +112,16 @@ class Embedded:
         )
 
     async def trigger(self, sid: str) -> str:
-        return (await Scheduler(self.store, self.clock).trigger(sid)).id
+        return (await self._scheduler().trigger(sid)).id
 
     async def backfill(self, sid: str, start: datetime, end: datetime) -> dict[str, int]:
-        started, already = await Scheduler(self.store, self.clock).backfill(
+        started, already, refused = await self._scheduler().backfill(
             sid, start.timestamp(), end.timestamp()
         )
-        return {"started": started, "already_ran": already}
+        return {"started": started, "already_ran": already, "refused": refused}
+
+    def _scheduler(self) -> Scheduler:
+        return Scheduler(self.store, self.clock, self.runtime.resolver)
 
     async def delete(self, sid: str) -> None:
         await self.store.delete(sid, now=self.clock.now())
@@ -193,11 +200,7 @@ def _print_one(found: dict[str, Any], as_json: bool) -> None:
         if found["cron"]
         else (f"every {found['every']:g} s")
     )
-    state = (
-        "paused" + (f" ({found['note']})" if found["note"] else "")
-        if found["paused"]
-        else ("active")
-    )
+    state = escape(_state(found))
     lines = [
         f"schedule {escape(found['id'])}: {when}, {state}",
         f"  starts {found['agent']}:{found['process']}  overlap {found['overlap']}  "
@@ -211,6 +214,15 @@ def _print_one(found: dict[str, Any], as_json: bool) -> None:
     for run in found.get("recent_runs", []):
         lines.append(f"  {run['id']}  {run['status']:<9}  for {_when(run['nominal'])}")
     out().print("\n".join(lines))
+
+
+def _state(found: dict[str, Any], *, short: bool = False) -> str:
+    """active, paused (with its note) or orphaned (its agent is not in the newest deploy)."""
+    if found.get("orphaned"):  # an older server leaves it out
+        return "orphaned" if short else f"orphaned ({found['orphaned']})"
+    if found["paused"]:
+        return "paused" + (f" ({found['note']})" if found["note"] and not short else "")
+    return "active"
 
 
 @click.group(
@@ -256,7 +268,7 @@ def list_schedules(as_json: bool, **options: object) -> None:
         table.add_row(
             escape(s["id"]),
             escape(when),
-            "paused" if s["paused"] else "active",
+            _state(s, short=True),
             _when(s["next_fire_at"]),
             s["overlap"],
             last,
@@ -405,10 +417,15 @@ def backfill(schedule: str, start: str, end: str, as_json: bool, **options: obje
     if as_json:
         click.echo(json.dumps(done))
         return
-    started, already = done["started"], done["already_ran"]
+    started, already, refused = done["started"], done["already_ran"], done["refused"]
     out().print(
         f"started {started} run{'s' * (started != 1)}; {already} time"
         f"{'s' * (already != 1)} of the range had already run"
+        + (
+            f"; {refused} refused by the agent's concurrency (on_conflict: reject)"
+            if refused
+            else ""
+        )
     )
 
 

@@ -177,7 +177,9 @@ class WorkerSwitch:
         self.runtime = runtime
         self.current = worker
         self._idle = WorkerMetrics()
-        self._idle_scheduler = Scheduler(runtime.store.schedules, runtime.deps.clock)
+        self._idle_scheduler = Scheduler(
+            runtime.store.schedules, runtime.deps.clock, runtime.deps.agents
+        )
 
     @property
     def deps(self) -> TickDeps:
@@ -488,6 +490,16 @@ async def _watch(
 @agents_and_database
 @click.option("--no-console", is_flag=True, help="Serve the API only.")
 @allowed_hosts_option
+@click.option(
+    "--keep-alive",
+    type=click.FloatRange(1, 86_400),
+    default=75.0,
+    show_default=True,
+    envvar="TOREN_KEEP_ALIVE",
+    help="Seconds an idle client connection stays open. Keep it above the idle timeout of "
+    "whatever connects (a load balancer's: the AWS module sets its ALB's plus 5), or "
+    "requests sent as the server closes are dropped. [env: TOREN_KEEP_ALIVE]",
+)
 @log_level_option("info")
 def serve(
     host: str,
@@ -498,6 +510,7 @@ def serve(
     database_url: str | None,
     no_console: bool,
     allowed_hosts: tuple[str, ...],
+    keep_alive: float,
     log_level: str,
 ) -> None:
     flagged = click.get_current_context().get_parameter_source("tokens")
@@ -522,7 +535,9 @@ def serve(
     _check_port(host, port)
     root = agents_root.resolve()
     url = database_url_for(root, database_url)
-    run_async(lambda: _serve(root, url, host, port, tokens, not no_console, hosts, log_level))
+    run_async(
+        lambda: _serve(root, url, host, port, tokens, not no_console, hosts, log_level, keep_alive)
+    )
 
 
 async def _serve(
@@ -534,9 +549,10 @@ async def _serve(
     console: bool,
     allowed_hosts: Sequence[str] = (),
     log_level: str = "info",
+    keep_alive: float | None = None,
 ) -> None:
+    from toren.api.server import KEEP_ALIVE, url_for
     from toren.api.server import serve as serve_app
-    from toren.api.server import url_for
 
     runtime = await open_runtime(root, url, settings_from(database_url=url))
     try:
@@ -549,7 +565,14 @@ async def _serve(
         )
         # --log-level reaches uvicorn (info and up: the access log); its lines go through
         # Toren's handler (setup_logging), hence no logging config of uvicorn's own.
-        await serve_app(app, host, port, log_level=log_level.lower(), log_config=None)
+        await serve_app(
+            app,
+            host,
+            port,
+            log_level=log_level.lower(),
+            log_config=None,
+            timeout_keep_alive=keep_alive or KEEP_ALIVE,
+        )
     finally:
         await close_runtime(runtime)
 

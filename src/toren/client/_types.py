@@ -64,6 +64,9 @@ class Run:
     concurrency: dict[str, Any] | None = None  # {"key", "limit", "priority"}
     # A queued run of a concurrency key: {"key", "limit", "holding", "position", "reason"}.
     queue: dict[str, Any] | None = None
+    # A waiting run parked for its next slot of a provider rate limit:
+    # {"key", "next_slot_at", "reason"} (docs/flow-control.md#provider-rate-limits).
+    rate_limit: dict[str, Any] | None = None
     # Why an unfinished run does not move (docs/http-api.md#runs): blocked on an
     # infrastructure error ({error, attempts, since, retry_at}), held by {worker, expires_at}.
     blocked: dict[str, Any] | None = None

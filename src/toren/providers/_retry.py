@@ -36,6 +36,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, cast
 
+from toren.core.contract.ratelimit import PACED, Throttled
 from toren.errors import ModelCallFailed
 from toren.providers.base import CancelledWithUsage, RetryPolicy, Usage
 from toren.redact import Redactor
@@ -298,6 +299,13 @@ class Retrying:
                 failure = classify(exc, self.errors, self.timeout)
                 if failure is None:
                     raise
+                if failure.status == 429 and PACED.get():
+                    # A model with a fleet rate limit: the fleet's bucket waits, not this
+                    # call alone (toren.core.contract.ratelimit); never recorded.
+                    raise Throttled(
+                        failure.retry_after,
+                        f"{self.provider} rate limited model {model!r} (HTTP 429)",
+                    ) from None
                 last = number == attempts or not failure.retryable
                 wait = None if last else self.delay(failure, number)
                 if wait is None:

@@ -52,6 +52,12 @@ _INLINE_CONNECT = {
 }
 _INLINE_RETRY = 5.0  # s between attempts to (re)open the inline lane
 _PROBE_TIMEOUT = 10  # s: the first connection's connect_timeout, unless the URL sets one
+# s a statement waits for a pooled connection before it fails (StorageError). The pools
+# open without waiting to be filled: psycopg_pool closes a pool for good when its
+# ``open(wait=True)`` times out, and a store whose pool was closed so (the server at
+# max_connections for a while, or a loop too busy to finish the connection in time under
+# hundreds of concurrent requests) failed every later statement until restarted.
+_POOL_TIMEOUT = 30.0
 
 
 def _import_psycopg() -> Any:
@@ -103,12 +109,13 @@ class Lanes:
         self.inline_statements = 0  # statements run on the inline lane
         # Statements that gave up a wait there and took the loop, by reason.
         self.inline_deferred: collections.Counter[str] = collections.Counter()
+        self.pool_timeout = _POOL_TIMEOUT
 
     def in_tx(self, fn: Callable[[object], T], write: bool) -> T:
         if not self._opened:
-            self._pool.open(wait=True, timeout=30)
+            self._pool.open(wait=False)  # see _POOL_TIMEOUT
             self._opened = True
-        with self._pool.connection() as conn:
+        with self._pool.connection(timeout=self.pool_timeout) as conn:
             if not write:
                 with conn.cursor() as cur:
                     return fn(cur)
@@ -165,7 +172,7 @@ class Lanes:
                 kwargs={"autocommit": True},
                 open=False,
             )
-            await self._apool.open(wait=True, timeout=30)
+            await self._apool.open(wait=False)  # see _POOL_TIMEOUT
         try:
             done = self.try_inline(sql, params, rows) if inline_ok else None
             if done is not None:
@@ -173,7 +180,7 @@ class Lanes:
             try:
                 if self._lane_free and self._pool_size > 1:
                     return await self._on_lane(sql, params, rows)
-                async with self._apool.connection() as conn:
+                async with self._apool.connection(timeout=self.pool_timeout) as conn:
                     cur = await conn.execute(sql, params)
                     return list(await cur.fetchall()) if rows else []
             finally:
@@ -270,7 +277,7 @@ class Lanes:
         self._lane_free = False
         try:
             if self._lane is None:
-                conn = await self._apool.getconn()
+                conn = await self._apool.getconn(timeout=self.pool_timeout)
                 self._lane = (conn, conn.cursor())
             conn, cur = self._lane
             try:

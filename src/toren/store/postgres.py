@@ -77,7 +77,7 @@ FENCE_LOCK = f"SELECT id FROM runs {_LEASED} FOR NO KEY UPDATE"
 FENCE_RELEASE = (
     "UPDATE runs SET status = %s, "
     f"{RELEASE_NOT_BEFORE.format(p='%s::double precision')}, waiting_for = %s, "
-    "output = %s, error = %s, lease_owner = NULL, lease_expires_at = NULL, "
+    "output = %s, error = %s, paced = %s, lease_owner = NULL, lease_expires_at = NULL, "
     f"{UNBLOCK}, {_TOTALS}{_LEASED} RETURNING id"
 )
 

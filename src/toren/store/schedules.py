@@ -21,11 +21,13 @@ from toren.core.contract.schedule import (
     ScheduleDef,
     ScheduleSpec,
     ScheduleState,
+    Skip,
     next_after,
     schedule_id,
 )
 from toren.core.contract.values import TERMINAL_STATUSES
-from toren.errors import InvalidInput, ScheduleNotFound
+from toren.errors import ConcurrencyConflict, InvalidInput, ScheduleNotFound
+from toren.store.firing import apply_firings
 
 T = TypeVar("T")
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; not imported: sql imports this)
@@ -33,6 +35,8 @@ Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; not imported: sql impor
 
 class Host(Protocol):
     """What the statements need of the store they run in (toren.store.sql.SqlStore)."""
+
+    dialect: str
 
     async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T: ...
     def _x(self, cur: Cursor, sql: str, params: Sequence[object] = ()) -> Cursor: ...
@@ -45,7 +49,7 @@ COLUMNS = (
     "s.id, s.agent, s.name, s.process, s.spec, s.input, s.source, s.code_version, "
     "s.declared_at, s.paused, s.note, s.removed, s.next_fire_at, s.buffered_at, "
     "s.last_fired_at, s.last_run_id, s.last_skip_at, s.last_skip_reason, s.fires, s.skips, "
-    "s.lateness_total, s.created_at, s.updated_at, r.status"
+    "s.lateness_total, s.created_at, s.updated_at, s.orphaned, r.status"
 )
 FROM = "schedules s LEFT JOIN runs r ON r.id = s.last_run_id"
 
@@ -75,7 +79,8 @@ def _state(row: Sequence[Any]) -> ScheduleState:
         lateness_total=row[20],
         created_at=row[21],
         updated_at=row[22],
-        last_run_status=row[23],
+        orphaned=row[23],
+        last_run_status=row[24],
     )
 
 
@@ -119,7 +124,7 @@ class SqlSchedules:
             rows = self._x(
                 cur,
                 f"SELECT {COLUMNS} FROM {FROM} WHERE s.removed = 0 AND s.paused = 0 AND "
-                "(s.next_fire_at <= ? OR s.buffered_at IS NOT NULL) "
+                "s.orphaned IS NULL AND (s.next_fire_at <= ? OR s.buffered_at IS NOT NULL) "
                 "ORDER BY s.next_fire_at LIMIT ?",
                 (now, limit),
             ).fetchall()
@@ -133,90 +138,55 @@ class SqlSchedules:
         def tx(cur: Cursor) -> float | None:
             row = self._x(
                 cur,
-                "SELECT MIN(next_fire_at) FROM schedules WHERE removed = 0 AND paused = 0",
+                "SELECT MIN(next_fire_at) FROM schedules WHERE removed = 0 AND paused = 0 "
+                "AND orphaned IS NULL",
             ).fetchone()
             return row[0] if row and row[0] is not None else None
 
         return await self._store._run(tx, write=False)
 
-    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[bool]:
-        """Apply decisions in one transaction, each only if its row still holds what it
-        was made from (False for one another worker decided first: nothing of it is
-        written). Rows are taken in id order, so two workers applying overlapping batches
-        on PostgreSQL wait for each other instead of deadlocking."""
-        order = sorted(range(len(firings)), key=lambda i: firings[i].schedule.id)
-
-        def tx(cur: Cursor) -> list[bool]:
-            applied = [False] * len(firings)
-            for i in order:
-                applied[i] = self._apply_one(cur, firings[i], now)
-            return applied
-
-        applied = await self._store._run(tx)
-        if any(ok and f.runs for ok, f in zip(applied, firings, strict=True)):
+    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[list[Skip] | None]:
+        """Apply decisions in one transaction of a few statements (toren.store.firing),
+        each only if its row still holds what it was made from: per firing, None for one
+        another worker decided first (nothing of it is written), else the times its
+        agent's ``concurrency: on_conflict: reject`` refused (recorded as skips)."""
+        if not firings:
+            return []
+        applied = await self._store._run(lambda cur: apply_firings(self._store, cur, firings, now))
+        if any(a is not None and f.runs for a, f in zip(applied, firings, strict=True)):
             await self._store.notify()
         return applied
 
-    def _apply_one(self, cur: Cursor, firing: Firing, now: float) -> bool:
-        s, d = firing.schedule, firing.decision
-        last_skip = d.skips[-1] if d.skips else None
-        # The run each time has: the one inserted here, or the one already holding its key.
-        holders = [self._taken(cur, run) or run.id for run in firing.runs]
-        last_run = holders[-1] if holders else None
-        done = self._x(
-            cur,
-            "UPDATE schedules SET next_fire_at = ?, buffered_at = ?, "
-            "last_fired_at = COALESCE(?, last_fired_at), "
-            "last_run_id = COALESCE(?, last_run_id), "
-            "last_skip_at = COALESCE(?, last_skip_at), "
-            "last_skip_reason = COALESCE(?, last_skip_reason), "
-            "fires = fires + ?, skips = skips + ?, lateness_total = lateness_total + ?, "
-            "updated_at = ? "
-            "WHERE id = ? AND removed = 0 AND paused = 0 AND next_fire_at = ? AND "
-            + ("buffered_at IS NULL" if s.buffered_at is None else "buffered_at = ?"),
-            (
-                d.next_fire_at,
-                d.buffered,
-                d.fire[-1] if d.fire else None,
-                last_run,
-                last_skip.nominal if last_skip else None,
-                last_skip.reason if last_skip else None,
-                len(d.fire),
-                len(d.skips),
-                firing.lateness,
-                now,
-                s.id,
-                s.next_fire_at,
-                *(() if s.buffered_at is None else (s.buffered_at,)),
-            ),
-        ).rowcount
-        if done != 1:
-            return False
-        for run, holder in zip(firing.runs, holders, strict=True):
-            if holder == run.id:
-                self._store._insert_new_run(cur, run)
-        if d.cancel is not None:
-            self._store._cancel_in(cur, d.cancel, now=now)
-        return True
-
-    async def start(self, sid: str, runs: Sequence[NewRun]) -> list[NewRun]:
+    async def start(
+        self, sid: str, runs: Sequence[NewRun], *, refuse: bool = False
+    ) -> tuple[list[NewRun], list[NewRun]]:
         """Start runs of a schedule outside its timeline (trigger, backfill): each
-        idempotent by its key; the ones that were new."""
+        idempotent by its key, each under its agent's concurrency as any start. (the
+        ones that were new, the ones ``on_conflict: reject`` refused); a refusal raises
+        ``ConcurrencyConflict`` unless ``refuse``."""
 
-        def tx(cur: Cursor) -> list[NewRun]:
+        def tx(cur: Cursor) -> tuple[list[NewRun], list[NewRun]]:
             if self._get(cur, sid) is None:
                 raise ScheduleNotFound(f"no schedule {sid!r}")
-            made = []
+            made, refused = [], []
             for run in runs:
-                if not self._taken(cur, run):
+                if self._taken(cur, run):
+                    continue
+                try:
                     self._store._insert_new_run(cur, run)
-                    made.append(run)
-            return made
+                except ConcurrencyConflict:
+                    # Raised before any statement failed: the transaction goes on.
+                    if not refuse:
+                        raise
+                    refused.append(run)
+                    continue
+                made.append(run)
+            return made, refused
 
-        made = await self._store._run(tx)
+        made, refused = await self._store._run(tx)
         if made:
             await self._store.notify()
-        return made
+        return made, refused
 
     async def create(self, definition: ScheduleDef, *, now: float) -> ScheduleState:
         def tx(cur: Cursor) -> ScheduleState:
@@ -279,7 +249,10 @@ class SqlSchedules:
         """A worker's agent.yaml schedules for ``agents``: written unless a worker of a
         newer deploy (a later ``started_at``) declared them last, as in the
         invalidation-storm guard. A schedule of these agents that came from agent.yaml and
-        is no longer declared is marked removed (its row and history stay)."""
+        is no longer declared is marked removed (its row and history stay). A schedule
+        of an agent this code does not have at all (agent.yaml or API) is *orphaned*: it
+        stops firing, with the reason shown, until a deploy that has the agent again
+        declares (the times in between are not caught up)."""
 
         def tx(cur: Cursor) -> None:
             declared = {d.id for d in definitions}
@@ -338,8 +311,41 @@ class SqlSchedules:
                             "declared_at = ?, buffered_at = NULL, updated_at = ? WHERE id = ?",
                             (code_version, started_at, now, sid),
                         )
+            self._orphans(cur, set(agents), code_version, started_at, now)
 
         await self._store._run(tx)
+
+    def _orphans(
+        self, cur: Cursor, agents: set[str], code_version: str, started_at: float, now: float
+    ) -> None:
+        """Orphan the schedules of agents this code lacks, and bring back the orphans of
+        agents it has, unless a newer deploy declared them last."""
+        rows = self._x(
+            cur,
+            "SELECT id, agent, spec, declared_at, orphaned FROM schedules WHERE removed = 0",
+        ).fetchall()
+        for sid, agent, spec, declared_at, orphaned in rows:
+            if (declared_at or 0) > started_at:
+                continue  # a newer deploy's say
+            if agent not in agents and orphaned is None:
+                reason = (
+                    f"agent {agent!r} is not in code version {code_version!r}, the newest "
+                    "deploy: a deploy that has it again brings the schedule back"
+                )
+                self._x(
+                    cur,
+                    "UPDATE schedules SET orphaned = ?, code_version = ?, declared_at = ?, "
+                    "buffered_at = NULL, updated_at = ? WHERE id = ?",
+                    (reason, code_version, started_at, now, sid),
+                )
+            elif agent in agents and orphaned is not None:
+                next_fire = next_after(ScheduleSpec.from_dict(json.loads(spec)), now)
+                self._x(
+                    cur,
+                    "UPDATE schedules SET orphaned = NULL, code_version = ?, declared_at = ?, "
+                    "next_fire_at = ?, updated_at = ? WHERE id = ?",
+                    (code_version, started_at, next_fire, now, sid),
+                )
 
     async def set_paused(
         self, sid: str, paused: bool, note: str | None, *, now: float

@@ -21,6 +21,7 @@ TYPES = {
     "int": ("INTEGER", "BIGINT"),
     "real": ("REAL", "DOUBLE PRECISION"),
     "serial": ("INTEGER PRIMARY KEY", "BIGSERIAL PRIMARY KEY"),
+    "tsvector": ("", "TSVECTOR"),  # PostgreSQL only (an AddColumn with dialect="postgres")
 }
 
 
@@ -54,6 +55,7 @@ class CreateTable:
 class AddColumn:
     table: str
     column: Column
+    dialect: str | None = None  # applied on this dialect only (None: both)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class CreateVirtualTable:
 
 
 def applies(migration: Migration, dialect: str) -> bool:
-    if isinstance(migration, CreateIndex | CreateVirtualTable):
+    if isinstance(migration, CreateIndex | CreateVirtualTable | AddColumn):
         return migration.dialect in (None, dialect)
     return True
 
@@ -90,8 +92,12 @@ Migration = CreateTable | AddColumn | CreateIndex | CreateVirtualTable
 # page of 50 such runs read from the table costs ~25 ms; read from the index it costs
 # ~0.2 ms. PostgreSQL keeps large values out of line (TOAST): no index needed there.
 SUMMARY_INLINE = 4096
-# The expression PostgreSQL's search index holds and every search query repeats exactly
-# (an expression index is used only by the same expression).
+# The expression PostgreSQL's first search index holds (``run_search_fulltext``, kept: the
+# schema never drops). Searches no longer use it: they read the stored column
+# ``run_search.vector`` (its GIN index ``run_search_vector``), which the indexer fills on
+# write with this same expression. A bitmap heap scan rechecks the rows it visits; over
+# the expression it parsed up to 32 KiB of text again per row, over the column it reads
+# the stored vector.
 SEARCH_VECTOR = "to_tsvector('simple', body)"
 SUMMARY_PREVIEW = 256
 LIST_COLUMNS = (
@@ -320,6 +326,51 @@ SCHEMA: tuple[Migration, ...] = (
     CreateVirtualTable("run_search_fts", "fts5(body, content='run_search', content_rowid='rowid')"),
     # The indexer finds what changed since it last looked through this index.
     CreateIndex("runs_updated", "runs", ("updated_at",)),
+    # --- 0.2.0: a schedule whose agent the newest deploy no longer has ------------------
+    # Why it does not fire (NULL: it does); see docs/schedules.md#removed-agents.
+    AddColumn("schedules", _c("orphaned", "text")),
+    # --- 0.2.0: provider rate limits (toren.core.contract.ratelimit; docs/flow-control.md) --
+    # One row per "provider:model": the limit last declared, the fleet's 429 state, counts.
+    CreateTable(
+        "rate_limits",
+        (
+            _c("key", "text", primary_key=True),
+            _c("rpm", "int"),
+            _c("tpm", "int"),
+            _c("period", "real", not_null=True, default="60"),
+            _c("blocked_until", "real"),
+            _c("strikes", "int", not_null=True, default="0"),
+            _c("probe", "int"),
+            _c("calls", "int", not_null=True, default="0"),
+            _c("paced", "int", not_null=True, default="0"),
+            _c("waited", "real", not_null=True, default="0"),
+            _c("throttled", "int", not_null=True, default="0"),
+            _c("updated_at", "real", not_null=True),
+        ),
+    ),
+    # One row per slot taken in a key's window (deleted once out of it).
+    CreateTable(
+        "rate_grants",
+        (
+            _c("id", "serial"),
+            _c("key", "text", not_null=True),
+            _c("owner", "text", not_null=True),
+            _c("at", "real", not_null=True),
+            _c("tokens", "int", not_null=True, default="0"),
+            _c("state", "int", not_null=True, default="0"),
+        ),
+    ),
+    CreateIndex("rate_grants_key_at", "rate_grants", ("key", "at")),
+    CreateIndex("rate_grants_owner", "rate_grants", ("owner",)),
+    # The key a run waits on for its next slot (status 'waiting', not_before the slot).
+    AddColumn("runs", _c("paced", "text")),
+    CreateIndex("runs_paced", "runs", ("paced", "status")),
+    # PostgreSQL: the search text's vector, stored (``to_tsvector('simple', body)``, filled
+    # by the indexer as it writes ``body``), and the GIN index searches read. NULL on rows
+    # written before it: the indexer counts such a row as missing and writes it again, a
+    # small batch at a time (toren.api.search), like a run it never indexed.
+    AddColumn("run_search", _c("vector", "tsvector"), dialect="postgres"),
+    CreateIndex("run_search_vector", "run_search", ("vector",), dialect="postgres", using="gin"),
 )
 
 

@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Protocol, TypeVar
 
+from toren.config import RateLimit
 from toren.core.contract.audit import chain
 from toren.core.contract.events import Event, parse_payload
 from toren.core.contract.flow import Queued
 from toren.core.contract.jsontext import dumps
+from toren.core.contract.ratelimit import Grant
 from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
 from toren.errors import (
     ConcurrencyConflict,
@@ -33,6 +35,7 @@ from toren.errors import (
     RunNotFound,
     RunNotRetryable,
 )
+from toren.store import ratelimits
 from toren.store import search as search_query
 from toren.store.base import (
     InboxMessage,
@@ -48,8 +51,9 @@ from toren.store.base import (
     read_json,
 )
 from toren.store.flow import queued_because, set_limits, unfinished_of
+from toren.store.rows import event_params as event_params
 from toren.store.schedules import SqlSchedules
-from toren.store.schema import LIST_COLUMNS, SEARCH_VECTOR, summary_expressions
+from toren.store.schema import LIST_COLUMNS, summary_expressions
 
 T = TypeVar("T")
 
@@ -72,7 +76,7 @@ RUN_COLUMNS = (
     "waiting_for, input_tokens, output_tokens, cost_nanousd, saved_nanousd, steps, "
     "code_version, lease_recoveries, invalidations, retries, forked_from, forked_at, "
     "blocked_error, blocked_attempts, blocked_since, schedule_id, scheduled_for, "
-    "concurrency_key, concurrency_limit, priority, tool_errors"
+    "concurrency_key, concurrency_limit, priority, tool_errors, paced"
 )
 EVENT_COLUMNS = (
     "seq, run_id, stream, position, generation, slot, type, digest, code_version, "
@@ -127,11 +131,31 @@ _PHASE = "CASE WHEN r.status IN ('completed', 'failed', 'cancelled') THEN r.stat
 SEARCH_BACKLOG = (
     f"SELECT r.id, r.updated_at, {_PHASE}, r.agent, r.input, r.output, r.error FROM runs r "
     "LEFT JOIN run_search s ON s.run_id = r.id WHERE r.updated_at >= ? "
-    f"AND (s.run_id IS NULL OR s.phase <> {_PHASE}) ORDER BY r.updated_at LIMIT ?"
+    f"AND (s.run_id IS NULL OR s.phase <> {_PHASE}{{stale}}) ORDER BY r.updated_at LIMIT ?"
 )
+# On PostgreSQL a row without its stored vector (written before ``run_search.vector``
+# existed) is written again, vector included: the backfill, in the indexer's batches.
+SEARCH_BACKLOG_SQLITE = SEARCH_BACKLOG.format(stale="")
+SEARCH_BACKLOG_POSTGRES = SEARCH_BACKLOG.format(stale=" OR s.vector IS NULL")
 PUT_SEARCH_TEXT = (
     "INSERT INTO run_search (run_id, body, phase) VALUES (?, ?, ?) "
     "ON CONFLICT (run_id) DO UPDATE SET body = excluded.body, phase = excluded.phase"
+)
+# PostgreSQL's planner prices a match against the stored vector (``vector @@ query``) as
+# one cheap operator per row, and ``run_search``'s own pages are few (its texts and vectors
+# live out of line, in TOAST): so it scans the table, or walks its primary key, reading
+# every row's vector (~40 KB each; 2 s at 10,000 runs), rather than ask the GIN index
+# (milliseconds). A search is therefore planned without sequential and plain index scans
+# (``SET LOCAL``: this transaction only); the GIN index is read as a bitmap, and the runs
+# it finds through their primary key, also as bitmaps.
+SEARCH_PLAN = ("SET LOCAL enable_seqscan = off", "SET LOCAL enable_indexscan = off")
+# PostgreSQL stores the vector with the text (SEARCH_VECTOR over the new body), computed
+# by the database from the one copy of the body sent.
+PUT_SEARCH_TEXT_POSTGRES = (
+    "INSERT INTO run_search (run_id, body, phase, vector) SELECT t.run_id, t.body, t.phase, "
+    "to_tsvector('simple', t.body) FROM (VALUES (?, ?, ?)) AS t (run_id, body, phase) "
+    "ON CONFLICT (run_id) DO UPDATE SET body = excluded.body, phase = excluded.phase, "
+    "vector = excluded.vector"
 )
 NEXT_DUE = (
     "SELECT MIN(t) FROM ("
@@ -184,12 +208,13 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         concurrency_limit=row[33],
         priority=row[34],
         tool_errors=row[35],
+        paced=row[36],
     )
 
 
 # What a list reads: the columns of the covering index runs_list, then the columns added
 # since (read from the table: one lookup by rowid per listed row on SQLite).
-LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors"
+LISTED_COLUMNS = f"{LIST_COLUMNS}, tool_errors, paced"
 _LISTED_NAMES = tuple(c.strip() for c in LISTED_COLUMNS.split(","))  # RunRecord fields
 _LISTED = len(_LISTED_NAMES)  # the summary expressions follow these columns
 _RUN_DEFAULTS = {
@@ -283,24 +308,6 @@ def event_from_row(row: Sequence[Any]) -> Event:
 
 _ENVELOPE_COLUMNS = tuple(c.strip() for c in EVENT_COLUMNS.split(","))[:12]
 assert _ENVELOPE_COLUMNS[-1] == "format_version"  # the payload comes last, parsed apart
-
-
-def event_params(event: Event) -> tuple[object, ...]:
-    return (
-        event.run_id,
-        event.stream,
-        event.position,
-        event.generation,
-        event.slot,
-        event.type,
-        event.digest,
-        event.code_version,
-        event.worker_id,
-        event.created_at,
-        event.format_version,
-        event.payload_json(),
-        event.chain,
-    )
 
 
 class SqlStore:
@@ -435,6 +442,54 @@ class SqlStore:
             await self.notify()
         return changed
 
+    # -- provider rate limits (toren.store.ratelimits) ----------------------------------
+
+    async def take_rate_slot(
+        self, key: str, limit: RateLimit, *, owner: str, tokens: int, now: float
+    ) -> Grant:
+        """A slot for one model call of ``key`` (see toren.core.contract.ratelimit). Its
+        time is read inside the transaction (``now`` at the earliest): a slot records when
+        the call goes out, not when it was asked for behind other writes."""
+        return await self._run(
+            lambda cur: ratelimits.take(self, cur, key, limit, owner, tokens, max(now, time.time()))
+        )
+
+    async def settle_rate_slot(
+        self, key: str, grant_id: int, *, tokens: int, ok: bool, now: float
+    ) -> None:
+        """The call of slot ``grant_id`` was answered: its real tokens (``ok``: served)."""
+        woke = await self._run(
+            lambda cur: ratelimits.settle(
+                self, cur, key, grant_id, tokens, ok, max(now, time.time())
+            )
+        )
+        if woke:
+            await self.notify()
+
+    async def throttle_rate(
+        self, key: str, grant_id: int | None, *, retry_after: float | None, now: float
+    ) -> float:
+        """A 429 on ``key``: the fleet waits; the block's end."""
+        return await self._run(
+            lambda cur: ratelimits.throttle(
+                self, cur, key, grant_id, retry_after, max(now, time.time())
+            )
+        )
+
+    async def declare_rate_limits(
+        self, agents: Sequence[str], limits: Mapping[str, RateLimit], *, now: float
+    ) -> int:
+        """A starting worker's limits for ``agents``: a changed one re-paces its parked
+        runs, a removed one releases them (toren.store.ratelimits.declare)."""
+        woke = await self._run(lambda cur: ratelimits.declare(self, cur, agents, limits, now))
+        if woke:
+            await self.notify()
+        return woke
+
+    async def rate_limit_stats(self) -> list[tuple[str, int, int, float, int, int]]:
+        """Per key: calls, paced calls, seconds waited, 429s, runs parked on it now."""
+        return await self._run(lambda cur: ratelimits.stats(self, cur), write=False)
+
     async def get_run(self, run_id: str) -> RunRecord | None:
         def tx(cur: Cursor) -> RunRecord | None:
             row = self._x(cur, f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
@@ -484,18 +539,20 @@ class SqlStore:
         else:
             columns, source = RUN_COLUMNS, "runs"
         sql = f"SELECT {columns} FROM {source} {clause} ORDER BY id DESC LIMIT ?"
+        # PostgreSQL: a search runs in a transaction of its own whose plan settings make
+        # it read the text index (SEARCH_PLAN).
+        settings = SEARCH_PLAN if search is not None and self.dialect != "sqlite" else ()
+
+        def fetch(cur: Cursor) -> list[Any]:
+            for statement in settings:
+                self._x(cur, statement)
+            return list(self._x(cur, sql, (*params, limit)).fetchall())
+
+        found = await self._run(fetch, write=bool(settings))
         if summary:
-
-            def rows(cur: Cursor) -> list[Any]:
-                return list(self._x(cur, sql, (*params, limit)).fetchall())
-
             # Mapped here, on the loop's thread, where the memo of listed rows lives.
-            return self._listed.records(await self._run(rows, write=False))
-
-        def tx(cur: Cursor) -> list[RunRecord]:
-            return [run_from_row(r) for r in self._x(cur, sql, (*params, limit)).fetchall()]
-
-        return await self._run(tx, write=False)
+            return self._listed.records(found)
+        return [run_from_row(r) for r in found]
 
     def _search_clause(self) -> str:
         """Runs whose search text (``run_search``, filled by the indexer) matches: through
@@ -505,10 +562,7 @@ class SqlStore:
                 "id IN (SELECT s.run_id FROM run_search_fts f JOIN run_search s "
                 "ON s.rowid = f.rowid WHERE run_search_fts MATCH ?)"
             )
-        return (
-            f"id IN (SELECT run_id FROM run_search WHERE {SEARCH_VECTOR} @@ "
-            "to_tsquery('simple', ?))"
-        )
+        return "id IN (SELECT run_id FROM run_search WHERE vector @@ to_tsquery('simple', ?))"
 
     def _search_param(self, terms: list[search_query.Term]) -> str:
         if self.dialect == "sqlite":
@@ -522,7 +576,8 @@ class SqlStore:
         move ``since`` to)."""
 
         def tx(cur: Cursor) -> SearchBacklog:
-            rows = self._x(cur, SEARCH_BACKLOG, (since, limit)).fetchall()
+            backlog = SEARCH_BACKLOG_SQLITE if self.dialect == "sqlite" else SEARCH_BACKLOG_POSTGRES
+            rows = self._x(cur, backlog, (since, limit)).fetchall()
             high = self._x(cur, "SELECT MAX(updated_at) FROM runs").fetchone()[0]
             return SearchBacklog(
                 [SearchSource(r[0], float(r[1]), r[2], r[3], r[4], r[5], r[6]) for r in rows],
@@ -544,7 +599,7 @@ class SqlStore:
 
     def _put_search_text(self, cur: Cursor, run_id: str, phase: str, body: str) -> None:
         if self.dialect != "sqlite":
-            self._x(cur, PUT_SEARCH_TEXT, (run_id, body, phase))
+            self._x(cur, PUT_SEARCH_TEXT_POSTGRES, (run_id, body, phase))
             return
         # FTS5 over an external content table: the old text leaves the index by the
         # 'delete' command with exactly the values it was indexed with.
@@ -609,7 +664,8 @@ class SqlStore:
                 "invalidations",
             )
             sums = {k: int(v) for k, v in zip(keys, totals, strict=True)}
-            return {"runs_by_status": by_status, **sums}
+            limits = ratelimits.stats(self, cur)
+            return {"runs_by_status": by_status, **sums, "rate_limits": limits}
 
         return await self._run(tx, write=False)
 
@@ -863,7 +919,7 @@ class SqlStore:
             self._x(
                 cur,
                 f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
-                "waiting_for = ?, output = ?, error = ?, lease_owner = NULL, "
+                "waiting_for = ?, output = ?, error = ?, paced = ?, lease_owner = NULL, "
                 f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
                 (*release_values(release, now), now, lease.run_id),
             )
@@ -1135,7 +1191,7 @@ RELEASE_NOT_BEFORE = "not_before = CASE WHEN cancel_requested <> 0 THEN {p} ELSE
 
 def release_values(release: Release, now: float) -> tuple[object, ...]:
     """The run row's (status, not_before if a cancel is pending, not_before otherwise,
-    waiting_for, output, error) after a release."""
+    waiting_for, output, error, paced) after a release."""
     terminal = release.status in TERMINAL_STATUSES
     return (
         release.status,
@@ -1144,6 +1200,7 @@ def release_values(release: Release, now: float) -> tuple[object, ...]:
         None if release.waiting_for is None else dumps(release.waiting_for),
         dumps(release.output) if terminal else None,
         None if release.error is None else dumps(release.error),
+        None if terminal else release.paced,
     )
 
 

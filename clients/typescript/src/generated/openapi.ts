@@ -443,6 +443,12 @@ export interface components {
              * @description Times of the range that already had their run.
              */
             already_ran: number;
+            /**
+             * Refused
+             * @description Times the agent's concurrency refused (on_conflict: reject, its key busy): not started.
+             * @default 0
+             */
+            refused: number;
         };
         /** Blocked */
         Blocked: {
@@ -821,6 +827,24 @@ export interface components {
              */
             reason: string;
         };
+        /** RateLimitWait */
+        RateLimitWait: {
+            /**
+             * Key
+             * @description The provider rate limit, `provider:model`.
+             */
+            key: string;
+            /**
+             * Next Slot At
+             * @description When its call's slot comes (Unix time).
+             */
+            next_slot_at: number | null;
+            /**
+             * Reason
+             * @description `waiting: rate limit openai:gpt-4o-mini, next slot in 3 s`.
+             */
+            reason: string;
+        };
         /** Ready */
         Ready: {
             /**
@@ -956,6 +980,8 @@ export interface components {
             queue?: components["schemas"]["QueuePlace"] | null;
             /** @description The schedule and nominal time that started this run, if a schedule did (on a run's own endpoint; lists leave it null). */
             schedule?: components["schemas"]["ScheduleOrigin"] | null;
+            /** @description A waiting run parked for its next slot of a provider rate limit (docs/flow-control.md#provider-rate-limits; on a run's own endpoint; null otherwise). */
+            rate_limit?: components["schemas"]["RateLimitWait"] | null;
             /** @description Set while the run's ticks fail on an infrastructure error (no API key, provider unreachable, database error, agent not deployed): what failed and when it is tried again. Null otherwise. */
             blocked?: components["schemas"]["Blocked"] | null;
             /** @description The worker holding the run and until when its lease runs (a run held by a worker that is gone waits for this time). Null when no worker holds it. */
@@ -1076,6 +1102,11 @@ export interface components {
             paused: boolean;
             /** Note */
             note: string | null;
+            /**
+             * Orphaned
+             * @description Why it does not fire: its agent is not in the newest deploy's code (null: it fires).
+             */
+            orphaned?: string | null;
             /** Next Fire At */
             next_fire_at: string | null;
             /** Upcoming */

@@ -473,8 +473,10 @@ function renderRun() {
         blocked.since ? ` · since ${stamp(blocked.since)}` : ""));
   }
   const queue = run.status === STATUS.QUEUED && run.queue ? run.queue : null;
-  $("run-queued").hidden = !queue;
-  if (queue) $("run-queued").textContent = queue.reason;
+  const paced = run.status === STATUS.WAITING && run.rate_limit ? run.rate_limit : null;
+  const why = queue || paced;
+  $("run-queued").hidden = !why;
+  if (why) $("run-queued").textContent = why.reason;
   const lease = run.lease && !TERMINAL.has(run.status) ? run.lease : null;
   $("run-lease").hidden = !lease;
   if (lease) $("run-lease").textContent = `held by worker ${lease.worker} until ${clock(lease.expires_at)}`;

@@ -1,5 +1,5 @@
-// The schedules page: each schedule's timing and policies, next fire times, paused or not
-// (with its note), its last runs with their status, and why a time was last skipped.
+// The schedules page: each schedule's timing and policies, next fire times, paused or
+// orphaned or not (with its note or reason), its last runs with their status, and why a time was last skipped.
 import { $, api, h, pill, showError, STATUS } from "./app.js";
 
 const utc = (iso) => (iso ? iso.replace("T", " ").replace("Z", " UTC") : "–");
@@ -8,11 +8,18 @@ function when(s) {
   return s.cron ? `cron ${s.cron} (${s.zone})` : `every ${s.every} s`;
 }
 
+function state(s) {
+  if (s.orphaned) return "orphaned";
+  return s.paused ? "paused" : "active";
+}
+
 function card(s) {
   const runs = s.recent_runs || [];
+  const idle = s.paused || s.orphaned;
   return h("li", { "data-schedule": s.id },
-    h("h2", {}, s.id, " ", h("span", { class: `pill ${s.paused ? STATUS.WAITING : STATUS.RUNNING}` },
-      s.paused ? "paused" : "active")),
+    h("h2", {}, s.id, " ", h("span", { class: `pill ${idle ? STATUS.WAITING : STATUS.RUNNING}` },
+      state(s))),
+    s.orphaned ? h("p", { class: "hint" }, `Orphaned: ${s.orphaned}`) : null,
     s.paused && s.note ? h("p", { class: "hint" }, `Paused: ${s.note}`) : null,
     h("dl", { class: "facts" },
       h("dt", {}, "When"), h("dd", { class: "mono" }, when(s)),
@@ -22,7 +29,7 @@ function card(s) {
       h("dt", {}, "From"), h("dd", {}, s.source === "agent.yaml"
         ? `agent.yaml (code version ${s.code_version || "–"})` : "the API"),
       h("dt", {}, "Next"), h("dd", { class: "next" }, s.upcoming.length
-        ? s.upcoming.slice(0, 3).map(utc).join(" · ") : "– (paused)"),
+        ? s.upcoming.slice(0, 3).map(utc).join(" · ") : `– (${state(s)})`),
       h("dt", {}, "Fired"), h("dd", {}, `${s.fires} times` + (s.mean_lateness_seconds !== null
         ? `, ${s.mean_lateness_seconds} s late on average` : "")),
       h("dt", {}, "Skipped"), h("dd", { class: "skip" }, s.last_skip

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toren.config import RateLimit
 from toren.core.contract.flow import Concurrency
 from toren.core.contract.model_types import ToolSpec, Usage
 from toren.core.contract.ports import ModelProvider
@@ -102,6 +103,9 @@ class AgentProgram:
     schedules: tuple[ScheduleDef, ...] = ()
     # The process's concurrency limit (agent.yaml ``concurrency:``; toren.core.contract.flow).
     concurrency: Concurrency | None = None
+    # Provider rate limits by "provider:model" (agent.yaml ``rate_limits:``;
+    # toren.core.contract.ratelimit); they win over the worker's Settings.rate_limits.
+    rate_limits: Mapping[str, RateLimit] = field(default_factory=dict)
 
 
 class AgentResolver(Protocol):
@@ -127,6 +131,7 @@ class Registry:
         limits: Limits | None = None,
         schedules: Sequence[ScheduleDef] = (),
         concurrency: Concurrency | None = None,
+        rate_limits: Mapping[str, RateLimit] | None = None,
     ) -> AgentProgram:
         program = AgentProgram(
             agent=agent,
@@ -137,6 +142,7 @@ class Registry:
             limits=limits or Limits(),
             schedules=tuple(schedules),
             concurrency=concurrency,
+            rate_limits=dict(rate_limits or {}),
         )
         self.programs[(agent, process)] = program
         return program

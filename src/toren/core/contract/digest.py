@@ -38,11 +38,12 @@ import orjson
 from toren.core.contract.jsontext import NOT_PLAIN, PLAIN, plain_kind
 from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
-    FrozenList,
     Message,
     ModelRequest,
     ToolSpec,
 )
+from toren.core.contract.pins import Pinned as Pinned  # re-exported (tests)
+from toren.core.contract.pins import shape_of
 from toren.core.contract.text import repair
 from toren.core.contract.values import StepKind
 from toren.errors import InvalidInput
@@ -104,6 +105,17 @@ def canonical_json(value: object) -> bytes:
     encoder's (pinned by the golden vectors and by a differential test over every code
     point and random documents). Floats, integers beyond 64 bits and the rarer types take
     the reference encoder (``json`` with the settings above), which defines the form."""
+    if type(value) is dict:
+        # The common case, a flat object (a message, a request's params): no walk needed.
+        for item in value.values():
+            t = type(item)
+            if t is not str and t is not int and t is not bool and item is not None:
+                break
+        else:
+            try:
+                return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+            except TypeError:  # a key that is not a str, a big integer, a lone surrogate
+                pass
     kind = plain_kind(value)
     if kind == PLAIN:
         try:
@@ -178,6 +190,34 @@ def _body_without_messages(request: ModelRequest, tool_hashes: Sequence[str]) ->
     }
 
 
+def _model_tail(provider: str, model: str, tools: list[str], params: dict[str, Any]) -> bytes:
+    """The bytes of a model request's canonical form after its message hashes: the rest
+    of the body (``model`` < ``params`` < ``provider`` < ``tools``, sorted) and the kind.
+    Written piece by piece when the provider and model are plain strings (tools are
+    content addresses), else from the whole body; the same bytes either way
+    (tests/core/test_digest_golden.py)."""
+    if type(provider) is str and type(model) is str:
+        try:
+            return b"".join(
+                (
+                    b'],"model":',
+                    orjson.dumps(model),
+                    b',"params":',
+                    canonical_json(params),
+                    b',"provider":',
+                    orjson.dumps(provider),
+                    b',"tools":',
+                    orjson.dumps(tools),
+                    b"}",
+                    _MODEL_TAIL,
+                )
+            )
+        except TypeError:  # a lone surrogate: the reference encoder decides
+            pass
+    rest = {"provider": provider, "model": model, "tools": tools, "params": params}
+    return b"]," + canonical_json(rest)[1:] + _MODEL_TAIL
+
+
 def model_digest(request: ModelRequest, cache: HashCache | None = None) -> str:
     """Digest of a model call. Only provider, model, messages, tools and semantic params
     enter it: API keys, headers, timeouts and retry settings never do."""
@@ -206,6 +246,9 @@ def message_list_node(prev: str | None, items: Sequence[str]) -> tuple[str, str]
 
 def _is_address(value: object) -> bool:
     return type(value) is str and value.isascii() and value.isalnum()
+
+
+_SPEC_FIELDS = attrgetter("name", "description", "parameters")
 
 
 class HashedRequest:
@@ -240,10 +283,25 @@ class HashCache:
       state); the bytes hashed are exactly those of :func:`request_digest`.
     """
 
-    __slots__ = ("_bodies", "_entries", "_frozen", "_lists", "_prefixes", "_tools")
+    __slots__ = (
+        "_bodies",
+        "_entries",
+        "_frozen",
+        "_lists",
+        "_message_shapes",
+        "_prefixes",
+        "_tool_shapes",
+        "_tools",
+    )
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[object, object, str]] = {}
+        # Digests by shape (see _shape: equal shapes are equal JSON), for objects seen for
+        # the first time that hold what an earlier one held: code that builds its messages
+        # afresh for every request (an adapter converting a framework's history) hashes
+        # each message once, not once per request.
+        self._message_shapes: dict[object, str] = {}
+        self._tool_shapes: dict[object, str] = {}
         self._frozen: dict[int, tuple[Message, str]] = {}
         self._lists: dict[str, tuple[list[str], Any]] = {}
         self._bodies: dict[str, bytes] = {}  # canonical bodies hashed since last taken
@@ -262,7 +320,7 @@ class HashCache:
             digest = self._hash_message(message)
             self._frozen[id(message)] = (message, digest)
             return digest
-        return self._lookup(message, self._hash_message)
+        return self._lookup(message, self._hash_message, self._message_shapes)
 
     def _hash_message(self, message: Mapping[str, object]) -> str:
         body = canonical_json(message)
@@ -278,7 +336,7 @@ class HashCache:
         return self._bodies.pop(digest, None)
 
     def tool(self, spec: ToolSpec | Mapping[str, object]) -> str:
-        return self._lookup(spec, tool_spec_hash)
+        return self._lookup(spec, tool_spec_hash, self._tool_shapes)
 
     def messages(self, messages: Sequence[Mapping[str, object]]) -> list[str]:
         """The hashes of a request's messages. When the request starts with the same
@@ -287,8 +345,10 @@ class HashCache:
         are reused after one comparison of object ids and one check of the pin, both made
         in C: a step costs Python time for its new messages only, not for the whole
         history. A dict changed in place is hashed again, and so is all after it."""
-        if not messages:
-            return []
+        if len(messages) < 2:
+            # One message (or none) is no prefix a later request could reuse: hashed (or
+            # recognised) on its own, without the pin and the saved prefix.
+            return [self.message(m) for m in messages]
         ids = list(map(id, messages))
         saved = self._prefixes.get(ids[0])
         hashes: list[str] = []
@@ -321,6 +381,8 @@ class HashCache:
         """The hashes of a request's tool specs: the previous request's, when it passed
         the very same :class:`ToolSpec` objects and they are pinned unchanged (an agent
         passes the same specs on every call)."""
+        if not specs:
+            return []
         saved = self._tools
         if (
             saved is not None
@@ -341,11 +403,10 @@ class HashCache:
     def model(self, request: ModelRequest) -> HashedRequest:
         msgs = self.messages(request.messages)
         tools = self.tools(request.tools)
-        rest = _body_without_messages(request, tools)
-        tail = b"]," + canonical_json(rest)[1:] + _MODEL_TAIL
+        params = semantic_params(request.params)
         state = self._list_state(msgs)
-        state.update(tail)
-        return HashedRequest(state.hexdigest(), msgs, tools, rest["params"])
+        state.update(_model_tail(request.provider, request.model, tools, params))
+        return HashedRequest(state.hexdigest(), msgs, tools, params)
 
     def _list_state(self, msgs: list[str]) -> Any:
         """A sha256 state fed with the head and all of ``msgs`` (not yet the tail)."""
@@ -359,113 +420,28 @@ class HashCache:
             state.update(b',"' if i else b'"')
             state.update(msgs[i].encode("ascii"))
             state.update(b'"')
-        if len(self._lists) > 1_000:
-            self._lists.clear()
-        self._lists[key] = (msgs, state.copy())
+        if len(msgs) > 1:  # a single message's state is cheaper made again than kept
+            if len(self._lists) > 1_000:
+                self._lists.clear()
+            self._lists[key] = (msgs, state.copy())
         return state
 
-    def _lookup(self, obj: object, compute: Any) -> str:
+    def _lookup(self, obj: object, compute: Any, shapes: dict[object, str]) -> str:
         entry = self._entries.get(id(obj))
-        shape = _shape(obj)
+        shape = shape_of(obj)
         if entry is not None and entry[0] is obj and entry[1] == shape:
             return entry[2]
-        digest: str = compute(obj)
+        try:
+            digest: str | None = shapes.get(shape)
+        except TypeError:  # a value that cannot be hashed (not JSON: compute refuses it)
+            shape = digest = None
+        if digest is None:
+            digest = compute(obj)
+            if shape is not None:
+                if len(shapes) > 100_000:
+                    shapes.clear()
+                shapes[shape] = digest
         if len(self._entries) > 100_000:
             self._entries.clear()
         self._entries[id(obj)] = (obj, shape, digest)
         return digest
-
-
-_SPEC_FIELDS = attrgetter("name", "description", "parameters")
-# Values that cannot change: pinned by their identity alone. A Message refuses changes at
-# every depth (its nested values are frozen when it is built). A FrozenList is not here:
-# it refuses changes to its own items, but one built directly may hold a plain dict.
-_FIXED = frozenset({str, int, float, bool, type(None), Message})
-
-
-class Pinned:
-    """Proof that JSON values hashed earlier still hold the same JSON, checked in C.
-
-    It keeps the values' containers (alive, so no id is recycled), each one's length, and
-    the very key and item objects each held when it was pinned. A value can be pinned when
-    its containers are plain dicts with string keys, lists, tuples and FrozenLists, and
-    every other value in it is a str, int, float, bool or None (or an immutable Message),
-    all of which never change. So the same containers, of the same lengths, holding the
-    same objects hold the same JSON; identity is compared, never equality, which would
-    take ``1``, ``1.0`` and ``True`` for one another (three different JSON values).
-    """
-
-    __slots__ = ("_dicts", "_items", "_keys", "_lens", "_lists", "_sized", "_values")
-
-    def __init__(self) -> None:
-        self._dicts: list[dict[str, object]] = []
-        self._lists: list[list[object] | tuple[object, ...]] = []
-        self._sized: list[Any] = []  # the dicts and lists in pinning order, for _lens
-        self._lens: list[int] = []
-        self._keys: list[str] = []
-        self._values: list[object] = []
-        self._items: list[object] = []
-
-    def add(self, value: Any) -> bool:
-        """Pin ``value`` too; False (and nothing pinned) if it cannot be pinned."""
-        dicts: list[dict[str, Any]] = []
-        lists: list[list[object] | tuple[object, ...]] = []
-        stack = [value]
-        while stack:
-            v = stack.pop()
-            t = type(v)
-            if t in _FIXED:
-                continue
-            if t is dict:
-                if not all(type(k) is str for k in v):
-                    return False
-                dicts.append(v)
-                stack.extend(v.values())
-            elif t is list or t is tuple or t is FrozenList:
-                lists.append(v)
-                stack.extend(v)
-            else:
-                return False
-        for d in dicts:
-            self._sized.append(d)
-            self._lens.append(len(d))
-            self._keys.extend(d)
-            self._values.extend(d.values())
-        for seq in lists:
-            self._sized.append(seq)
-            self._lens.append(len(seq))
-            self._items.extend(seq)
-        self._dicts += dicts
-        self._lists += lists
-        return True
-
-    def holds(self) -> bool:
-        """Whether every pinned container still holds the very objects it held."""
-        return (
-            list(map(len, self._sized)) == self._lens
-            and all(map(is_, chain.from_iterable(self._dicts), self._keys))
-            and all(map(is_, chain.from_iterable(map(dict.values, self._dicts)), self._values))
-            and all(map(is_, chain.from_iterable(self._lists), self._items))
-        )
-
-
-def _shape(obj: object) -> object:
-    if type(obj) is dict:
-        # The common message: a flat dict of strings. A str stands for itself (its type is
-        # known); anything else is shaped as below, so the two can never compare equal.
-        items = tuple(obj.items())
-        for _, v in items:
-            if type(v) is not str:
-                return tuple((k, v if type(v) is str else _shape(v)) for k, v in items)
-        return items
-    if isinstance(obj, Mapping):
-        return tuple((k, _shape(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return (list, *(_shape(v) for v in obj))
-    if isinstance(obj, ToolSpec):
-        return (obj.name, obj.description, _shape(obj.parameters))
-    # The type keeps 1, 1.0 and True apart: equal in Python, different in JSON; a float's
-    # exact bits keep 0.0 and -0.0 apart (equal in Python, "0.0" and "-0.0" in JSON).
-    if type(obj) is float:
-        return (float, obj.hex())
-    return (type(obj), obj)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
-from toren.core.contract.jsontext import dumps
+from toren.core.contract.jsontext import dumps, loads
 from toren.core.contract.values import InvalidationCause, StepKind
 from toren.errors import CorruptEventLog
 
@@ -393,7 +393,7 @@ def parse_payload(event_type: str, text: str, *, run_id: str, seq: int) -> Paylo
     """Parse a stored payload. Unknown fields and types are tolerated; unreadable data is
     a :class:`CorruptEventLog` naming the run and the event, never silently skipped."""
     try:
-        data = json.loads(text)
+        data = loads(text)
     except (TypeError, ValueError) as exc:
         raise CorruptEventLog(
             f"event seq={seq} of run {run_id!r} ({event_type}) has a payload that is not "

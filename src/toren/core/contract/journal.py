@@ -64,7 +64,13 @@ from toren.core.contract.replay import (
     redeliverable_message,
     reusable_tool,
 )
-from toren.core.contract.values import ZERO, InvalidationCause, StepKind, Totals, to_nano
+from toren.core.contract.values import (
+    ZERO,
+    InvalidationCause,
+    StepKind,
+    Totals,
+    recorded_nano,
+)
 
 # -- answers -----------------------------------------------------------------------------
 
@@ -174,11 +180,11 @@ def _usage_of(event: Event) -> tuple[int, int, int, int] | None:
     (``ModelCallCutOff``) counts what the provider billed for it, but is not a step."""
     payload = event.payload
     if isinstance(payload, ModelCallRecorded):
-        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd), 1
+        return payload.input_tokens, payload.output_tokens, recorded_nano(payload.cost_usd), 1
     if isinstance(payload, (ToolCallRecorded, ValueRecorded)):
         return 0, 0, 0, 1
     if isinstance(payload, ModelCallCutOff):
-        return payload.input_tokens, payload.output_tokens, to_nano(payload.cost_usd), 0
+        return payload.input_tokens, payload.output_tokens, recorded_nano(payload.cost_usd), 0
     return None
 
 

@@ -7,6 +7,9 @@ common JSON types (``str``, ``int``, ``bool``, ``None``, finite ``float``, ``dic
 values take orjson: floats that are not finite (which ``json`` writes as ``NaN`` and orjson
 would silently turn into ``null``), other Mappings, and every other type keep the exact
 behaviour of :mod:`json`, errors included.
+
+``loads`` reads stored JSON text with orjson where its result is provably the one
+:func:`json.loads` gives, and with :mod:`json` everywhere else (see its docstring).
 """
 
 from __future__ import annotations
@@ -74,3 +77,29 @@ def dumps(value: object) -> str:
     # (toren.core.contract.text) rather than failing the write. Values from outside are repaired
     # before they are recorded, so this only catches what slipped past (a request's params).
     return repair_text(text) if has_surrogates(text) else text
+
+
+# Every byte a digit maps to b"1", every other byte to b"0": an integer literal orjson
+# could read inexactly has 19 digits or more in a row (see loads).
+_DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
+_LONG_DIGITS = b"1" * 19
+
+
+def loads(text: str) -> Any:
+    """``json.loads(text)``, the same value, faster for the log's payloads.
+
+    orjson reads the same JSON to the same value with three exceptions, all left to
+    :mod:`json`: an integer outside 64 bits (orjson makes it a float: so any text with 19
+    or more digits in a row, inside strings too, goes to ``json``), a literal ``json``
+    accepts and orjson refuses (``NaN``, ``Infinity``, ``1e400``), and a string holding
+    lone surrogates (``"\\ud800"``, which orjson refuses). Invalid JSON raises ``json``'s
+    error, as before."""
+    if type(text) is not str:
+        return json.loads(text)
+    raw = text.encode("utf-8", "surrogatepass")
+    if _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)

@@ -21,9 +21,11 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol, runtime_checkable
 
+from toren.config import RateLimit
 from toren.core.contract.events import Event
 from toren.core.contract.flow import Queued
 from toren.core.contract.model_types import DeltaCallback, ModelRequest, ModelResponse
+from toren.core.contract.ratelimit import Grant
 from toren.core.contract.records import (
     InboxMessage,
     Lease,
@@ -96,6 +98,18 @@ class JournalStore(BlobStore, Protocol):
     def schedules(self) -> ScheduleStore: ...
     async def set_concurrency_limits(
         self, limits: Sequence[tuple[str, str, int | None]]
+    ) -> int: ...
+    async def take_rate_slot(
+        self, key: str, limit: RateLimit, *, owner: str, tokens: int, now: float
+    ) -> Grant: ...
+    async def settle_rate_slot(
+        self, key: str, grant_id: int, *, tokens: int, ok: bool, now: float
+    ) -> None: ...
+    async def throttle_rate(
+        self, key: str, grant_id: int | None, *, retry_after: float | None, now: float
+    ) -> float: ...
+    async def declare_rate_limits(
+        self, agents: Sequence[str], limits: Mapping[str, RateLimit], *, now: float
     ) -> int: ...
 
     async def prune_finished(self, *, before: float, limit: int) -> int: ...

@@ -88,6 +88,9 @@ class RunRecord:
     # built-in loop shows the model the error and may still complete (docs/agent-yaml.md,
     # on_tool_error). 0 on runs recorded before 0.2.
     tool_errors: int = 0
+    # The "provider:model" rate limit the run waits on for its next slot (status
+    # waiting, not_before the slot; toren.core.contract.ratelimit). None otherwise.
+    paced: str | None = None
     # Set only in a list's summary rows (``list_runs(summary=True)``), for a value too
     # large to list whole; the value itself is then None.
     summaries: Mapping[str, ValueSummary] | None = None
@@ -235,6 +238,7 @@ class Release:
     error: dict[str, Any] | None = None
     events: Sequence[Event] = ()
     delta: RunDelta | None = None
+    paced: str | None = None  # parked for its next slot of this rate limit
 
 
 @dataclass(frozen=True)

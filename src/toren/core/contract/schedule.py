@@ -152,6 +152,14 @@ def check_spec(spec: ScheduleSpec) -> None:
         raise ScheduleError("catch_up", f"one of {', '.join(CATCH_UPS)}; found {spec.catch_up!r}")
     check_seconds("jitter", spec.jitter)
     check_seconds("catch_up_window", spec.catch_up_window)
+    if spec.every is not None and spec.jitter >= spec.every:
+        # Each time would fire after the next one is due: with catch_up all they would
+        # queue up behind one another, each later than the last.
+        raise ScheduleError(
+            "jitter",
+            f"less than the interval ({spec.every:g} s): a jitter spreads each time's "
+            f"start within its own interval; found {spec.jitter:g}",
+        )
 
 
 def check_cron(expr: object) -> str:
@@ -215,7 +223,7 @@ def _zone(name: object) -> ZoneInfo:
 def next_after(spec: ScheduleSpec, t: float) -> float:
     """The first nominal time strictly after ``t`` (seconds since the epoch)."""
     if spec.every is not None:
-        return (math.floor(t / spec.every) + 1) * spec.every
+        return float((math.floor(t / spec.every) + 1) * spec.every)
     assert spec.cron is not None
     zone = ZoneInfo(spec.zone)
     # cronsim counts whole seconds: start from the second t falls in.
@@ -285,9 +293,15 @@ class Decision:
 
 
 def due(spec: ScheduleSpec, schedule: str, next_fire_at: float, now: float) -> list[float]:
-    """The nominal times from ``next_fire_at`` whose (jittered) moment has come."""
-    late = times(spec, next_fire_at, now)
-    return [t for t in late if t + jitter_of(schedule, t, spec.jitter) <= now]
+    """The nominal times from ``next_fire_at`` whose (jittered) moment has come, in
+    order: a time whose moment comes before an earlier time's (a jitter longer than the
+    gap between them) waits for that earlier time, so no time is passed over."""
+    found = []
+    for t in times(spec, next_fire_at, now):
+        if t + jitter_of(schedule, t, spec.jitter) > now:
+            break
+        found.append(t)
+    return found
 
 
 def decide(
@@ -329,8 +343,8 @@ def decide(
     for t in timely:
         _overlap(spec, decision, t, last_run if not decision.fire else None, last_running)
         last_running = last_running or bool(decision.fire)
-    if not decision.changed and not ready:
-        return None
+    if not ready and not decision.fire and decision.buffered == buffered:
+        return None  # nothing due, and a buffered time still waits: nothing to write
     return decision
 
 
@@ -393,11 +407,12 @@ class ScheduleState:
     lateness_total: float
     created_at: float
     updated_at: float
+    orphaned: str | None  # why it does not fire: its agent is not in the newest deploy
     last_run_status: str | None
 
     def upcoming(self, count: int) -> list[float]:
-        """The next ``count`` nominal times (none while paused or removed)."""
-        if self.paused or self.removed:
+        """The next ``count`` nominal times (none while paused, orphaned or removed)."""
+        if self.paused or self.removed or self.orphaned:
             return []
         found = [self.next_fire_at]
         while len(found) < count:
@@ -417,7 +432,10 @@ class ScheduleState:
             "code_version": self.code_version,
             "paused": self.paused,
             "note": self.note,
-            "next_fire_at": None if self.paused else nominal_text(self.next_fire_at),
+            "orphaned": self.orphaned,
+            "next_fire_at": (
+                None if self.paused or self.orphaned else nominal_text(self.next_fire_at)
+            ),
             "upcoming": [nominal_text(t) for t in self.upcoming(upcoming)],
             "buffered": nominal_text(self.buffered_at) if self.buffered_at else None,
             "last_fired_for": nominal_text(self.last_fired_at) if self.last_fired_at else None,
@@ -437,7 +455,8 @@ class ScheduleState:
 
 
 class Firing(Protocol):
-    """A decision to apply: the row it was made from, what it does, the runs it starts."""
+    """A decision to apply: the row it was made from, what it does, the runs it starts
+    (one per time of ``decision.fire``, in order)."""
 
     @property
     def schedule(self) -> ScheduleState: ...
@@ -445,8 +464,6 @@ class Firing(Protocol):
     def decision(self) -> Decision: ...
     @property
     def runs(self) -> Sequence[NewRun]: ...
-    @property
-    def lateness(self) -> float: ...
 
 
 class ScheduleStore(Protocol):
@@ -456,8 +473,10 @@ class ScheduleStore(Protocol):
     async def all(self, *, include_removed: bool = False) -> list[ScheduleState]: ...
     async def due(self, *, now: float, limit: int) -> list[ScheduleState]: ...
     async def next_due(self) -> float | None: ...
-    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[bool]: ...
-    async def start(self, sid: str, runs: Sequence[NewRun]) -> list[NewRun]: ...
+    async def apply(self, firings: Sequence[Firing], *, now: float) -> list[list[Skip] | None]: ...
+    async def start(
+        self, sid: str, runs: Sequence[NewRun], *, refuse: bool = False
+    ) -> tuple[list[NewRun], list[NewRun]]: ...
     async def create(self, definition: ScheduleDef, *, now: float) -> ScheduleState: ...
     async def declare(
         self,

@@ -34,6 +34,22 @@ def to_nano(usd: Decimal | float | str) -> Nano:
     return int((Decimal(str(usd)) * NANO).to_integral_value())
 
 
+_RECORDED_NANO: dict[str, Nano] = {}
+
+
+def recorded_nano(cost_usd: str) -> Nano:
+    """:func:`to_nano` of a recorded ``cost_usd`` text, remembered: a fold reads one per
+    model call, and a run's calls cost the same few amounts over and over."""
+    nano = _RECORDED_NANO.get(cost_usd)
+    if nano is None:
+        nano = to_nano(cost_usd)
+        if type(cost_usd) is str:
+            if len(_RECORDED_NANO) >= 4096:
+                _RECORDED_NANO.clear()
+            _RECORDED_NANO[cost_usd] = nano
+    return nano
+
+
 def usd_to_nano(value: object) -> Nano | None:
     """A USD amount from outside (a number, a ``Decimal`` or its text; not a bool) as
     nano-USD, read as the decimal it spells (``0.1`` -> 100,000,000); None if it is not a

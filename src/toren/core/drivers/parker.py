@@ -24,7 +24,18 @@ class Parker:
     ends, status waiting) when no live step is in flight, some branch waits durably and
     every branch is idle; see :meth:`drive`."""
 
-    __slots__ = ("branches", "draining", "futures", "inflight", "parked", "waiters", "wake")
+    __slots__ = (
+        "branches",
+        "draining",
+        "futures",
+        "inflight",
+        "paced_on",
+        "paced_waits",
+        "pacing",
+        "parked",
+        "waiters",
+        "wake",
+    )
 
     def __init__(self) -> None:
         self.branches = Branches()  # parked steps and ctx.gather/task_group joins: see _settled
@@ -34,11 +45,21 @@ class Parker:
         self.futures: set[asyncio.Future[None]] = set()  # what parked branches await
         self.wake = asyncio.Event()
         self.draining = False
+        # Model calls waiting for their slot of a rate limit, by key (of the waiters), and
+        # the keys as the run parked (see toren.core.contract.ratelimit).
+        self.pacing: dict[str, int] = {}
+        self.paced_on: list[str] = []
+        self.paced_waits = 0
 
-    async def park(self, not_before: float | None, names: tuple[str, ...]) -> None:
+    async def park(
+        self, not_before: float | None, names: tuple[str, ...], paced: str | None = None
+    ) -> None:
         """Wait for the tick to park the run; never returns (the agent task is cancelled).
-        Called inside a live step (counted in flight)."""
+        Called inside a live step (counted in flight). ``paced``: a model call waiting for
+        its slot of this rate limit (no event records it)."""
         entry = (not_before, names)
+        if paced is not None:
+            self.pacing[paced] = self.pacing.get(paced, 0) + 1
         parked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiters.append(entry)
         self.futures.add(parked)
@@ -52,6 +73,8 @@ class Parker:
             self.inflight += 1
             self.waiters.remove(entry)
             self.futures.discard(parked)
+            if paced is not None:
+                self.pacing[paced] -= 1
 
     def parkable(self) -> bool:
         return bool(self.waiters) and self.inflight == 0
@@ -80,6 +103,8 @@ class Parker:
                 break
             if self.parkable() and await self._settled(task, stopped, grace, run_id):
                 self.parked = list(self.waiters)
+                self.paced_on = sorted(k for k, n in self.pacing.items() if n > 0)
+                self.paced_waits = sum(self.pacing.values())
                 stop("park")
         with contextlib.suppress(BaseException):
             await task

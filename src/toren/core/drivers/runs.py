@@ -115,6 +115,14 @@ async def start(
     return Started(run, created)
 
 
+def flow_of(
+    configured: Concurrency | None, agent: str, process: str, input: object
+) -> tuple[str | None, int | None, str]:
+    """A run's concurrency key, limit and conflict policy from its agent's
+    ``concurrency:`` alone (a scheduled run: no caller gives a key)."""
+    return _flow(configured, agent, process, input, None, None)
+
+
 def _flow(
     configured: Concurrency | None,
     agent: str,

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from toren.core.agent_api.program import AgentResolver
 from toren.core.contract.clock import Clock
 from toren.core.contract.events import RunStarted, make_event
 from toren.core.contract.records import NewRun
@@ -26,13 +27,16 @@ from toren.core.contract.schedule import (
     nominal_text,
 )
 from toren.core.contract.values import TERMINAL_STATUSES
-from toren.core.drivers.runs import new_run_id
-from toren.errors import InvalidInput, ScheduleNotFound
+from toren.core.drivers.runs import flow_of, new_run_id
+from toren.errors import InvalidInput, ScheduleNotFound, TorenError
 
 log = logging.getLogger("toren.scheduler")
 
-# How many due schedules one look takes (the rest are taken by the next look, at once).
-BATCH = 200
+# How many due schedules one look takes, and about how many runs it starts at most (the
+# rest are taken by the next look, at once). A look is one transaction of a few statements
+# whatever its size (toren.store.firing): 1,000 schedules due at one second fire together.
+BATCH = 1000
+MAX_RUNS = 2000
 # The longest a scheduler sleeps without looking at the table: a schedule created or
 # resumed by another process is noticed within this.
 POLL = 1.0
@@ -61,14 +65,23 @@ class _Firing:
     schedule: ScheduleState
     decision: Decision
     runs: Sequence[NewRun]
-    lateness: float
+
+
+Flow = tuple[str | None, int | None, str]  # a run's concurrency key, limit, on_conflict
+NO_FLOW: Flow = (None, None, "enqueue")
 
 
 def scheduled_run(
-    schedule: ScheduleState | ScheduleDef, nominal: float, now: float, *, key: str | None = None
+    schedule: ScheduleState | ScheduleDef,
+    nominal: float,
+    now: float,
+    *,
+    key: str | None = None,
+    flow: Flow = NO_FLOW,
 ) -> NewRun:
     """The run a firing starts: its key ``schedule:{id}:{nominal}`` (two workers that
-    both fire it start one run), its origin in the row and in ``RunStarted``."""
+    both fire it start one run), its origin in the row and in ``RunStarted``, and its
+    agent's ``concurrency:`` (``flow``) as any start of the agent has it."""
     run_id = new_run_id(now)
     sid = schedule.id
     started = make_event(
@@ -92,13 +105,25 @@ def scheduled_run(
         started,
         schedule_id=sid,
         scheduled_for=nominal,
+        concurrency_key=flow[0],
+        concurrency_limit=flow[1],
+        on_conflict=flow[2],
     )
 
 
 class Scheduler:
-    def __init__(self, store: ScheduleStore, clock: Clock) -> None:
+    """Fires due schedules (:meth:`look`), triggers and backfills. With ``agents`` (the
+    code this process runs), each run gets its agent's ``concurrency:`` as a start from
+    the API would: a keyed limit queues it, ``on_conflict: reject`` turns a firing of a
+    busy key into a recorded skip (toren.store.firing). An agent this process does not
+    have is started without a key: the run is the workers' that have it."""
+
+    def __init__(
+        self, store: ScheduleStore, clock: Clock, agents: AgentResolver | None = None
+    ) -> None:
         self.store = store
         self.clock = clock
+        self.agents = agents
         self.metrics = SchedulerMetrics()
         self._held: float | None = None  # the earliest jittered moment the last look saw
 
@@ -107,6 +132,7 @@ class Scheduler:
         transaction); the number of runs this worker started."""
         now = self.clock.now()
         firings: list[_Firing] = []
+        planned = 0
         self._held = None
         for schedule in await self.store.due(now=now, limit=BATCH):
             decision = decide(
@@ -121,21 +147,26 @@ class Scheduler:
             if decision is None:
                 self._hold(schedule, now)
                 continue
-            runs = [scheduled_run(schedule, t, now) for t in decision.fire]
-            lateness = sum(max(0.0, now - t) for t in decision.fire)
-            firings.append(_Firing(schedule, decision, runs, lateness))
+            flow = self._flow(schedule)
+            runs = [scheduled_run(schedule, t, now, flow=flow) for t in decision.fire]
+            firings.append(_Firing(schedule, decision, runs))
+            planned += len(runs)
+            if planned >= MAX_RUNS:
+                break  # a catch-up of many times: the rest are the next look's
         if not firings:
             return 0
         started = 0
-        for firing, applied in zip(firings, await self.store.apply(firings, now=now), strict=True):
-            if not applied:
+        for firing, refused in zip(firings, await self.store.apply(firings, now=now), strict=True):
+            if refused is None:
                 self.metrics.lost_races += 1
                 continue
-            started += len(firing.runs)
-            self.metrics.fires += len(firing.runs)
-            for t in firing.decision.fire:
+            not_fired = {skip.nominal for skip in refused}
+            fired = [t for t in firing.decision.fire if t not in not_fired]
+            started += len(fired)
+            self.metrics.fires += len(fired)
+            for t in fired:
                 self.metrics.late(max(0.0, now - t))
-            for skip in firing.decision.skips:
+            for skip in [*firing.decision.skips, *refused]:
                 self.metrics.skips[skip.reason] += 1
                 log.info(
                     "schedule %s skipped %s: %s",
@@ -174,15 +205,21 @@ class Scheduler:
         now = self.clock.now()
         nominal = float(int(now))
         run = scheduled_run(
-            schedule, nominal, now, key=f"schedule:{sid}:trigger:{nominal_text(now)}:{now!r}"
+            schedule,
+            nominal,
+            now,
+            key=f"schedule:{sid}:trigger:{nominal_text(now)}:{now!r}",
+            flow=self._flow(schedule),
         )
-        await self.store.start(sid, [run])
+        await self.store.start(sid, [run])  # ConcurrencyConflict: the agent refuses it
         return run
 
-    async def backfill(self, sid: str, start: float, end: float) -> tuple[int, int]:
+    async def backfill(self, sid: str, start: float, end: float) -> tuple[int, int, int]:
         """Start a run for every nominal time in ``[start, end)``, each under the key
         its timely firing would have had: a time that already ran is not run again, and
-        the same backfill twice starts nothing the second time. (started, already ran)."""
+        the same backfill twice starts nothing the second time. Each run gets its agent's
+        concurrency: a keyed limit queues them, ``on_conflict: reject`` refuses the ones
+        its key is busy for. (started, already ran, refused)."""
         schedule = await self._get(sid)
         now = self.clock.now()
         if end > now:
@@ -197,17 +234,31 @@ class Scheduler:
                 f"{nominal_text(end)}"
             )
         wanted = []
+        flow = self._flow(schedule)
         for t in backfill_times(schedule.spec, start, end):
-            wanted.append(scheduled_run(schedule, t, now))
+            wanted.append(scheduled_run(schedule, t, now, flow=flow))
             if len(wanted) > MAX_BACKFILL:
                 raise InvalidInput(f"a backfill of more than {MAX_BACKFILL} times; split the range")
-        made = await self.store.start(sid, wanted)
-        return len(made), len(wanted) - len(made)
+        made, refused = await self.store.start(sid, wanted, refuse=True)
+        return len(made), len(wanted) - len(made) - len(refused), len(refused)
+
+    def _flow(self, schedule: ScheduleState) -> Flow:
+        """The agent's concurrency for this schedule's runs, from the code this process
+        runs (none known: no key)."""
+        if self.agents is None:
+            return NO_FLOW
+        try:
+            program = self.agents.resolve(schedule.agent, schedule.process)
+        except TorenError:
+            return NO_FLOW
+        return flow_of(program.concurrency, schedule.agent, schedule.process, schedule.input)
 
     async def _get(self, sid: str) -> ScheduleState:
         schedule = await self.store.get(sid)
         if schedule is None or schedule.removed:
             raise ScheduleNotFound(f"no schedule {sid!r}")
+        if schedule.orphaned:
+            raise InvalidInput(f"schedule {sid!r} does not fire: {schedule.orphaned}")
         return schedule
 
 

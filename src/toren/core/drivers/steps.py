@@ -36,9 +36,10 @@ from toren.core.contract.model_types import (
     Usage,
 )
 from toren.core.contract.ports import ModelProvider
+from toren.core.contract.ratelimit import PACED, Throttled
 from toren.core.contract.replay import Step
 from toren.core.contract.text import repair_text
-from toren.core.contract.values import RunStatus, StepKind, Totals, to_nano
+from toren.core.contract.values import RunStatus, StepKind, Totals, recorded_nano, to_nano
 from toren.core.drivers.effects import (
     call_model,
     call_tool,
@@ -53,6 +54,7 @@ from toren.core.drivers.effects import (
     reported_usage,
     tool_result,
 )
+from toren.core.drivers.pacing import Pacing, limit_for
 from toren.core.drivers.tickstate import TickState
 from toren.core.drivers.waits import DurableWaits
 from toren.errors import (
@@ -113,7 +115,7 @@ class LiveSteps:
         if state.interrupted:
             payload = step.first.payload
             assert isinstance(payload, ModelCallRecorded)
-            state.writer.add(Totals(saved_nanousd=to_nano(payload.cost_usd)))
+            state.writer.add(Totals(saved_nanousd=recorded_nano(payload.cost_usd)))
         return replay_model(step)
 
     async def _record_cut_off(
@@ -205,22 +207,39 @@ class LiveSteps:
                 if on_delta is not None:
                     on_delta(text)
 
-            started = state.monotonic()
-            try:
-                call = await call_model(
-                    provider,
-                    request,
-                    hashed,
-                    ctx.program,
-                    bodies=state.bodies,
-                    stream=ctx.stream,
-                    pricing=ctx.program.pricing or state.deps.pricing,
-                    monotonic=state.monotonic,
-                    on_delta=delta,
-                )
-            except CancelledWithUsage as cut:  # cut off in flight: count what it billed
-                await self._record_cut_off(ctx, pos, hashed, request, cut.usage, started)
-                raise
+            limit = limit_for(ctx.program, state, request)
+            while True:
+                slot = None
+                if limit is not None:  # a fleet rate limit: wait for this call's slot
+                    slot = await Pacing(state).slot(ctx.stream, pos, request, limit)
+                started = state.monotonic()
+                paced = PACED.set(slot is not None)
+                try:
+                    call = await call_model(
+                        provider,
+                        request,
+                        hashed,
+                        ctx.program,
+                        bodies=state.bodies,
+                        stream=ctx.stream,
+                        pricing=ctx.program.pricing or state.deps.pricing,
+                        monotonic=state.monotonic,
+                        on_delta=delta,
+                    )
+                except CancelledWithUsage as cut:  # cut off in flight: count what it billed
+                    await self._record_cut_off(ctx, pos, hashed, request, cut.usage, started)
+                    raise
+                except Throttled as exc:  # a 429 of a limited model: the fleet waits
+                    assert slot is not None
+                    await Pacing(state).throttled(slot, exc)
+                    continue
+                finally:
+                    PACED.reset(paced)
+                if slot is not None:
+                    await Pacing(state).settle(
+                        slot, call.used[0] + call.used[1], bool(call.response)
+                    )
+                break
             error = call.payload.error
             stored = await state.write(
                 [state.event(ctx.stream, pos, gen, hashed.digest, call.payload)],

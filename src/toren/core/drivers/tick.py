@@ -328,9 +328,21 @@ class TickRunner:
         deadlines = [d for d, _ in self.state.parker.parked if d is not None]
         not_before = min(deadlines) if deadlines else None
         names = sorted({n for _, ns in self.state.parker.parked for n in ns})
-        event = self.state.run_event(RunWaiting(not_before=not_before, messages=names))
+        parker = self.state.parker
+        paced = parker.paced_on[0] if parker.paced_on else None
+        # A model call waiting for its rate limit's slot is the fleet's pacing, not the
+        # agent's wait: no event records it (a run never paced keeps its log byte for byte).
+        events: list[Event] = []
+        if len(parker.parked) > parker.paced_waits:
+            events.append(self.state.run_event(RunWaiting(not_before=not_before, messages=names)))
         await self._release(
-            Release(RunStatus.WAITING, not_before=not_before, waiting_for=names, events=[event])
+            Release(
+                RunStatus.WAITING,
+                not_before=not_before,
+                waiting_for=names,
+                events=events,
+                paced=paced,
+            )
         )
         return self.state.result(TickStatus.WAITING, not_before=not_before)
 

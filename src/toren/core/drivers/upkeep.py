@@ -73,7 +73,9 @@ async def declare_limits(deps: TickDeps, agents: list[str], worker_id: str) -> N
     limit takes effect without restarting anything, a removed one releases its runs
     (toren.core.contract.flow)."""
     limits: list[tuple[str, str, int | None]] = []
+    released = 0
     for name in agents:
+        declared = dict(deps.settings.rate_limits)
         for process in processes(deps.agents, name):
             try:
                 program = deps.agents.resolve(name, process)
@@ -81,6 +83,12 @@ async def declare_limits(deps: TickDeps, agents: list[str], worker_id: str) -> N
                 continue
             concurrency = program.concurrency
             limits.append((name, process, concurrency.limit if concurrency else None))
+            declared.update(program.rate_limits)
+        # A changed provider rate limit re-paces the runs parked on it; a removed one
+        # releases them (toren.core.contract.ratelimit).
+        released += await deps.store.declare_rate_limits([name], declared, now=deps.clock.now())
+    if released:
+        log.info("worker %s woke %d runs parked on changed rate limits", worker_id, released)
     changed = await deps.store.set_concurrency_limits(limits)
     if changed:
         log.info(

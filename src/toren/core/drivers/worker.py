@@ -74,7 +74,7 @@ class LocalWorkerRuntime:
         self._loops: list[asyncio.Task[None]] = []
         self._stop_task: asyncio.Task[None] | None = None
         self.started_at: float | None = None
-        self.scheduler = Scheduler(deps.store.schedules, deps.clock)
+        self.scheduler = Scheduler(deps.store.schedules, deps.clock, deps.agents)
 
     @property
     def code_version(self) -> str:

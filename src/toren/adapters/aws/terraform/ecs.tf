@@ -21,6 +21,9 @@ locals {
     # Every event records the code version that wrote it: the image's commit.
     { name = "TOREN_CODE_VERSION", value = var.image_tag },
     { name = "TOREN_DEPLOYMENT", value = var.name },
+    # The API keeps an idle connection open longer than the ALB does, so the ALB is the
+    # side that closes it: a backend closing first races the ALB's next request on it (a 502).
+    { name = "TOREN_KEEP_ALIVE", value = tostring(var.alb_idle_timeout + 5) },
   ]
 
   task_secrets = concat(
