@@ -28,6 +28,12 @@ OUTBOX = Path({outbox!r})
 FOLLOWUP = {followup!r}
 
 
+def _did(tool: str, **args) -> None:
+    """A tool's effect, counted: one outbox line each time it happens."""
+    with OUTBOX.open("a") as out:
+        out.write(json.dumps({{"tool": tool, **args}}) + "\\n")
+
+
 class Ticket(BaseModel):
     order: str
     status: str
@@ -55,24 +61,21 @@ def followup(ctx: RunContext) -> str:
 @toren.tool(side_effects=False)
 def lookup_order(order_id: str) -> dict:
     """Look an order up."""
-    with OUTBOX.open("a") as out:
-        out.write(json.dumps({{"tool": "lookup_order", "order_id": order_id}}) + "\\n")
+    _did("lookup_order", order_id=order_id)
     return {{"order": order_id, "status": "shipped"}}
 
 
 @agent.tool_plain
 def send_email(to: str, body: str) -> str:
     """Send an email (a side effect)."""
-    with OUTBOX.open("a") as out:
-        out.write(json.dumps({{"tool": "send_email", "to": to, "body": body}}) + "\\n")
+    _did("send_email", to=to, body=body)
     return "sent"
 
 
 @agent.tool_plain(requires_approval=True)
 def refund(order_id: str, amount: float) -> str:
     """Refund an order (needs a human's approval)."""
-    with OUTBOX.open("a") as out:
-        out.write(json.dumps({{"tool": "refund", "order_id": order_id}}) + "\\n")
+    _did("refund", order_id=order_id)
     return "refunded"
 '''
 

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import pytest
 
 from toren.providers.anthropic import AnthropicProvider
-from toren.providers.base import RetryPolicy
+from toren.providers.base import RetryPolicy, ToolSpec
 from toren.providers.openai import OpenAIProvider
 from toren.providers.openai_responses import OpenAIResponsesProvider
 
@@ -96,4 +96,46 @@ async def vendor(
     provider = make_provider(name, fake_models, sleeps)
     endpoint: FakeEndpoint = getattr(fake_models, ENDPOINTS[name])
     yield Vendor(name, provider, endpoint, sleeps)
+    await provider.aclose()
+
+
+# -- the OpenAI-wire providers' tests (test_openai.py, test_openai_responses.py) ---------
+
+LOOKUP = ToolSpec(
+    name="lookup_order",
+    description="Find an order.",
+    parameters={"type": "object", "properties": {"order_id": {"type": "string"}}},
+)
+
+
+def conversation(assistant_text: str) -> tuple[dict[str, Any], ...]:
+    """A conversation through one tool call: system, user, the assistant's call (with
+    ``assistant_text``), the tool's result."""
+    return (
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Where is A-17?"},
+        {
+            "role": "assistant",
+            "content": assistant_text,
+            "tool_calls": [{"id": "c1", "name": "lookup_order", "arguments": {"order_id": "A-17"}}],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "c1",
+            "name": "lookup_order",
+            "content": {"status": "sent"},
+        },
+    )
+
+
+P = TypeVar("P", OpenAIProvider, OpenAIResponsesProvider)
+
+
+async def on_openai_wire(
+    cls: type[P], fake: FakeModelServer, sleeps: SleepRecorder
+) -> AsyncIterator[P]:
+    """The body of each file's ``provider`` fixture: ``cls`` on the fake's OpenAI URL,
+    its retries' sleeps recorded, no jitter; closed after the test."""
+    provider = cls(api_key=FAKE_KEY, base_url=fake.openai_url, sleep=sleeps, rand=no_jitter)
+    yield provider
     await provider.aclose()

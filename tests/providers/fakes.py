@@ -76,11 +76,34 @@ class Break:
     error_type: str = "overloaded_error"
 
 
+@dataclass(frozen=True, eq=False)
+class Hold:
+    """Stops a reply where a test wants it stopped, until :meth:`release`: before any byte
+    of the answer (``after=None``: the request is on the wire, nothing answered yet), or
+    after ``after`` SSE events of a streamed answer (the answer is half sent). ``reached``
+    is set when the reply stops there, so a test acts at that moment and at no other (a
+    worker killed while its call is held), never after a guessed delay. A client that
+    goes away ends a held stream; a hold before the answer waits for :meth:`release`."""
+
+    after: int | None = None
+    reached: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        self.released.set()
+
+    async def wait(self) -> None:
+        self.reached.set()
+        while not self.released.is_set():
+            await asyncio.sleep(0.01)
+
+
 @dataclass(frozen=True)
 class Completion:
     """A successful reply. ``chunk_size`` is how many characters of text (and of tool
     arguments JSON) go into each streamed delta; ``delay`` stalls before answering;
-    ``pace`` stalls before each streamed event; ``broken`` spoils the stream."""
+    ``pace`` stalls before each streamed event; ``broken`` spoils the stream; ``hold``
+    stops it until the test releases it (see :class:`Hold`)."""
 
     text: str = ""
     tool_calls: tuple[FakeToolCall, ...] = ()
@@ -94,6 +117,7 @@ class Completion:
     # Parts of the prompt's input_tokens read from and written to the prompt cache.
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
+    hold: Hold | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +195,8 @@ class FakeEndpoint:
         if isinstance(reply, RawBody):
             return Response(reply.body, reply.status, media_type=reply.content_type)
         await asyncio.sleep(reply.delay)
+        if reply.hold is not None and reply.hold.after is None:
+            await reply.hold.wait()
         response = self.render(reply, body)
         if isinstance(response, _SseResponse):
             response.spoil(reply, self.error_event)
@@ -196,12 +222,14 @@ class _SseResponse(StreamingResponse):
     def __init__(self, events: Iterator[str]) -> None:
         self._events = events
         self._pace = 0.0
+        self._hold: Hold | None = None
         self._break: Break | None = None
         self._error_event: ErrorEvent | None = None
         super().__init__(self._body(), media_type="text/event-stream")
 
     def spoil(self, reply: Completion, error_event: ErrorEvent) -> None:
         self._pace, self._break, self._error_event = reply.pace, reply.broken, error_event
+        self._hold = reply.hold
 
     async def _body(self) -> AsyncIterator[bytes]:
         for sent, event in enumerate(self._events):
@@ -212,6 +240,8 @@ class _SseResponse(StreamingResponse):
                 elif self._break.how == "reset":
                     raise _ConnectionDropped
                 return
+            if self._hold is not None and sent == self._hold.after:
+                await self._hold.wait()
             await asyncio.sleep(self._pace)
             yield event.encode()
 

@@ -9,10 +9,10 @@ import openai
 import pytest
 
 from toren.errors import InvalidInput, ModelCallFailed, ProviderUnavailable
-from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
+from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall
 from toren.providers.openai import OpenAIProvider, wire_message
 
-from .conftest import SleepRecorder, no_jitter
+from .conftest import LOOKUP, SleepRecorder, conversation, on_openai_wire
 from .fakes import (
     FAKE_KEY,
     Break,
@@ -23,33 +23,15 @@ from .fakes import (
     RawBody,
 )
 
-LOOKUP = ToolSpec(
-    name="lookup_order",
-    description="Find an order.",
-    parameters={"type": "object", "properties": {"order_id": {"type": "string"}}},
-)
-
-CONVERSATION = (
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Where is A-17?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"id": "c1", "name": "lookup_order", "arguments": {"order_id": "A-17"}}],
-    },
-    {"role": "tool", "tool_call_id": "c1", "name": "lookup_order", "content": {"status": "sent"}},
-)
+CONVERSATION = conversation("")
 
 
 @pytest.fixture
 async def provider(
     fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[OpenAIProvider]:
-    provider = OpenAIProvider(
-        api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps, rand=no_jitter
-    )
-    yield provider
-    await provider.aclose()
+    async for provider in on_openai_wire(OpenAIProvider, fake_models, sleeps):
+        yield provider
 
 
 def request(**params: object) -> ModelRequest:

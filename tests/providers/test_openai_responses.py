@@ -14,40 +14,22 @@ import pytest
 
 from toren.agents.pricing import cost
 from toren.errors import ModelCallFailed
-from toren.providers.base import ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
+from toren.providers.base import ModelRequest, ModelResponse, ToolCall, Usage
 from toren.providers.openai_responses import OpenAIResponsesProvider, wire_input
 from toren.providers.registry import build_provider, parse_model_ref
 
-from .conftest import SleepRecorder, no_jitter
+from .conftest import LOOKUP, SleepRecorder, conversation, on_openai_wire
 from .fakes import FAKE_KEY, Break, Completion, FakeModelServer, FakeToolCall, RawBody
 
-LOOKUP = ToolSpec(
-    name="lookup_order",
-    description="Find an order.",
-    parameters={"type": "object", "properties": {"order_id": {"type": "string"}}},
-)
-
-CONVERSATION = (
-    {"role": "system", "content": "You are terse."},
-    {"role": "user", "content": "Where is A-17?"},
-    {
-        "role": "assistant",
-        "content": "Let me look.",
-        "tool_calls": [{"id": "c1", "name": "lookup_order", "arguments": {"order_id": "A-17"}}],
-    },
-    {"role": "tool", "tool_call_id": "c1", "name": "lookup_order", "content": {"status": "sent"}},
-)
+CONVERSATION = conversation("Let me look.")
 
 
 @pytest.fixture
 async def provider(
     fake_models: FakeModelServer, sleeps: SleepRecorder
 ) -> AsyncIterator[OpenAIResponsesProvider]:
-    provider = OpenAIResponsesProvider(
-        api_key=FAKE_KEY, base_url=fake_models.openai_url, sleep=sleeps, rand=no_jitter
-    )
-    yield provider
-    await provider.aclose()
+    async for provider in on_openai_wire(OpenAIResponsesProvider, fake_models, sleeps):
+        yield provider
 
 
 def request(**params: object) -> ModelRequest:

@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toren.agents.entries import EntryRefused
-from toren.core.agent_api.program import AgentFn, ToolDef, raised
+from toren.core.agent_api.program import AgentFn, ToolDef
 from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     DeltaCallback,
@@ -55,7 +55,8 @@ from toren.core.contract.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.errors import AgentConfigError, InvalidInput, LimitExceeded, ModelCallFailed, ToolFailed
+from toren.errors import AgentConfigError, InvalidInput, ModelCallFailed, ToolFailed
+from toren.integrations._steps import StepTools, check_steps, prompt_of
 
 try:
     import openai
@@ -477,8 +478,11 @@ class _Provider:
                 status=exc.status_code,
             ) from None
         except openai.APIError as exc:
+            cause = exc.__cause__  # what the transport saw: a reset, a cut-off body...
+            why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
             raise ModelCallFailed(
-                f"{self.name} failed: {type(exc).__name__}: {exc.message}", provider=self.name
+                f"{self.name} failed: {type(exc).__name__}: {exc.message}{why}",
+                provider=self.name,
             ) from None
         if final is None:
             raise ModelCallFailed(
@@ -607,6 +611,7 @@ class _Graph:
             target = agents.handoff(target)
         original = target.on_invoke_handoff
         name = target.tool_name
+        known = _handoff_target(target)
 
         async def invoke(context: object, arguments: str) -> object:
             live: list[object] = []
@@ -619,12 +624,30 @@ class _Graph:
             recorded = await _step(name, _arguments({"arguments": arguments}), run)
             if live:
                 return self.wrap(live[0])
-            chosen = self.by_name.get(str((recorded or {}).get("agent")))
-            if chosen is None:  # a target not reached yet in this process: ask the SDK
+            # Replayed: the recorded agent, without calling the handoff again (its
+            # ``on_handoff`` callback ran when the step was taken, not on a resume).
+            agent_name = str((recorded or {}).get("agent"))
+            chosen = self.by_name.get(agent_name)
+            if chosen is None and known is not None and known.name == agent_name:
+                chosen = self.wrap(known)
+            if chosen is None:
+                # A hand-built Handoff (not made by agents.handoff): only its own
+                # on_invoke_handoff knows its agent, so it runs again, as agent code
+                # outside a step does on a replay.
                 chosen = self.wrap(await original(context, arguments))
             return chosen
 
         return dataclasses.replace(target, on_invoke_handoff=invoke)
+
+
+def _handoff_target(handoff: Any) -> Any:
+    """The agent a handoff made by ``agents.handoff()`` (or listed as an ``Agent``) hands
+    to, without invoking it: the SDK keeps it on the handoff as a weak reference
+    (``_agent_ref``, which its own run state and graph visualisation read; present across
+    the pinned SDK range). ``None`` for a hand-built ``Handoff``."""
+    ref = getattr(handoff, "_agent_ref", None)
+    agent = ref() if callable(ref) else None
+    return agent if isinstance(agent, Agent) else None
 
 
 def _wrap_guardrail(guardrail: Any, kind: str) -> Any:
@@ -652,28 +675,6 @@ def _wrap_guardrail(guardrail: Any, kind: str) -> Any:
     return dataclasses.replace(guardrail, guardrail_function=checked)
 
 
-class _Tools(Mapping[str, ToolDef]):
-    """The tools of an SDK agent as the engine sees them: its function tools (with their
-    options), and any other name its steps use (handoffs, guardrails) as a tool with
-    side effects (recorded once, reused after an invalidation)."""
-
-    def __init__(self, known: Mapping[str, ToolDef]) -> None:
-        self._known = known
-
-    def __getitem__(self, name: str) -> ToolDef:
-        found = self._known.get(name)
-        return found or ToolDef(name=name, fn=_run_pending, spec=ToolSpec(name))
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._known)
-
-    def __len__(self) -> int:
-        return len(self._known)
-
-
 # -- the agent function ---------------------------------------------------------------------
 
 
@@ -688,34 +689,7 @@ def _current() -> Context:
 
 
 def _check_steps(ctx: Context, what: str) -> None:
-    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
-    the run's steps: every model call, tool call, handoff and guardrail is one. Checked
-    before the step, from positions a replay takes the same way, so a replay stops where
-    the live run did."""
-    limits = raised(ctx.program.limits, ctx.raised_limits)
-    taken = ctx.positions_taken
-    if limits.max_steps is not None and taken >= limits.max_steps:
-        raise LimitExceeded(
-            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
-            f"max_steps={limits.max_steps}: {taken} steps taken and the OpenAI Agents SDK "
-            f"agent asked for one more ({what}). Raise limits.max_steps in agent.yaml if "
-            "the task needs more steps.",
-            limit="max_steps",
-            value=limits.max_steps,
-            steps=taken,
-        )
-
-
-def _prompt(input: object) -> str:
-    if isinstance(input, str):
-        return input
-    if isinstance(input, Mapping) and isinstance(input.get("prompt"), str):
-        return str(input["prompt"])
-    raise InvalidInput(
-        f"an OpenAI Agents SDK agent takes a text prompt; found {type(input).__name__} "
-        f"{json.dumps(input, default=str)[:200]}; expected a string, or an object with a "
-        "'prompt' string"
-    )
+    check_steps(ctx, "OpenAI Agents SDK agent", what)
 
 
 def _approved(answer: object) -> tuple[bool, str | None]:
@@ -748,7 +722,7 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
     _check(start, set(), declared)
 
     async def run(ctx: Context, input: object) -> object:
-        prompt = _prompt(input)
+        prompt = prompt_of(input, "OpenAI Agents SDK agent")
         graph = _Graph(MultiProvider())
         agent = graph.wrap(start)
         declared.update(graph.tools)
@@ -770,6 +744,6 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
         return _jsonable(result.final_output)
 
     run.toren_providers = _providers()  # type: ignore[attr-defined]
-    run.toren_tools = _Tools(declared)  # type: ignore[attr-defined]
+    run.toren_tools = StepTools(declared, _run_pending)  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"openai_agents:{start.name or where}"
     return run

@@ -28,7 +28,6 @@ requests that follow are the same either way. See docs/pydantic-ai.md.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -36,7 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from toren.agents.entries import EntryRefused
-from toren.core.agent_api.program import AgentFn, ToolDef, raised
+from toren.core.agent_api.program import AgentFn, ToolDef
 from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     DeltaCallback,
@@ -46,13 +45,8 @@ from toren.core.contract.model_types import (
     ToolSpec,
     Usage,
 )
-from toren.errors import (
-    AgentConfigError,
-    InvalidInput,
-    LimitExceeded,
-    ModelCallFailed,
-    ToolFailed,
-)
+from toren.errors import AgentConfigError, ModelCallFailed, ToolFailed
+from toren.integrations._steps import StepTools, check_steps, prompt_of
 
 try:
     import pydantic_ai
@@ -503,31 +497,6 @@ def _jsonable(value: object) -> object:
     return None if value is None else to_jsonable_python(value)
 
 
-class _Tools(Mapping[str, ToolDef]):
-    """The tools of a pydantic-ai agent as the engine sees them: the function tools it
-    declares (``side_effects``/``reexecute`` from ``@toren.tool`` on the function, or the
-    tool's ``metadata={"toren": {...}}``), and any other name it calls (MCP servers,
-    dynamic toolsets) as a side-effecting tool."""
-
-    def __init__(self, known: Mapping[str, ToolDef]) -> None:
-        self._known = dict(known)
-
-    def __getitem__(self, name: str) -> ToolDef:
-        found = self._known.get(name)
-        if found is None:
-            found = ToolDef(name=name, fn=_run_tool, spec=ToolSpec(name))
-        return found
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._known)
-
-    def __len__(self) -> int:
-        return len(self._known)
-
-
 def _declared_tools(agent: pydantic_ai.Agent[object, object]) -> dict[str, ToolDef]:
     out: dict[str, ToolDef] = {}
     for toolset in agent.toolsets:
@@ -558,34 +527,7 @@ def _current() -> Context:
 
 
 def _check_steps(ctx: Context, what: str) -> None:
-    """agent.yaml's ``limits.max_steps`` (raised by a retry, never lowered), counted in
-    the run's steps: every model request and tool call is one. Checked before the step is
-    taken, from positions the replay takes the same way, so a replay stops where the live
-    run did."""
-    limits = raised(ctx.program.limits, ctx.raised_limits)
-    taken = ctx.positions_taken
-    if limits.max_steps is not None and taken >= limits.max_steps:
-        raise LimitExceeded(
-            f"agent {ctx.agent!r} process {ctx.process!r} stopped at "
-            f"max_steps={limits.max_steps}: {taken} steps taken and the pydantic-ai agent "
-            f"asked for one more ({what}). Raise limits.max_steps in agent.yaml if the task "
-            "needs more steps.",
-            limit="max_steps",
-            value=limits.max_steps,
-            steps=taken,
-        )
-
-
-def _prompt(input: object) -> str:
-    if isinstance(input, str):
-        return input
-    if isinstance(input, Mapping) and isinstance(input.get("prompt"), str):
-        return str(input["prompt"])
-    raise InvalidInput(
-        f"a pydantic-ai agent takes a text prompt; found {type(input).__name__} "
-        f"{json.dumps(input, default=str)[:200]}; expected a string, or an object with a "
-        "'prompt' string"
-    )
+    check_steps(ctx, "pydantic-ai agent", what)
 
 
 async def _answers(ctx: Context, requests: DeferredToolRequests) -> DeferredToolResults:
@@ -630,10 +572,10 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
             "Agent('openai:gpt-4o-mini')",
         )
     agent: pydantic_ai.Agent[object, object] = obj
-    tools = _Tools(_declared_tools(agent))
+    tools = StepTools(_declared_tools(agent), _run_tool)
 
     async def run(ctx: Context, input: object) -> object:
-        prompt = _prompt(input)
+        prompt = prompt_of(input, "pydantic-ai agent")
         from pydantic_ai.models import infer_model
 
         model = infer_model(cast(Any, agent.model))
