@@ -16,7 +16,6 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
 from typing import Any, Protocol
@@ -36,11 +35,12 @@ from toren.core.contract.digest import HashCache, HashedRequest
 from toren.core.contract.events import Event, ModelCallRecorded
 from toren.core.contract.journal import Journal, Replay, Supersede
 from toren.core.contract.model_types import ModelRequest, ModelResponse
+from toren.core.contract.plans import RunPlan, StreamFinding
 from toren.core.contract.ports import Store
 from toren.core.contract.recorded import RecordedStep, derive, load_blobs, waited_names
 from toren.core.contract.records import RunRecord
 from toren.core.contract.replay import RunLog, Step
-from toren.core.contract.values import IN_FLIGHT_STATUSES, InvalidationCause, RunStatus, StepKind
+from toren.core.contract.values import IN_FLIGHT_STATUSES, RunStatus, StepKind
 from toren.core.drivers.effects import (
     replay_child,
     replay_message,
@@ -53,77 +53,6 @@ from toren.errors import AgentNotFound, CorruptEventLog
 
 PLAN_LIMIT = 500  # in-flight runs planned per report: a plan replays each run's log
 PLAN_CONCURRENCY = 8  # runs planned at once (see plan_runs)
-
-
-@dataclass(frozen=True)
-class StreamFinding:
-    stream: str
-    from_pos: int
-    cause: InvalidationCause
-    expected_digest: str | None
-    actual_digest: str | None
-    expected_kind: str | None
-    actual_kind: str | None
-    written_by: tuple[str, ...]
-    suffix_steps: int
-    suffix_model_calls: int
-    suffix_tokens: int
-    # USD as the log spells it, summed: a report (an edge), whose spelling is the sum of
-    # the recorded ``cost_usd`` strings (``0.0110``), pinned by the corpus. Nano-USD
-    # would normalise it (``0.011``) and round past the ninth decimal.
-    suffix_cost_usd: Decimal
-    # What differs between the recorded request at from_pos and the current code's
-    # (message 0 changed, tool X's spec changed, parameter temperature 0.2 -> 0.7).
-    changes: tuple[dict[str, object], ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "stream": self.stream,
-            "from_pos": self.from_pos,
-            "cause": self.cause,
-            "expected_digest": self.expected_digest,
-            "actual_digest": self.actual_digest,
-            "expected_kind": self.expected_kind,
-            "actual_kind": self.actual_kind,
-            "written_by": list(self.written_by),
-            "suffix_steps": self.suffix_steps,
-            "suffix_model_calls": self.suffix_model_calls,
-            "suffix_tokens": self.suffix_tokens,
-            "suffix_cost_usd": str(self.suffix_cost_usd),
-            "changes": list(self.changes),
-        }
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    run_id: str
-    agent: str
-    process: str
-    status: str
-    code_version: str
-    replayed_steps: int = 0
-    findings: tuple[StreamFinding, ...] = ()
-    problem: str | None = None  # the run cannot be planned (unknown agent, corrupt log)
-    streams: tuple[str, ...] = field(default_factory=tuple)
-
-    @property
-    def clean(self) -> bool:
-        return not self.findings and self.problem is None
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "run_id": self.run_id,
-            "agent": self.agent,
-            "process": self.process,
-            "status": self.status,
-            "code_version": self.code_version,
-            "clean": self.clean,
-            "replayed_steps": self.replayed_steps,
-            "streams": list(self.streams),
-            "findings": [f.to_dict() for f in self.findings],
-            "problem": self.problem,
-            "rerun_cost_usd": str(sum((f.suffix_cost_usd for f in self.findings), Decimal(0))),
-        }
 
 
 class PlanRunner:

@@ -11,11 +11,11 @@ When the same worker claims that run again (the message arrived, the timer is du
 tick is taken out of the cache and continued under the new lease: the waits wake, read
 the inbox or the clock, write what they receive and the agent code goes on. Nothing is
 loaded and nothing replayed. It is continued only when nothing can have changed since it
-parked (:meth:`TickRunner.resumable`): the lease is the very next one (no other worker
-claimed the run in between), the run is not cancelled, its log ends where this tick left
-it, and the agent's code version and program are the ones the task runs. Anything else,
-or a cache miss, is the full replay of every other tick: the event log stays the only
-truth, and the cache only saves work (ARCHITECTURE.md, "Sticky runs").
+parked (:func:`toren.core.drivers.resume.resumable`): the lease is the very next one (no
+other worker claimed the run in between), the run is not cancelled, its log ends where
+this tick left it, and the agent's code version and program are the ones the task runs.
+Anything else, or a cache miss, is the full replay of every other tick: the event log
+stays the only truth, and the cache only saves work (ARCHITECTURE.md, "Sticky runs").
 
 Temporal's workers keep a "sticky" cache of workflow executions for the same reason; the
 design here is that, with the log check made explicit.
@@ -25,16 +25,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from toren.core.contract.records import Lease, RunRecord
-from toren.core.contract.values import RunStatus
-from toren.errors import TorenError
 
-if TYPE_CHECKING:
-    from toren.core.drivers.tick import TickRunner
+class Kept(Protocol):
+    """What the cache needs of a kept tick (:class:`~toren.core.drivers.tick.TickRunner`)."""
 
-__all__ = ["ENTRY_BYTES", "EVENT_BYTES", "StickyRuns", "resumable"]
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    def folded_steps(self) -> int: ...
+    def discard(self) -> None: ...
+
+
+__all__ = ["ENTRY_BYTES", "EVENT_BYTES", "Kept", "StickyRuns"]
 
 # The estimate of what a kept tick holds, fitted to tracemalloc measurements of
 # bench/sticky.py's conversation agent (2, 20 and 60 recorded model steps: 20, 85 and 237
@@ -56,7 +61,7 @@ class StickyRuns:
         # taken from the cache; of those, continued in place or found stale (replayed)
         self.hits = self.misses = self.evictions = 0
         self.continued = self.stale = 0
-        self._kept: collections.OrderedDict[str, tuple[TickRunner, int]] = collections.OrderedDict()
+        self._kept: collections.OrderedDict[str, tuple[Kept, int]] = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -65,12 +70,10 @@ class StickyRuns:
         return run_id in self._kept
 
     @staticmethod
-    def weight(runner: TickRunner) -> int:
-        log = runner.state.journal.log
-        steps = sum(len(v.steps) + len(v.superseded) for v in log.streams.values())
-        return ENTRY_BYTES + EVENT_BYTES * steps
+    def weight(runner: Kept) -> int:
+        return ENTRY_BYTES + EVENT_BYTES * runner.folded_steps()
 
-    def keep(self, runner: TickRunner) -> None:
+    def keep(self, runner: Kept) -> None:
         """Keep a tick that parked with its agent task suspended."""
         self.discard(runner.run_id)
         size = self.weight(runner)
@@ -85,7 +88,7 @@ class StickyRuns:
             self.evictions += 1
             old.discard()
 
-    def take(self, run_id: str) -> TickRunner | None:
+    def take(self, run_id: str) -> Kept | None:
         """The kept tick of ``run_id``, out of the cache (the caller continues it or
         discards it), or None."""
         entry = self._kept.pop(run_id, None)
@@ -113,33 +116,3 @@ class StickyRuns:
             _, (runner, _) = self._kept.popitem()
             runner.discard()
         self.bytes = 0
-
-
-async def resumable(runner: TickRunner, lease: Lease) -> RunRecord | None:
-    """The run's row if ``runner``, kept when the run parked, may continue under
-    ``lease``: nothing can have changed since. Else None (the caller replays)."""
-    state = runner.state
-    kept = state.lease
-    if (
-        lease.recovered
-        or lease.previous_status != RunStatus.WAITING
-        or lease.worker_id != kept.worker_id
-        or lease.epoch != kept.epoch + 1  # another claim came in between
-    ):
-        return None
-    run = await state.store.get_run(lease.run_id)
-    if run is None or run.cancel_requested:
-        return None
-    try:
-        program = state.deps.agents.resolve(run.agent, run.process)
-    except TorenError:
-        return None
-    if (
-        program is not runner.program
-        or (state.deps.code_version or program.code_version) != state.code_version
-    ):
-        return None  # a new deploy (or a reload): its code replays the log
-    after = state.journal.log.last_seq
-    if await state.store.load_events(lease.run_id, after_seq=after, limit=1):
-        return None  # the log grew since this tick parked
-    return run

@@ -44,8 +44,8 @@ from toren.core.drivers.aborts import (
 )
 from toren.core.drivers.effects import error_dict, json_value, recorded_error
 from toren.core.drivers.fencing import LeaseFence, lease_clock
+from toren.core.drivers.resume import resumable
 from toren.core.drivers.steps import LiveSteps
-from toren.core.drivers.sticky import resumable
 from toren.core.drivers.tickstate import (
     TickDeps,
     TickResult,
@@ -103,10 +103,9 @@ class TickRunner:
         run parked (continued under ``lease`` if nothing changed since; see
         :mod:`toren.core.drivers.sticky`), or a new one."""
         kept = deps.sticky.take(lease.run_id) if deps.sticky is not None else None
-        if kept is not None and kept.state.deps is not deps:  # kept by another host's deps
-            kept.discard()
-            kept = None
-        if kept is None:
+        if not isinstance(kept, TickRunner) or kept.state.deps is not deps:
+            if kept is not None:  # kept under another host's deps
+                kept.discard()
             return cls(deps, lease, granted_at=granted_at)
         kept._next = (lease, granted_at)
         return kept
@@ -114,6 +113,12 @@ class TickRunner:
     @property
     def program(self) -> AgentProgram | None:
         return self._program
+
+    def folded_steps(self) -> int:
+        """The steps of the run's log this tick's journal holds (the cache's weight)."""
+        return sum(
+            len(v.steps) + len(v.superseded) for v in self.state.journal.log.streams.values()
+        )
 
     def discard(self) -> None:
         """Cancel a kept tick's suspended agent task (evicted, or not resumable)."""
@@ -179,7 +184,7 @@ class TickRunner:
     async def _continue(self, lease: Lease, granted_at: float | None) -> TickResult:
         """Continue this kept tick under the run's next lease, or, if anything may have
         changed since it parked, drop it and replay the run as any tick does."""
-        run = await resumable(self, lease)
+        run = await resumable(self.state, self._program, lease)
         sticky = self.state.deps.sticky
         if sticky is not None:
             if run is None:
