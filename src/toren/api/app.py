@@ -21,7 +21,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import TypeAdapter
 
 import toren
-from toren.api import metrics, models, render, schedules
+from toren.api import flow, metrics, models, render, schedules
 from toren.api.errors import ApiError, RelativePaths, install
 from toren.api.hosts import ANY_HOST, LOOPBACK_HOSTS, HostGuard
 from toren.api.middleware import Auth, BodyLimit, CatchAll, NoSniff
@@ -114,7 +114,7 @@ def create_app(
     app.state.search_indexer = indexer
     app.state.tokens = tuple(tokens)
     install(app, state.redact, state.paths)
-    for path, endpoint, options in [*_ROUTES, *schedules.ROUTES]:
+    for path, endpoint, options in [*_ROUTES, *schedules.ROUTES, *flow.ROUTES]:
         app.add_api_route(path, endpoint, **options)
     app.add_api_route(
         "/metrics",

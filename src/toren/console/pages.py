@@ -18,6 +18,7 @@ NAV = (
     ("/", "Runs", "runs"),
     ("/agents", "Agents", "agents"),
     ("/schedules", "Schedules", "schedules"),
+    ("/flow", "Flow", "flow"),
     ("/plan", "Replay plan", "plan"),
 )
 TITLES = {
@@ -25,6 +26,7 @@ TITLES = {
     "run": "Run",
     "agents": "Agents",
     "schedules": "Schedules",
+    "flow": "Flow",
     "plan": "Replay plan",
     "login": "Sign in",
     "missing": "Not found",

@@ -72,7 +72,7 @@ class PublicPaths(set[str]):
     static files live under a prefix, so membership also accepts those patterns."""
 
     PATTERN = re.compile(
-        r"^(/|/login|/agents|/schedules|/plan|/runs/[A-Za-z0-9_-]{1,64}|/console/static/.+)$"
+        r"^(/|/login|/agents|/schedules|/flow|/plan|/runs/[A-Za-z0-9_-]{1,64}|/console/static/.+)$"
     )
 
     def __contains__(self, path: object) -> bool:
@@ -88,6 +88,7 @@ def mount(app: FastAPI, state: ConsoleState) -> None:
         ("/", "runs"),
         ("/agents", "agents"),
         ("/schedules", "schedules"),
+        ("/flow", "flow"),
         ("/plan", "plan"),
         ("/login", "login"),
     ):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from toren.core.contract.flow import Queued
+from toren.core.contract.flow import KeyQueue, Queued
 from toren.core.contract.records import Lease
 from toren.core.contract.values import RunStatus
 
@@ -156,3 +156,32 @@ def set_limits(store: Host, cur: Cursor, limits: Sequence[tuple[str, str, int | 
             )
         changed += max(done.rowcount, 0)
     return changed
+
+
+KEYS_SHOWN = 500  # concurrency keys a flow view lists (the busiest first)
+
+
+def key_queues(store: Host, cur: Cursor) -> list[KeyQueue]:
+    """Each concurrency key with unfinished runs: its limit, the runs holding a slot and
+    those queued for one (most queued first)."""
+    rows = store._x(
+        cur,
+        "SELECT concurrency_key, MAX(concurrency_limit), "
+        "SUM(CASE WHEN status IN ('running', 'waiting') THEN 1 ELSE 0 END), "
+        "SUM(CASE WHEN status = 'queued' THEN 1 ELSE 0 END), "
+        "MIN(CASE WHEN status = 'queued' THEN created_at END) "
+        "FROM runs WHERE concurrency_key IS NOT NULL "
+        "AND status IN ('queued', 'running', 'waiting') "
+        "GROUP BY concurrency_key ORDER BY 4 DESC, 1 LIMIT ?",
+        (KEYS_SHOWN,),
+    ).fetchall()
+    return [
+        KeyQueue(
+            key=str(key),
+            limit=None if limit is None else int(limit),
+            holding=int(holding),
+            queued=int(queued),
+            oldest_queued_at=None if oldest is None else float(oldest),
+        )
+        for key, limit, holding, queued, oldest in rows
+    ]

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from toren.config import RateLimit
+from toren.core.contract.flow import RateLimitView
 from toren.core.contract.ratelimit import PROBE_HOLD, Grant, next_slot, throttle_backoff
 
 Cursor = Any  # a DB-API cursor (toren.store.sql.Cursor; sql imports this module)
@@ -299,3 +300,43 @@ def stats(store: Host, cur: Cursor) -> list[tuple[str, int, int, float, int, int
     return [
         (str(k), int(c), int(p), float(w), int(t), int(parked.get(k, 0))) for k, c, p, w, t in rows
     ]
+
+
+def views(store: Host, cur: Cursor, now: float) -> list[RateLimitView]:
+    """Each declared rate limit with what the fleet uses of it now: the slots taken in
+    the current window (those reserved ahead included), the 429 block, the parked runs."""
+    rows = store._x(
+        cur,
+        "SELECT key, rpm, tpm, period, blocked_until, calls, paced, throttled "
+        "FROM rate_limits ORDER BY key",
+    ).fetchall()
+    parked = dict(
+        store._x(
+            cur,
+            "SELECT paced, COUNT(id) FROM runs WHERE status = 'waiting' AND paced IS NOT NULL "
+            "GROUP BY paced",
+        ).fetchall()
+    )
+    found = []
+    for key, rpm, tpm, period, blocked, calls, paced, throttled in rows:
+        used, tokens = store._x(
+            cur,
+            "SELECT COUNT(id), COALESCE(SUM(tokens), 0) FROM rate_grants WHERE key = ? AND at > ?",
+            (key, now - float(period)),
+        ).fetchone()
+        found.append(
+            RateLimitView(
+                key=str(key),
+                rpm=None if rpm is None else int(rpm),
+                tpm=None if tpm is None else int(tpm),
+                period=float(period),
+                calls_in_window=int(used),
+                tokens_in_window=int(tokens),
+                blocked_until=float(blocked) if blocked is not None and blocked > now else None,
+                parked=int(parked.get(key, 0)),
+                calls=int(calls),
+                paced=int(paced),
+                throttled=int(throttled),
+            )
+        )
+    return found

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 from toren.config import RateLimit
 from toren.core.contract.audit import chain
 from toren.core.contract.events import Event, parse_payload
-from toren.core.contract.flow import Queued
+from toren.core.contract.flow import FlowView, Queued
 from toren.core.contract.jsontext import dumps
 from toren.core.contract.ratelimit import Grant
 from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
@@ -50,7 +50,7 @@ from toren.store.base import (
     WorkerInfo,
     read_json,
 )
-from toren.store.flow import queued_because, set_limits, unfinished_of
+from toren.store.flow import key_queues, queued_because, set_limits, unfinished_of
 from toren.store.rows import event_params as event_params
 from toren.store.schedules import SqlSchedules
 from toren.store.schema import LIST_COLUMNS, summary_expressions
@@ -485,6 +485,15 @@ class SqlStore:
         if woke:
             await self.notify()
         return woke
+
+    async def flow_view(self, *, now: float) -> FlowView:
+        """Concurrency keys with unfinished runs and the rate limits, as they stand."""
+
+        def tx(cur: Cursor) -> FlowView:
+            keys = key_queues(self, cur)
+            return FlowView(tuple(keys), tuple(ratelimits.views(self, cur, now)))
+
+        return await self._run(tx, write=False)
 
     async def rate_limit_stats(self) -> list[tuple[str, int, int, float, int, int]]:
         """Per key: calls, paced calls, seconds waited, 429s, runs parked on it now."""

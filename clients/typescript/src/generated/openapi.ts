@@ -378,6 +378,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/flow": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Queues and rate limits now */
+        get: operations["get_flow"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/metrics": {
         parameters: {
             query?: never;
@@ -678,6 +695,22 @@ export interface components {
              */
             next_after: number | null;
         };
+        /**
+         * Flow
+         * @description Concurrency keys with unfinished runs (most queued first, at most 500) and the
+         *     declared provider rate limits.
+         */
+        Flow: {
+            /** Keys */
+            keys: components["schemas"]["KeyQueue"][];
+            /** Rate Limits */
+            rate_limits: components["schemas"]["RateLimitView"][];
+            /**
+             * Now
+             * @description The server's time of this view (Unix seconds).
+             */
+            now: number;
+        };
         /** ForkRunRequest */
         ForkRunRequest: {
             /**
@@ -732,6 +765,34 @@ export interface components {
         InvalidationList: {
             /** Invalidations */
             invalidations: components["schemas"]["InvalidationExplained"][];
+        };
+        /** KeyQueue */
+        KeyQueue: {
+            /**
+             * Key
+             * @description The concurrency key (agent/process, then :value).
+             */
+            key: string;
+            /**
+             * Limit
+             * @description Its limit; null when a deploy removed it.
+             */
+            limit: number | null;
+            /**
+             * Holding
+             * @description Runs holding a slot (running or waiting).
+             */
+            holding: number;
+            /**
+             * Queued
+             * @description Runs queued for a slot.
+             */
+            queued: number;
+            /**
+             * Oldest Queued At
+             * @description When the longest-waiting queued run was started (Unix seconds).
+             */
+            oldest_queued_at: number | null;
         };
         /** LeaseInfo */
         LeaseInfo: {
@@ -826,6 +887,64 @@ export interface components {
              * @description The same, in words.
              */
             reason: string;
+        };
+        /** RateLimitView */
+        RateLimitView: {
+            /**
+             * Key
+             * @description provider:model
+             */
+            key: string;
+            /**
+             * Rpm
+             * @description Requests per period (null: not limited).
+             */
+            rpm: number | null;
+            /**
+             * Tpm
+             * @description Tokens per period (null: not limited).
+             */
+            tpm: number | null;
+            /**
+             * Period
+             * @description The window, in seconds (60: per minute).
+             */
+            period: number;
+            /**
+             * Calls In Window
+             * @description Slots taken in the current window.
+             */
+            calls_in_window: number;
+            /**
+             * Tokens In Window
+             * @description Tokens of those slots (estimated, then used).
+             */
+            tokens_in_window: number;
+            /**
+             * Blocked Until
+             * @description A 429 holds the whole fleet until then (Unix seconds), or null.
+             */
+            blocked_until: number | null;
+            /**
+             * Parked
+             * @description Runs parked now until their slot.
+             */
+            parked: number;
+            /**
+             * Calls
+             * @description Calls that took a slot, in all.
+             */
+            calls: number;
+            /**
+             * Paced
+             * @description Calls that had to wait for their slot, in all.
+             */
+            paced: number;
+            /**
+             * Throttled
+             * @description 429 answers, in all.
+             */
+            throttled: number;
         };
         /** RateLimitWait */
         RateLimitWait: {
@@ -3000,6 +3119,53 @@ export interface operations {
             };
             /** @description invalid_request */
             422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description internal_error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+        };
+    };
+    get_flow: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Flow"];
+                };
+            };
+            /** @description unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorBody"];
+                };
+            };
+            /** @description body_too_large */
+            413: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -82,3 +82,39 @@ class Queued:
             "position": self.position,
             "reason": self.reason(),
         }
+
+
+@dataclass(frozen=True)
+class KeyQueue:
+    """One concurrency key as ``GET /v1/flow`` and the console's Flow page show it."""
+
+    key: str
+    limit: int | None  # the limit the key's runs carry (None: removed; they run freely)
+    holding: int  # runs holding a slot (running or waiting)
+    queued: int  # runs waiting for one
+    oldest_queued_at: float | None  # when the longest-waiting of them was started
+
+
+@dataclass(frozen=True)
+class RateLimitView:
+    """One provider rate limit (``provider:model``) and how much of it the fleet uses."""
+
+    key: str
+    rpm: int | None
+    tpm: int | None
+    period: float
+    calls_in_window: int  # slots taken in the current window (reserved ahead included)
+    tokens_in_window: int
+    blocked_until: float | None  # a 429 stopped the whole fleet until then
+    parked: int  # runs parked now for a slot of it
+    calls: int  # totals since the limit was first declared
+    paced: int
+    throttled: int
+
+
+@dataclass(frozen=True)
+class FlowView:
+    """What holds the fleet back right now: concurrency keys with runs, and rate limits."""
+
+    keys: tuple[KeyQueue, ...]
+    rate_limits: tuple[RateLimitView, ...]

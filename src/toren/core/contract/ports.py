@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from toren.config import RateLimit
 from toren.core.contract.events import Event
-from toren.core.contract.flow import Queued
+from toren.core.contract.flow import FlowView, Queued
 from toren.core.contract.model_types import DeltaCallback, ModelRequest, ModelResponse
 from toren.core.contract.ratelimit import Grant
 from toren.core.contract.records import (
@@ -153,6 +153,7 @@ class RunStore(BlobStore, Protocol):
     async def live_workers(self, *, now: float, ttl: float) -> list[WorkerInfo]: ...
     async def notify(self) -> None: ...
     async def stats(self) -> dict[str, Any]: ...
+    async def flow_view(self, *, now: float) -> FlowView: ...
     async def queue_depth(self, *, now: float) -> int: ...
 
 
