@@ -172,6 +172,16 @@ def require_pg() -> None:
         pytest.skip(_PG_PROBLEM)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: two processes per core, from 2 to 8. Many tests spend most of their
+    time waiting (on leases, worker subprocesses, a browser, Docker), so one process per
+    core leaves the cores idle while both wait; more than 8 would crowd PostgreSQL's 100
+    connections. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
+    return min(8, max(2, 2 * (os.cpu_count() or 1)))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests marked ``slow`` first, the others after them in their order: the longest
     first, so pytest-xdist's workers (which take tests in this order, a group as one unit)

@@ -110,8 +110,12 @@ async def serve(store: Store) -> AsyncIterator[Server]:
         agents=reg,
         providers={"keyed": keyed, "demo": DemoProvider(chunk_delay=0.25)},
         live=hub,
+        # No sticky cache: a resumed run replays its steps, and the page marks them
+        # (a run the worker continues in place replays nothing; tests/core/test_sticky.py).
         settings=toren.Settings(
-            poll_interval=0.05, blocked_retry=BlockedRetry(first=0.5, maximum=1.0)
+            poll_interval=0.05,
+            blocked_retry=BlockedRetry(first=0.5, maximum=1.0),
+            sticky_cache_mb=0,
         ),
     )
     runtime = toren.LocalWorkerRuntime(deps, concurrency=10)
