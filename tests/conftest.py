@@ -172,14 +172,30 @@ def require_pg() -> None:
         pytest.skip(_PG_PROBLEM)
 
 
+# PostgreSQL connections one test process may use at its peak (its stores, the servers
+# and worker subprocesses its tests start): four processes overflowed the default 100.
+PG_CONNECTIONS_PER_PROCESS = 60
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: two processes per core, from 2 to 8. Many tests spend most of their
-    time waiting (on leases, worker subprocesses, a browser, Docker), so one process per
-    core leaves the cores idle while both wait; more than 8 would crowd PostgreSQL's 100
-    connections. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it."""
+    """``-n auto``: two processes per core (from 2 to 8), as PostgreSQL's
+    ``max_connections`` allows. Many tests spend most of their time waiting (on leases,
+    worker subprocesses, a browser, Docker), so one process per core leaves the cores idle
+    while both wait. At PostgreSQL's default of 100 connections that is 2 processes;
+    ``.ci/run`` raises it to 300. ``PYTEST_XDIST_AUTO_NUM_WORKERS`` still overrides it."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
-    return min(8, max(2, 2 * (os.cpu_count() or 1)))
+    wanted = min(8, max(2, 2 * (os.cpu_count() or 1)))
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN, connect_timeout=3) as conn:
+            row = conn.execute("SHOW max_connections").fetchone()
+        allowed = int(row[0]) // PG_CONNECTIONS_PER_PROCESS if row else 2
+    except Exception:
+        allowed = wanted  # no PostgreSQL: its tests skip (or fail under CI=true) anyway
+    return max(2, min(wanted, allowed))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
