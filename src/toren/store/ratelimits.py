@@ -284,19 +284,23 @@ def declare(
     return woken + max(int(done.rowcount), 0)
 
 
+def _parked(store: Host, cur: Cursor) -> dict[str, int]:
+    """Runs parked now for a slot, by key."""
+    rows = store._x(
+        cur,
+        "SELECT paced, COUNT(id) FROM runs WHERE status = 'waiting' AND paced IS NOT NULL "
+        "GROUP BY paced",
+    ).fetchall()
+    return {str(key): int(n) for key, n in rows}
+
+
 def stats(store: Host, cur: Cursor) -> list[tuple[str, int, int, float, int, int]]:
     """Per key: calls, paced calls, seconds waited, 429s, runs parked on it now."""
     rows = store._x(
         cur,
         "SELECT key, calls, paced, waited, throttled FROM rate_limits ORDER BY key",
     ).fetchall()
-    parked = dict(
-        store._x(
-            cur,
-            "SELECT paced, COUNT(id) FROM runs WHERE status = 'waiting' AND paced IS NOT NULL "
-            "GROUP BY paced",
-        ).fetchall()
-    )
+    parked = _parked(store, cur)
     return [
         (str(k), int(c), int(p), float(w), int(t), int(parked.get(k, 0))) for k, c, p, w, t in rows
     ]
@@ -310,13 +314,7 @@ def views(store: Host, cur: Cursor, now: float) -> list[RateLimitView]:
         "SELECT key, rpm, tpm, period, blocked_until, calls, paced, throttled "
         "FROM rate_limits ORDER BY key",
     ).fetchall()
-    parked = dict(
-        store._x(
-            cur,
-            "SELECT paced, COUNT(id) FROM runs WHERE status = 'waiting' AND paced IS NOT NULL "
-            "GROUP BY paced",
-        ).fetchall()
-    )
+    parked = _parked(store, cur)
     found = []
     for key, rpm, tpm, period, blocked, calls, paced, throttled in rows:
         used, tokens = store._x(
