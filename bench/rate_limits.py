@@ -35,16 +35,15 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from tests.core.ratelimit_worker import spawn
 from tests.providers.fakes import ProviderLimit, serve_fake_models
 
 from bench.common import Backend
 
-ROOT = Path(__file__).parents[1]
 KEY = "openai:gpt-4o-mini"
 CONCURRENCY = 16
 
@@ -56,24 +55,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_worker(url: str, openai_url: str, limits: dict[str, Any]) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.core.ratelimit_worker",
-            url,
-            openai_url,
-            json.dumps(limits),
-            str(CONCURRENCY),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"},
-    )
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    return process
+    return spawn(url, openai_url, limits, CONCURRENCY)
 
 
 async def drive(

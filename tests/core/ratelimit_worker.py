@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import toren
@@ -18,6 +21,31 @@ from toren.config import LeaseSettings, rate_limits
 from toren.providers.openai import OpenAIProvider
 
 MODEL = "openai:gpt-4o-mini"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def spawn(
+    url: str, openai_url: str, limits: dict[str, Any], concurrency: int
+) -> subprocess.Popen[str]:
+    """Start this worker in a process of its own; returns once it is ready."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.core.ratelimit_worker",
+            url,
+            openai_url,
+            json.dumps(limits),
+            str(concurrency),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'src'}"},
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process
 
 
 async def ask(ctx: toren.Context, input: Any) -> Any:

@@ -15,20 +15,16 @@ bench/rate_limits.py runs the issue's 60 s figures. Nothing here asserts a durat
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import toren
+from tests.core.ratelimit_worker import spawn
 from tests.providers.fakes import ProviderLimit, serve_fake_models
 from toren.core.contract.ratelimit import BACKOFF_FIRST
 
-ROOT = Path(__file__).resolve().parents[2]
 RUNS = 100
 KEY = "openai:gpt-4o-mini"
 PERIOD = 2.0
@@ -36,24 +32,7 @@ CONCURRENCY = 16
 
 
 def _worker(url: str, openai_url: str, limits: dict[str, object]) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.core.ratelimit_worker",
-            url,
-            openai_url,
-            json.dumps(limits),
-            str(CONCURRENCY),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    return process
+    return spawn(url, openai_url, limits, CONCURRENCY)
 
 
 def _end(process: subprocess.Popen[str]) -> None:
