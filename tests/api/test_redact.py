@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from toren.redact import MAX_DEPTH, TOO_DEEP, Redactor
@@ -54,3 +55,37 @@ def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
     assert b"sk-" not in body
     fresh = stream._delta({"stream": "", "position": 3, "text": "abcdefghijklmnopqrstuvwxyz"})
     assert fresh is not None and b'"text":"abcdefghijklmnopqrstuvwxyz"' in fresh
+
+
+def test_a_recorded_call_that_overtakes_its_last_deltas_never_shows_a_held_secret(
+    store: Any,
+) -> None:
+    """The step's recorded event can be read from the store while its last deltas still
+    wait in the live queue (they are dropped as stale after it). The redactor then holds
+    the start of a secret whose end it never saw; the rest of the text comes from the
+    recorded event, so the secret is judged whole and never goes out in clear."""
+    from toren.api.sse import RunStream, StreamSettings
+    from toren.core.contract.events import Event, ModelCallRecorded
+
+    stream = RunStream(
+        store,
+        "run_x",
+        0,
+        live=None,
+        redact=Redactor([SECRET]),
+        settings=StreamSettings(heartbeat=15, poll_interval=1),
+        closing=lambda: False,
+    )
+    whole = f"decided key {SECRET} ok"
+    sent = b""
+    for piece in (whole[:8], whole[8:16], whole[16:24]):  # "...key sk-test-SECR"
+        sent += stream._delta({"stream": "", "position": 3, "text": piece}) or b""
+    recorded = ModelCallRecorded(provider="scripted", response={"text": whole})
+    sent += stream._event(Event("run_x", recorded.TYPE, recorded, seq=9, position=3))
+    assert SECRET[:6].encode() not in sent and b"SECR" not in sent
+    deltas = [
+        json.loads(block.split("data: ", 1)[1])["text"]
+        for block in sent.decode().split("\n\n")
+        if block.startswith("event: delta")
+    ]
+    assert "".join(deltas) == "decided key [redacted] ok"

@@ -40,7 +40,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from toren.core.contract.events import TERMINAL_TYPES, Event, ModelCallCutOff
+from toren.core.contract.events import (
+    TERMINAL_TYPES,
+    Event,
+    ModelCallCutOff,
+    ModelCallRecorded,
+)
 from toren.core.contract.ports import RunStore
 from toren.core.drivers.live import LiveHub
 from toren.redact import Redactor, StreamRedactor
@@ -70,6 +75,15 @@ def message(event: str | None, data: object, id: int | None = None) -> bytes:
 
 def error_message(code: str, text: str) -> bytes:
     return message("error", {"error": {"code": code, "message": text}})
+
+
+def _recorded_text(event: Event) -> str | None:
+    """The text a recorded model call answered, raw (before redaction), if it has one."""
+    payload = event.payload
+    if isinstance(payload, ModelCallRecorded) and isinstance(payload.response, dict):
+        text = payload.response.get("text")
+        return text if isinstance(text, str) else None
+    return None
 
 
 async def resume_problem(store: RunStore, run_id: str, after: int) -> str | None:
@@ -114,8 +128,11 @@ class RunStream:
         self.problem = problem
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
         self._snapshot: list[tuple[str, int, str]] = []
-        # One redactor per step in flight: a secret may be split across its deltas.
+        # One redactor per step in flight: a secret may be split across its deltas. And
+        # the raw text fed to it: when the step's recorded event overtakes its last
+        # deltas, the rest of the text comes from the event (see :meth:`_event`).
         self._delta_text: dict[tuple[object, object], StreamRedactor] = {}
+        self._delta_fed: dict[tuple[object, object], str] = {}
         self._last_write = time.monotonic()
         # Whether the last terminal event delivered is not followed by a RunRetried: the
         # current attempt has ended. Kept across pages and wake-ups.
@@ -200,7 +217,9 @@ class RunStream:
         redactor = self._delta_text.get(step)
         if redactor is None:
             redactor = self._delta_text[step] = StreamRedactor(self.redact)
-        text = redactor.feed(str(item.get("text") or ""))
+        piece = str(item.get("text") or "")
+        self._delta_fed[step] = self._delta_fed.get(step, "") + piece
+        text = redactor.feed(piece)
         if not text:
             return None
         return message("delta", {"stream": step[0], "position": step[1], "text": text})
@@ -213,14 +232,27 @@ class RunStream:
             # step's redactor held back belongs to the dead attempt. Dropped, not sent;
             # the new attempt starts with a fresh redactor (a held ``sk-`` joined to its
             # first words would hide them, or a held prefix would prepend stale text).
-            self._delta_text.pop((event.payload.stream, event.payload.position), None)
+            cut = (event.payload.stream, event.payload.position)
+            self._delta_text.pop(cut, None)
+            self._delta_fed.pop(cut, None)
         if event.position is not None:
             step = (event.stream, event.position)
             self._recorded.add(step)
             # The step's text is complete: what its redactor held back goes out (redacted),
             # so the deltas still add up to the recorded text.
             redactor = self._delta_text.pop(step, None)
-            rest = redactor.flush() if redactor is not None else ""
+            fed = self._delta_fed.pop(step, "")
+            rest = ""
+            if redactor is not None:
+                # The recorded event can overtake the step's last deltas (they wait in the
+                # queue while the store is read; they are dropped as stale after it). What
+                # the redactor holds back is then the start of a secret whose end it never
+                # saw: flushed alone it would go out in clear. The recorded text's rest
+                # goes through the redactor first, so the secret is judged whole.
+                whole = _recorded_text(event)
+                if whole is not None and len(whole) > len(fed) and whole.startswith(fed):
+                    rest = redactor.feed(whole[len(fed) :])
+                rest += redactor.flush()
             if rest:
                 held = message("delta", {"stream": step[0], "position": step[1], "text": rest})
         return held + message("event", self.redact(event.to_dict()), id=event.seq)
