@@ -165,6 +165,125 @@ def drop_pg_database(name: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+# A test's PostgreSQL database is given back, not dropped, when nothing but rows changed:
+# emptied and renamed, the next test of this process takes it (tests/store/
+# test_pg_template.py). A copy and a drop cost PostgreSQL ~0.25 s of CPU each time (it
+# WAL-logs the template's ~8 MB, catalogs included), some 700 times a suite; emptying
+# costs a few milliseconds. The rename makes the old URL point nowhere, so a connection
+# a test leaked (a pool, a worker process) fails as it did against a dropped database,
+# instead of writing into the next test's rows.
+_pool: list[str] = []
+_template_shape: str | None = None
+REUSE_MAX_BYTES = 48 * 1024 * 1024  # a database grown past this is dropped, not emptied
+
+# What a test could change beyond rows, as one hash: relations and their columns (dropped
+# ones included), defaults, indexes, constraints, functions, triggers, extensions,
+# schemas, the database's own settings. A database whose hash differs from a fresh copy's
+# is dropped.
+_SHAPE = """
+SELECT md5(string_agg(x, '|' ORDER BY x)) FROM (
+  SELECT 'c:' || n.nspname || '.' || c.relname || ':' || c.relkind::text || ':'
+         || coalesce(a.attname, '') || ':' || coalesce(format_type(a.atttypid, a.atttypmod), '')
+         || ':' || coalesce(a.attnotnull::text, '') || ':' || coalesce(a.attisdropped::text, '')
+         || ':' || coalesce(pg_get_expr(d.adbin, d.adrelid), '') AS x
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
+  LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
+  WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+  UNION ALL SELECT 'i:' || pg_get_indexdef(i.indexrelid) FROM pg_index i
+    JOIN pg_class c ON c.oid = i.indrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')
+  UNION ALL SELECT 'k:' || conname || ':' || pg_get_constraintdef(oid) FROM pg_constraint
+    WHERE connamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+  UNION ALL SELECT 'f:' || oid::regprocedure::text FROM pg_proc
+    WHERE pronamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+  UNION ALL SELECT 't:' || tgname FROM pg_trigger WHERE NOT tgisinternal
+  UNION ALL SELECT 'x:' || extname || ':' || extversion FROM pg_extension
+  UNION ALL SELECT 'n:' || nspname FROM pg_namespace
+  UNION ALL SELECT 's:' || array_to_string(setconfig, ',') FROM pg_db_role_setting
+    WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+) shape
+"""
+
+
+def lend_pg_database() -> str:
+    """A copy of the migrated template with no rows: one a test of this process gave
+    back, or a new copy."""
+    global _template_shape
+    if _pool:
+        return _pool.pop()
+    name = clone_pg_database()
+    if _template_shape is None:
+        _template_shape = _shape_of(name)
+    return name
+
+
+def give_back_pg_database(name: str) -> None:
+    """Empty ``name`` and keep it, under a new name, for the next test; drop it instead
+    when its schema, settings or statistics differ from a fresh copy's, it grew large,
+    or anything fails."""
+    try:
+        fresh = _emptied(name)
+    except Exception:
+        fresh = None
+    if fresh is None:
+        drop_pg_database(name)
+    else:
+        _pool.append(fresh)
+
+
+def _shape_of(name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(pg_url(name), autocommit=True) as conn:
+        row = conn.execute(_SHAPE).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def _emptied(name: str) -> str | None:
+    import psycopg
+
+    with psycopg.connect(pg_url(name), autocommit=True) as conn:
+        # Whatever a test left connected (a pool, a worker) goes first: it could write
+        # between the emptying and the rename.
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        row = conn.execute(
+            "SELECT pg_database_size(current_database()), EXISTS (SELECT 1 FROM pg_statistic s "
+            "JOIN pg_class c ON c.oid = s.starelid WHERE c.relnamespace = 'public'::regnamespace)"
+        ).fetchone()
+        # Analyzed (autovacuum after many rows): a planner test in the next test would
+        # plan with this one's statistics.
+        if row is None or row[0] > REUSE_MAX_BYTES or row[1]:
+            return None
+        shape = conn.execute(_SHAPE).fetchone()
+        if shape is None or shape[0] != _template_shape:
+            return None
+        relations = conn.execute(
+            "SELECT c.relname, c.relkind, pg_relation_size(c.oid) > 0 FROM pg_class c "
+            "WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'S')"
+        ).fetchall()
+        with conn.transaction():
+            for relname, kind, written in relations:
+                if kind == "S":
+                    conn.execute(f'ALTER SEQUENCE "{relname}" RESTART')
+                elif written:
+                    # A new, empty file, as the copy had: no dead rows, no page counts.
+                    conn.execute(f'TRUNCATE "{relname}"')
+    fresh = f"toren_t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{fresh}"')
+    return fresh
+
+
+def drop_lent_pg_databases() -> None:
+    while _pool:
+        drop_pg_database(_pool.pop())
+
+
 def require_pg() -> None:
     if _PG_PROBLEM:
         if os.environ.get("CI") == "true":
@@ -198,6 +317,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(2, min(wanted, allowed))
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The databases this process kept for reuse are dropped with it."""
+    with contextlib.suppress(Exception):
+        drop_lent_pg_databases()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests marked ``slow`` first, the others after them in their order: the longest
     first, so pytest-xdist's workers (which take tests in this order, a group as one unit)
@@ -222,11 +347,11 @@ def pg_only_url() -> Iterator[str]:
     """A PostgreSQL database of its own (a copy of the migrated template), for the tests
     that need PostgreSQL itself: fleets of worker processes, advisory locks."""
     require_pg()
-    name = clone_pg_database()
+    name = lend_pg_database()
     try:
         yield pg_url(name)
     finally:
-        drop_pg_database(name)
+        give_back_pg_database(name)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -237,11 +362,11 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path}/toren.db"
         return
     require_pg()
-    name = clone_pg_database()
+    name = lend_pg_database()
     try:
         yield pg_url(name)
     finally:
-        drop_pg_database(name)
+        give_back_pg_database(name)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

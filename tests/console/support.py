@@ -232,13 +232,20 @@ async def serve(
         await (served.runtime if served is not None else runtime).stop(drain_window=0.5)
 
 
+EXPECT_TIMEOUT_MS = 20_000
+
+
 @contextlib.asynccontextmanager
 async def browser() -> AsyncIterator[Any]:
     """Headless Debian Chromium. Missing: a skip locally, a failure under CI=true."""
     try:
-        from playwright.async_api import async_playwright
+        from playwright.async_api import async_playwright, expect
     except ImportError as exc:  # pragma: no cover - depends on the machine
         _missing(f"the playwright package is not installed ({exc})")
+    # Playwright's assertions wait 5 s by default: a run streaming for seconds on a machine
+    # busy with the parallel suite was once still "running" after 5 s. How fast the page
+    # gets there is not what these tests check; that it gets there is.
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
         _missing(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
     async with async_playwright() as pw:

@@ -133,10 +133,13 @@ async def test_a_step_timeout_keeps_the_usage_of_the_call_it_cut(store: Store) -
     run's totals count) what the provider reported before the timeout."""
     prices = default_table()
     reg = toren.Registry()
-    reg.add("long", _one_call, limits=Limits(step_timeout=1.0))
+    # The timeout must fall after the stream's first event (which carries the usage so
+    # far) reached the client, and before its end: 3 s of a 10 s answer leaves a loaded
+    # machine room for the first (a 1 s timeout was once reached before it).
+    reg.add("long", _one_call, limits=Limits(step_timeout=3.0))
     with serve_fake_models() as fake:
         fake.anthropic.script(
-            Completion(text="x" * 40, chunk_size=1, input_tokens=900, output_tokens=40, pace=0.1)
+            Completion(text="x" * 100, chunk_size=1, input_tokens=900, output_tokens=100, pace=0.1)
         )
         provider = AnthropicProvider(api_key=FAKE_KEY, base_url=fake.anthropic_url)
         deps = toren.TickDeps(

@@ -8,6 +8,7 @@ import time
 import uuid
 from typing import Any
 
+import toren
 from tests.conftest import (
     _TEMPLATE_LOCK,
     PG_ADMIN,
@@ -17,6 +18,8 @@ from tests.conftest import (
     clone_pg_database,
     create_pg_database,
     drop_pg_database,
+    give_back_pg_database,
+    lend_pg_database,
     pg_url,
     require_pg,
     template_name,
@@ -106,3 +109,96 @@ def test_templates_unused_for_a_day_are_dropped_and_others_kept() -> None:
         assert left == {recent, template_name()}
         conn.execute(f'ALTER DATABASE "{recent}" WITH IS_TEMPLATE false')
         conn.execute(f'DROP DATABASE "{recent}"')
+
+
+async def test_a_database_given_back_is_emptied_renamed_and_lent_again_like_a_copy() -> None:
+    """A test's database is given back, not dropped: the next test of the process gets it
+    with no rows and its sequences restarted, under a new name, so a connection a test
+    leaked points nowhere (as with a dropped database) instead of into the next test."""
+    import psycopg
+
+    require_pg()
+    copy = clone_pg_database()
+    first = lend_pg_database()
+    try:
+        store = await connect(pg_url(first))
+        run = await toren.start_run(store, _agents(), "a", {"x": "y" * 5000})
+        await store.close()
+        leaked = await psycopg.AsyncConnection.connect(pg_url(first))  # left open
+        oid = _oid(first)
+        give_back_pg_database(first)
+        second = lend_pg_database()
+        assert second != first and _oid(second) == oid  # the same database, renamed
+        with psycopg.connect(PG_ADMIN) as admin:
+            names = {r[0] for r in admin.execute("SELECT datname FROM pg_database").fetchall()}
+        assert first not in names and second in names
+        assert leaked.closed or leaked.broken or await _refused(leaked)
+        assert _catalog(pg_url(second)) == _catalog(pg_url(copy))
+        for url in (pg_url(second), pg_url(copy)):  # one run in each: the same counters
+            store = await connect(url)
+            assert await store.get_run(run.id) is None
+            await toren.start_run(store, _agents(), "a", {})
+            await store.close()
+        assert _sequences(pg_url(second)) == _sequences(pg_url(copy))
+        give_back_pg_database(second)
+    finally:
+        drop_pg_database(copy)
+
+
+def _oid(name: str) -> int | None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN) as admin:
+        row = admin.execute("SELECT oid FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    return int(row[0]) if row else None
+
+
+def _sequences(url: str) -> list[tuple[str, int | None]]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = 'public' "
+            "ORDER BY sequencename"
+        ).fetchall()
+
+
+def _agents() -> toren.Registry:
+    async def agent(ctx: Any, input: Any) -> dict[str, Any]:
+        return {}
+
+    registry = toren.Registry()
+    registry.add("a", agent)
+    return registry
+
+
+async def _refused(conn: Any) -> bool:
+    try:
+        await conn.execute("SELECT 1")
+    except Exception:
+        return True
+    return False
+
+
+def test_a_database_whose_schema_a_test_changed_is_dropped_not_lent_again() -> None:
+    import psycopg
+
+    require_pg()
+    name = lend_pg_database()
+    with psycopg.connect(pg_url(name), autocommit=True) as conn:
+        conn.execute("CREATE INDEX runs_by_test ON runs (agent)")
+    give_back_pg_database(name)
+    lent = lend_pg_database()
+    try:
+        with psycopg.connect(pg_url(lent)) as conn:
+            found = conn.execute(
+                "SELECT count(*) FROM pg_indexes WHERE indexname = 'runs_by_test'"
+            ).fetchone()
+        assert found == (0,)
+        with psycopg.connect(PG_ADMIN) as admin:
+            gone = admin.execute(
+                "SELECT count(*) FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
+        assert gone == (0,)
+    finally:
+        give_back_pg_database(lent)
