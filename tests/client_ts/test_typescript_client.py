@@ -39,7 +39,7 @@ def test_typescript_client() -> None:
     skips the ``pretest`` that would build both again). ``tsc`` type-checks as it builds:
     the sources under ``tsconfig.build.json`` (no Node types: stricter than ``npm run
     typecheck``), the tests and the example against the built declarations, so the two
-    builds check what ``npm run typecheck`` checks, which ``.ci/run`` also runs."""
+    builds check what ``npm run typecheck`` checks (``.ci/run`` no longer runs it apart)."""
     ensure_built()
     npm("run", "build:test")
     npm("test", "--ignore-scripts")

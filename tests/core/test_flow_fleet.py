@@ -123,6 +123,24 @@ async def _start(url: str, server: str) -> list[str]:
         await store.close()
 
 
+async def _completed(url: str, ids: list[str]) -> int:
+    """How many of ``ids`` completed, in one query: the kill test polls it every 50 ms, and
+    a read per run cost the machine more CPU than the fleet under test.
+
+    The SIGSTOP test below keeps its slower reads per run. Polled this fast, it thaws the
+    frozen worker while the key's other calls are in flight, and a tool function the worker
+    was already running when it froze makes its call after the thaw: one over the key's
+    limit for that moment. That is the documented remaining window of a pause
+    (docs/storage.md, docs/flow-control.md), which the test's bound does not allow for:
+    found 2026-12-04, left open."""
+    store = await toren.connect(url)
+    try:
+        done = await store.list_runs(status="completed", limit=RUNS + 1, summary=True)
+        return len({r.id for r in done}.intersection(ids))
+    finally:
+        await store.close()
+
+
 async def _finished(url: str, ids: list[str]) -> int:
     store = await toren.connect(url)
     try:
@@ -145,15 +163,15 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> 
         kills = 0
         deadline = time.monotonic() + 300
         try:
-            while (done := asyncio.run(_finished(pg, ids))) < RUNS:
+            while (done := asyncio.run(_completed(pg, ids))) < RUNS:
                 assert time.monotonic() < deadline, f"only {done} of {RUNS} runs completed"
                 # Kill a random worker after a random number of served calls.
                 target = sum(desk.finished.values()) + rng.randint(5, 25)
                 while sum(desk.finished.values()) < target and time.monotonic() < deadline:
-                    if asyncio.run(_finished(pg, ids)) == RUNS:
+                    if asyncio.run(_completed(pg, ids)) == RUNS:
                         break
                     time.sleep(0.05)
-                if kills < 8 and asyncio.run(_finished(pg, ids)) < RUNS:
+                if kills < 8 and asyncio.run(_completed(pg, ids)) < RUNS:
                     victim = rng.randrange(fleet)
                     _end(workers[victim], signal.SIGKILL)
                     kills += 1
