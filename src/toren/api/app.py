@@ -44,7 +44,7 @@ from toren.core.drivers.runs import send_message as core_send_message
 from toren.core.drivers.runs import start as core_start
 from toren.core.drivers.verify import verify_run as verify_run_report
 from toren.errors import TorenError
-from toren.redact import Redactor, redact_prefix, secrets_from_env
+from toren.redact import Redactor, secrets_from_env
 from toren.store.base import RunRecord, Store
 
 log = logging.getLogger("toren.api")
@@ -402,7 +402,7 @@ async def list_runs(
         updated_after=updated_after,
     )
     next_cursor = runs[-1].id if len(runs) == limit else None
-    runs = [_safe_previews(state.redact, r) for r in runs]
+    runs = [_safe_previews(state.safe_preview, r) for r in runs]
     found = state.pages.page(runs, next_cursor, state.redact)
     if found is not None:
         body, tag = found
@@ -418,17 +418,17 @@ async def list_runs(
     return Response(body, media_type="application/json", headers=headers)
 
 
-def _safe_previews(redact: Redactor, run: RunRecord) -> RunRecord:
+def _safe_previews(safe: Callable[[str], str], run: RunRecord) -> RunRecord:
     """``run`` with the previews of its summaries redacted before anything renders them:
     a preview is cut from the stored text, and a secret the cut splits would not be
     recognised later. The same record when no preview changes (the rendered-page memo
     keys on it)."""
     if not run.summaries:
         return run
-    safe = {k: redact_prefix(redact, v.preview) for k, v in run.summaries.items()}
-    if all(safe[k] == v.preview for k, v in run.summaries.items()):
+    shown = {k: safe(v.preview) for k, v in run.summaries.items()}
+    if all(shown[k] == v.preview for k, v in run.summaries.items()):
         return run
-    summaries = {k: dataclasses.replace(v, preview=safe[k]) for k, v in run.summaries.items()}
+    summaries = {k: dataclasses.replace(v, preview=shown[k]) for k, v in run.summaries.items()}
     return dataclasses.replace(run, summaries=summaries)
 
 

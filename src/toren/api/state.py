@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol, cast
@@ -18,7 +19,7 @@ from toren.core.drivers.live import LiveHub
 from toren.core.drivers.scheduler import Scheduler
 from toren.core.drivers.tick import TickDeps
 from toren.core.drivers.upkeep import WorkerMetrics
-from toren.redact import Redactor
+from toren.redact import Redactor, redact_prefix
 
 PUBLIC_PATHS = frozenset({"/v1/health"})
 
@@ -56,6 +57,14 @@ class ApiState:
     closing: bool = False  # set on shutdown: open streams end so the server can stop
     # Agent paths in messages to clients, relative to the agents root (api/errors.py).
     paths: Callable[[str], str] = str
+
+    def __post_init__(self) -> None:
+        # A list preview as it may be shown (api/app.py ``_safe_previews``), remembered by
+        # its text: the runs of a busy list or search page come back request after request,
+        # and their previews (at most 256 characters) are redacted once, not each time.
+        self.safe_preview: Callable[[str], str] = functools.lru_cache(maxsize=4096)(
+            functools.partial(redact_prefix, self.redact)
+        )
 
     def is_public(self, path: str) -> bool:
         return path in self.public_paths
