@@ -195,3 +195,25 @@ async def until(done: Any, tries: int = 2000) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("timed out")
+
+
+async def test_metrics_show_what_the_cache_kept_and_continued(store: Store) -> None:
+    """``/metrics`` of a process with a worker (``toren dev``, ``toren serve`` with one)
+    shows the cache: runs and bytes kept, claims continued in place, stale or missed."""
+    from toren.api.metrics import render
+
+    clock = toren.ManualClock(1_700_000_000.0)
+    sticky = StickyRuns(64_000_000)
+    deps = deps_for(store, registry(), sticky, clock=clock)
+    runtime = toren.LocalWorkerRuntime(deps)
+    run = await toren.start_run(store, registry(), "waiter", {}, clock=clock)
+    await toren.tick(run.id, deps)
+    kept = render(await store.stats(), runtime)
+    assert "toren_worker_sticky_runs 1" in kept
+    assert f"toren_worker_sticky_bytes {sticky.bytes}" in kept and sticky.bytes > 0
+    await toren.send_message(store, run.id, "go", "yes", clock=clock)
+    await toren.tick(run.id, deps)
+    text = render(await store.stats(), runtime)
+    assert 'toren_worker_sticky_claims_total{result="continued"} 1' in text
+    assert 'toren_worker_sticky_claims_total{result="stale"} 0' in text
+    assert "toren_worker_sticky_evictions_total 0" in text

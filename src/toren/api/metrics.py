@@ -131,6 +131,43 @@ def render(stats: Mapping[str, Any], runtime: InProcessWorker | None = None) -> 
             "Due schedule times this worker looked at that another worker decided first.",
             [("", runtime.scheduler.metrics.lost_races)],
         )
+        metric(
+            "toren_worker_steps_total",
+            "counter",
+            "Steps this worker's ticks executed live or replayed from the log.",
+            [('{how="executed"}', m.steps_executed), ('{how="replayed"}', m.steps_replayed)],
+        )
+        sticky = runtime.deps.sticky
+        if sticky is not None:  # docs/cli.md, TOREN_STICKY_CACHE_MB
+            metric(
+                "toren_worker_sticky_runs",
+                "gauge",
+                "Parked runs this worker keeps in memory to continue in place.",
+                [("", len(sticky))],
+            )
+            metric(
+                "toren_worker_sticky_bytes",
+                "gauge",
+                "The estimated size of the runs kept (bounded by TOREN_STICKY_CACHE_MB).",
+                [("", sticky.bytes)],
+            )
+            metric(
+                "toren_worker_sticky_claims_total",
+                "counter",
+                "Claims of this worker by what the cache had: continued in place, kept but "
+                "stale (replayed), or not kept (replayed).",
+                [
+                    ('{result="continued"}', sticky.continued),
+                    ('{result="stale"}', sticky.stale),
+                    ('{result="miss"}', sticky.misses),
+                ],
+            )
+            metric(
+                "toren_worker_sticky_evictions_total",
+                "counter",
+                "Kept runs dropped to stay within the cache's size (they replay when claimed).",
+                [("", sticky.evictions)],
+            )
     schedules: list[ScheduleState] = list(stats.get("schedules", ()))
     if schedules:
         label = [f'{{schedule="{s.id}"}}' for s in schedules]
