@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -22,7 +23,10 @@ from toren.providers.base import ToolSpec
 def registry(server: str) -> toren.Registry:
     async def work(key: str, run: str) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=60) as http:
-            response = await http.get(f"{server}/work", params={"key": key, "run": run})
+            # The process id tells the test's server which worker called (a frozen one's
+            # calls after its thaw are told apart: tests/core/test_flow_fleet.py).
+            params = {"key": key, "run": run, "pid": str(os.getpid())}
+            response = await http.get(f"{server}/work", params=params)
             response.raise_for_status()
             return {"done": True}
 
