@@ -57,14 +57,25 @@ def _nominal(url: str) -> list[tuple[float, Any]]:
     return asyncio.run(read())
 
 
+def _started(url: str) -> int:
+    """How many runs the schedule started: one query (polled every 100 ms)."""
+
+    async def read() -> int:
+        store = await connect(url)
+        try:
+            return len(await store.schedules.runs_of("tick/beat", limit=10_000))
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
 def _wait_for(url: str, count: int, timeout: float = 120) -> list[tuple[float, Any]]:
     deadline = time.monotonic() + timeout
-    while True:
-        found = _nominal(url)
-        if len(found) >= count:
-            return found
-        assert time.monotonic() < deadline, f"only {len(found)} of {count} runs started"
+    while (started := _started(url)) < count:
+        assert time.monotonic() < deadline, f"only {started} of {count} runs started"
         time.sleep(0.1)
+    return _nominal(url)
 
 
 def _kill(process: subprocess.Popen[str]) -> None:
