@@ -132,7 +132,7 @@ class RunStream:
         # the raw text fed to it: when the step's recorded event overtakes its last
         # deltas, the rest of the text comes from the event (see :meth:`_event`).
         self._delta_text: dict[tuple[object, object], StreamRedactor] = {}
-        self._delta_fed: dict[tuple[object, object], str] = {}
+        self._delta_fed: dict[tuple[object, object], list[str]] = {}
         self._last_write = time.monotonic()
         # Whether the last terminal event delivered is not followed by a RunRetried: the
         # current attempt has ended. Kept across pages and wake-ups.
@@ -218,7 +218,7 @@ class RunStream:
         if redactor is None:
             redactor = self._delta_text[step] = StreamRedactor(self.redact)
         piece = str(item.get("text") or "")
-        self._delta_fed[step] = self._delta_fed.get(step, "") + piece
+        self._delta_fed.setdefault(step, []).append(piece)
         text = redactor.feed(piece)
         if not text:
             return None
@@ -241,7 +241,7 @@ class RunStream:
             # The step's text is complete: what its redactor held back goes out (redacted),
             # so the deltas still add up to the recorded text.
             redactor = self._delta_text.pop(step, None)
-            fed = self._delta_fed.pop(step, "")
+            fed = "".join(self._delta_fed.pop(step, ()))
             rest = ""
             if redactor is not None:
                 # The recorded event can overtake the step's last deltas (they wait in the
