@@ -33,14 +33,11 @@ def test_any_depth_is_handled_and_cut_at_the_bound() -> None:
     assert (depth, out) == (MAX_DEPTH, TOO_DEEP)
 
 
-def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
-    """A call cut off in flight (``ModelCallCutOff``) runs again from its first delta:
-    what the step's redactor held back of the dead attempt neither joins nor hides the
-    new attempt's text."""
+def _stream(store: Any) -> Any:
+    """A stream of run ``run_x`` whose redactor knows SECRET, driven step by step."""
     from toren.api.sse import RunStream, StreamSettings
-    from toren.core.contract.events import Event, ModelCallCutOff
 
-    stream = RunStream(
+    return RunStream(
         store,
         "run_x",
         0,
@@ -49,6 +46,15 @@ def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
         settings=StreamSettings(heartbeat=15, poll_interval=1),
         closing=lambda: False,
     )
+
+
+def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
+    """A call cut off in flight (``ModelCallCutOff``) runs again from its first delta:
+    what the step's redactor held back of the dead attempt neither joins nor hides the
+    new attempt's text."""
+    from toren.core.contract.events import Event, ModelCallCutOff
+
+    stream = _stream(store)
     assert b"Hello " in (stream._delta({"stream": "", "position": 3, "text": "Hello sk-"}) or b"")
     cut = ModelCallCutOff(stream="", position=3, request_digest="d", provider="scripted")
     body = stream._event(Event("run_x", cut.TYPE, cut, seq=7))
@@ -64,18 +70,9 @@ def test_a_recorded_call_that_overtakes_its_last_deltas_never_shows_a_held_secre
     wait in the live queue (they are dropped as stale after it). The redactor then holds
     the start of a secret whose end it never saw; the rest of the text comes from the
     recorded event, so the secret is judged whole and never goes out in clear."""
-    from toren.api.sse import RunStream, StreamSettings
     from toren.core.contract.events import Event, ModelCallRecorded
 
-    stream = RunStream(
-        store,
-        "run_x",
-        0,
-        live=None,
-        redact=Redactor([SECRET]),
-        settings=StreamSettings(heartbeat=15, poll_interval=1),
-        closing=lambda: False,
-    )
+    stream = _stream(store)
     whole = f"decided key {SECRET} ok"
     sent = b""
     for piece in (whole[:8], whole[8:16], whole[16:24]):  # "...key sk-test-SECR"
