@@ -227,7 +227,7 @@ def give_back_pg_database(name: str) -> None:
     except Exception:
         fresh = None
     if fresh is None:
-        drop_pg_database(name)
+        drop_pg_database(name)  # a no-op when it was renamed (and then dropped) already
     else:
         _pool.append(fresh)
 
@@ -244,24 +244,41 @@ def _shape_of(name: str) -> str:
 def _emptied(name: str) -> str | None:
     import psycopg
 
-    with psycopg.connect(pg_url(name), autocommit=True) as conn:
-        # Whatever a test left connected (a pool, a worker) goes first: it could write
-        # between the emptying and the rename.
-        conn.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    fresh = f"toren_t_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        # Closed to new connections first, so that nothing a test left behind (a pool, a
+        # worker process) reconnects between the emptying and the rename; then whatever
+        # is still connected is ended, and the rename makes the old URL point nowhere.
+        admin.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+            (name,),
         )
-        row = conn.execute(
-            "SELECT pg_database_size(current_database()), EXISTS (SELECT 1 FROM pg_statistic s "
-            "JOIN pg_class c ON c.oid = s.starelid WHERE c.relnamespace = 'public'::regnamespace)"
-        ).fetchone()
-        # Analyzed (autovacuum after many rows): a planner test in the next test would
-        # plan with this one's statistics.
-        if row is None or row[0] > REUSE_MAX_BYTES or row[1]:
-            return None
+        deadline = time.monotonic() + 5
+        while admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (name,)
+        ).fetchone() != (0,):
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+        admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{fresh}"')
+        admin.execute(f'ALTER DATABASE "{fresh}" WITH ALLOW_CONNECTIONS true')
+    try:
+        return _emptied_as(fresh)
+    except Exception:
+        return _dropped(fresh)
+
+
+def _emptied_as(fresh: str) -> str | None:
+    import psycopg
+
+    with psycopg.connect(pg_url(fresh), autocommit=True) as conn:
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        if size is None or size[0] > REUSE_MAX_BYTES:
+            return _dropped(fresh)
         shape = conn.execute(_SHAPE).fetchone()
         if shape is None or shape[0] != _template_shape:
-            return None
+            return _dropped(fresh)
         relations = conn.execute(
             "SELECT c.relname, c.relkind, pg_relation_size(c.oid) > 0 FROM pg_class c "
             "WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('r', 'S')"
@@ -273,10 +290,24 @@ def _emptied(name: str) -> str | None:
                 elif written:
                     # A new, empty file, as the copy had: no dead rows, no page counts.
                     conn.execute(f'TRUNCATE "{relname}"')
-    fresh = f"toren_t_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'ALTER DATABASE "{name}" RENAME TO "{fresh}"')
+            # Analyzed (autovacuum, after many rows) or counted as a table of rows: a
+            # planner test in the next test would plan with this one's statistics.
+            seen = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_statistic s JOIN pg_class c "
+                "ON c.oid = s.starelid WHERE c.relnamespace = 'public'::regnamespace) OR "
+                "EXISTS (SELECT 1 FROM pg_class WHERE relnamespace = 'public'::regnamespace "
+                "AND relkind = 'r' AND (reltuples <> -1 OR relpages <> 0))"
+            ).fetchone()
+        if seen is None or seen[0]:
+            return _dropped(fresh)
+        # The activity counters autovacuum decides by start again from zero, as a copy's.
+        conn.execute("SELECT pg_stat_reset()")
     return fresh
+
+
+def _dropped(name: str) -> None:
+    drop_pg_database(name)
+    return None
 
 
 def drop_lent_pg_databases() -> None:

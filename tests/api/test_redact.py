@@ -86,3 +86,50 @@ def test_a_recorded_call_that_overtakes_its_last_deltas_never_shows_a_held_secre
         if block.startswith("event: delta")
     ]
     assert "".join(deltas) == "decided key [redacted] ok"
+
+
+def test_a_held_secret_prefix_is_dropped_when_no_recorded_text_can_finish_it(store: Any) -> None:
+    """A call that failed mid-stream records no text, and deltas that are not the start of
+    the recorded text cannot be finished from it: what the redactor holds back then is
+    dropped, never flushed in clear (the event carries the redacted record)."""
+    from toren.core.contract.events import Event, ModelCallRecorded
+
+    whole = f"decided key {SECRET} ok"
+    for recorded in (
+        ModelCallRecorded(provider="scripted", error={"message": "the stream broke"}),
+        ModelCallRecorded(provider="scripted", response={"text": "another answer"}),
+    ):
+        stream = _stream(store)
+        sent = b""
+        for piece in (whole[:8], whole[8:16], whole[16:24]):  # "...key sk-test-SECR"
+            sent += stream._delta({"stream": "", "position": 3, "text": piece}) or b""
+        sent += stream._event(Event("run_x", recorded.TYPE, recorded, seq=9, position=3))
+        assert b"sk-" not in sent and b"SECR" not in sent, sent
+
+
+def test_the_trailing_prefix_search_finds_what_trying_every_length_finds() -> None:
+    """``StreamRedactor._safe_end`` looks only where a secret's first character is; the
+    plain definition (every suffix length of every secret) is the reference."""
+    import random
+
+    from toren.redact import StreamRedactor
+
+    def reference(secrets: list[str], text: str) -> int:
+        cut = len(text)
+        for secret in secrets:
+            for k in range(min(len(secret) - 1, len(text)), 0, -1):
+                if len(text) - k < cut and text.endswith(secret[:k]):
+                    cut = len(text) - k
+                    break
+        return cut
+
+    rnd = random.Random(20261204)
+    alphabet = "abAB-_k "
+    for _ in range(5000):
+        secrets = ["".join(rnd.choices(alphabet[:-1], k=rnd.randint(8, 14))) for _ in range(3)]
+        redactor = Redactor(secrets)
+        text = "".join(rnd.choices(alphabet, k=rnd.randint(0, 40)))
+        if rnd.random() < 0.5:
+            chosen = rnd.choice(redactor.secrets)
+            text += chosen[: rnd.randint(1, len(chosen))]
+        assert StreamRedactor(redactor)._safe_end(text) == reference(redactor.secrets, text)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -22,10 +23,12 @@ from toren.providers.base import ToolSpec
 
 def registry(server: str) -> toren.Registry:
     async def work(key: str, run: str) -> dict[str, Any]:
+        began = time.time()  # before anything else: a freeze may land right after it
         async with httpx.AsyncClient(timeout=60) as http:
-            # The process id tells the test's server which worker called (a frozen one's
-            # calls after its thaw are told apart: tests/core/test_flow_fleet.py).
-            params = {"key": key, "run": run, "pid": str(os.getpid())}
+            # Which worker called, and when its tool began: a frozen worker's calls after
+            # its thaw, of tools it began before the freeze, are told apart
+            # (tests/core/test_flow_fleet.py).
+            params = {"key": key, "run": run, "pid": str(os.getpid()), "began": repr(began)}
             response = await http.get(f"{server}/work", params=params)
             response.raise_for_status()
             return {"done": True}

@@ -34,22 +34,23 @@ pytestmark = pytest.mark.slow
 
 class Desk:
     """What the loopback server saw: calls in progress per key, the most at once, the
-    calls served to the end per run, and every call as (key, run, pid, start, end)."""
+    calls served to the end per run, and every call as (key, run, pid, start, end,
+    when its tool began by the wall clock)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.active: Counter[str] = Counter()
         self.peak: Counter[str] = Counter()
         self.finished: Counter[str] = Counter()
-        self.calls: list[tuple[str, str, int, float, float]] = []
+        self.calls: list[tuple[str, str, int, float, float, float]] = []
 
     def peaks(self, leaving_out: Any = lambda call: False) -> Counter[str]:
         """The most calls in progress at once per key, from the calls' times, without
         those ``leaving_out`` picks."""
         edges = sorted(
             (t, +1 if start else -1, key)
-            for key, run, pid, t0, t1 in self.calls
-            if not leaving_out((key, run, pid, t0, t1))
+            for key, run, pid, t0, t1, tool in self.calls
+            if not leaving_out((key, run, pid, t0, t1, tool))
             for t, start in ((t0, True), (t1, False))
         )
         now: Counter[str] = Counter()
@@ -68,6 +69,7 @@ def serve(desk: Desk) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             query = parse_qs(urlsplit(self.path).query)
             key, run, pid = query["key"][0], query["run"][0], int(query["pid"][0])
+            tool_began = float(query["began"][0])
             began = time.monotonic()
             with desk.lock:
                 desk.active[key] += 1
@@ -88,7 +90,7 @@ def serve(desk: Desk) -> ThreadingHTTPServer:
             finally:
                 with desk.lock:
                     desk.active[key] -= 1
-                    desk.calls.append((key, run, pid, began, time.monotonic()))
+                    desk.calls.append((key, run, pid, began, time.monotonic(), tool_began))
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
@@ -223,6 +225,12 @@ async def _recoveries(url: str, ids: list[str]) -> dict[str, int]:
         await store.close()
 
 
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (by SIGSTOP), by its state in /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
 def _until(done: Any, what: str, seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
     while not done():
@@ -253,6 +261,9 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
 
             _until(holding, "the victim to hold a run")
             victim.send_signal(signal.SIGSTOP)
+            # Read once it is stopped: every tool it began, it began before this.
+            _until(lambda: _stopped(victim.pid), "the victim to stop")
+            frozen_at = time.time()
             try:
                 # What it held at the moment it froze (a run it was releasing may finish).
                 held = asyncio.run(_held_by(pg, ids, victim.pid))
@@ -276,11 +287,12 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
     # A tool function the frozen worker was running when it froze runs on after the thaw
     # and makes its call, its result then refused by the fence: the documented window of
     # a pause (docs/storage.md, "The remaining window"; docs/flow-control.md). Those calls
-    # (the thawed worker's, for the runs it had held) are over the key's limit for their
-    # moment, at most one per run it held; every other call keeps to the limit.
-    def in_the_window(call: tuple[str, str, int, float, float]) -> bool:
-        _, run, pid, began, _ = call
-        return pid == victim.pid and began >= thawed_at and run in held
+    # (the thawed worker's, for runs it had held, of tools begun before the freeze) are
+    # over the key's limit for their moment, at most one per run it held; every other
+    # call keeps to the limit, a tool the thawed worker began afterwards included.
+    def in_the_window(call: tuple[str, str, int, float, float, float]) -> bool:
+        _, run, pid, began, _, tool_began = call
+        return pid == victim.pid and began >= thawed_at and tool_began < frozen_at and run in held
 
     window = [c for c in desk.calls if in_the_window(c)]
     assert len(window) <= len(held) and len({c[1] for c in window}) == len(window), window

@@ -208,12 +208,15 @@ async def test_metrics_show_what_the_cache_kept_and_continued(store: Store) -> N
     runtime = toren.LocalWorkerRuntime(deps)
     run = await toren.start_run(store, registry(), "waiter", {}, clock=clock)
     await toren.tick(run.id, deps)
-    kept = render(await store.stats(), runtime)
+    kept = render(await store.stats(), runtime).splitlines()
     assert "toren_worker_sticky_runs 1" in kept
     assert f"toren_worker_sticky_bytes {sticky.bytes}" in kept and sticky.bytes > 0
+    assert 'toren_worker_sticky_claims_total{result="miss"} 1' in kept  # its first claim
     await toren.send_message(store, run.id, "go", "yes", clock=clock)
     await toren.tick(run.id, deps)
-    text = render(await store.stats(), runtime)
-    assert 'toren_worker_sticky_claims_total{result="continued"} 1' in text
-    assert 'toren_worker_sticky_claims_total{result="stale"} 0' in text
-    assert "toren_worker_sticky_evictions_total 0" in text
+    lines = render(await store.stats(), runtime).splitlines()
+    assert 'toren_worker_sticky_claims_total{result="continued"} 1' in lines
+    assert 'toren_worker_sticky_claims_total{result="stale"} 0' in lines
+    assert 'toren_worker_sticky_claims_total{result="miss"} 1' in lines
+    assert "toren_worker_sticky_evictions_total 0" in lines
+    assert "toren_worker_sticky_runs 1" in lines  # parked on its timer: kept again

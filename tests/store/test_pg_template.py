@@ -8,6 +8,8 @@ import time
 import uuid
 from typing import Any
 
+import pytest
+
 import toren
 from tests.conftest import (
     _TEMPLATE_LOCK,
@@ -180,25 +182,30 @@ async def _refused(conn: Any) -> bool:
     return False
 
 
-def test_a_database_whose_schema_a_test_changed_is_dropped_not_lent_again() -> None:
+@pytest.mark.parametrize(
+    "change",
+    [
+        "CREATE INDEX runs_by_test ON runs (agent)",  # the schema
+        "ALTER DATABASE \"{name}\" SET work_mem = '8MB'",  # the database's settings
+        "ANALYZE runs",  # planner statistics (of an empty table: its row count)
+    ],
+)
+def test_a_database_a_test_changed_beyond_its_rows_is_dropped_not_lent_again(
+    change: str,
+) -> None:
     import psycopg
 
     require_pg()
     name = lend_pg_database()
+    oid = _oid(name)
     with psycopg.connect(pg_url(name), autocommit=True) as conn:
-        conn.execute("CREATE INDEX runs_by_test ON runs (agent)")
+        conn.execute(change.format(name=name))
     give_back_pg_database(name)
     lent = lend_pg_database()
     try:
-        with psycopg.connect(pg_url(lent)) as conn:
-            found = conn.execute(
-                "SELECT count(*) FROM pg_indexes WHERE indexname = 'runs_by_test'"
-            ).fetchone()
-        assert found == (0,)
+        assert _oid(lent) != oid  # a new copy, not the changed database renamed
         with psycopg.connect(PG_ADMIN) as admin:
-            gone = admin.execute(
-                "SELECT count(*) FROM pg_database WHERE datname = %s", (name,)
-            ).fetchone()
-        assert gone == (0,)
+            left = admin.execute("SELECT count(*) FROM pg_database WHERE oid = %s", (oid,))
+            assert left.fetchone() == (0,)  # and the changed one is gone
     finally:
         give_back_pg_database(lent)

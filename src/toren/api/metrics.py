@@ -154,8 +154,9 @@ def render(stats: Mapping[str, Any], runtime: InProcessWorker | None = None) -> 
             metric(
                 "toren_worker_sticky_claims_total",
                 "counter",
-                "Claims of this worker by what the cache had: continued in place, kept but "
-                "stale (replayed), or not kept (replayed).",
+                "Claims of this worker by what the cache had for the run: continued in "
+                "place, kept but stale (replayed), or nothing (a first claim, or a run "
+                "evicted or parked elsewhere: replayed or started).",
                 [
                     ('{result="continued"}', sticky.continued),
                     ('{result="stale"}', sticky.stale),

@@ -248,11 +248,13 @@ class RunStream:
                 # queue while the store is read; they are dropped as stale after it). What
                 # the redactor holds back is then the start of a secret whose end it never
                 # saw: flushed alone it would go out in clear. The recorded text's rest
-                # goes through the redactor first, so the secret is judged whole.
+                # goes through the redactor first, so the secret is judged whole. When
+                # there is no such text to finish it with (a call that failed mid-stream,
+                # deltas that are not the start of the recorded text), what is held back
+                # is dropped, never sent: the event itself carries the redacted record.
                 whole = _recorded_text(event)
-                if whole is not None and len(whole) > len(fed) and whole.startswith(fed):
-                    rest = redactor.feed(whole[len(fed) :])
-                rest += redactor.flush()
+                if whole is not None and whole.startswith(fed):
+                    rest = redactor.feed(whole[len(fed) :]) + redactor.flush()
             if rest:
                 held = message("delta", {"stream": step[0], "position": step[1], "text": rest})
         return held + message("event", self.redact(event.to_dict()), id=event.seq)
