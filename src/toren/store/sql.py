@@ -551,6 +551,14 @@ class SqlStore:
         # PostgreSQL: a search runs in a transaction of its own whose plan settings make
         # it read the text index (SEARCH_PLAN).
         settings = SEARCH_PLAN if search is not None and self.dialect != "sqlite" else ()
+        if settings and summary:
+            # The page's ids first, its columns after: PostgreSQL sorts a search's matches
+            # (hundreds or thousands) and would compute each one's summary (a slice of
+            # its input, out of line) before the sort; computed for the page's rows only.
+            sql = (
+                f"SELECT {columns} FROM runs WHERE id IN "
+                f"(SELECT id FROM runs {clause} ORDER BY id DESC LIMIT ?) ORDER BY id DESC"
+            )
 
         def fetch(cur: Cursor) -> list[Any]:
             for statement in settings:
