@@ -144,15 +144,29 @@ async def _start(url: str, server: str) -> list[str]:
         await store.close()
 
 
-async def _finished(url: str, ids: list[str]) -> int:
-    """How many of ``ids`` completed, in one query (the tests poll it every 50 ms: a read
-    per run cost the machine more CPU than the fleet under test)."""
-    store = await toren.connect(url)
-    try:
-        done = await store.list_runs(status="completed", limit=RUNS + 1, summary=True)
-        return len({r.id for r in done}.intersection(ids))
-    finally:
-        await store.close()
+class Reader:
+    """One store, kept open on one event loop, for the tests' polls (every 50 ms: a
+    connection per poll cost the machine more CPU than the fleet under test)."""
+
+    def __init__(self, url: str) -> None:
+        self._loop = asyncio.Runner()
+        self._store = self._loop.run(toren.connect(url))
+
+    def close(self) -> None:
+        self._loop.run(self._store.close())
+        self._loop.close()
+
+    def finished(self, ids: list[str]) -> int:
+        """How many of ``ids`` completed, in one query."""
+        found = self._loop.run(self._store.list_runs(status="completed", limit=RUNS + 1))
+        return len({r.id for r in found}.intersection(ids))
+
+    def held_by(self, ids: list[str], pid: int) -> list[str]:
+        """The runs of ``ids`` whose lease the worker process ``pid`` holds (its worker
+        id is ``host-PID-random``), in one query."""
+        found = self._loop.run(self._store.list_runs(status="running", limit=RUNS + 1))
+        wanted = set(ids)
+        return [r.id for r in found if r.id in wanted and f"-{pid}-" in (r.lease_owner or "")]
 
 
 def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> None:
@@ -165,19 +179,20 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> 
     rng = random.Random(os.urandom(8))
     try:
         ids = asyncio.run(_start(pg, base))
+        reader = Reader(pg)
         workers = [_worker(pg, base) for _ in range(fleet)]
         kills = 0
         deadline = time.monotonic() + 300
         try:
-            while (done := asyncio.run(_finished(pg, ids))) < RUNS:
+            while (done := reader.finished(ids)) < RUNS:
                 assert time.monotonic() < deadline, f"only {done} of {RUNS} runs completed"
                 # Kill a random worker after a random number of served calls.
                 target = sum(desk.finished.values()) + rng.randint(5, 25)
                 while sum(desk.finished.values()) < target and time.monotonic() < deadline:
-                    if asyncio.run(_finished(pg, ids)) == RUNS:
+                    if reader.finished(ids) == RUNS:
                         break
                     time.sleep(0.05)
-                if kills < 8 and asyncio.run(_finished(pg, ids)) < RUNS:
+                if kills < 8 and reader.finished(ids) < RUNS:
                     victim = rng.randrange(fleet)
                     _end(workers[victim], signal.SIGKILL)
                     kills += 1
@@ -187,24 +202,14 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> 
                 if w.poll() is None:
                     _end(w, signal.SIGTERM)
     finally:
+        if "reader" in locals():
+            reader.close()
         server.shutdown()
         server.server_close()
     assert kills >= 3
     assert max(desk.peak.values()) <= LIMIT, desk.peak
     assert max(desk.peak.values()) == LIMIT  # the limit was reached, not just respected
     assert set(desk.finished) == set(ids)  # every run's call was served to the end
-
-
-async def _held_by(url: str, ids: list[str], pid: int) -> list[str]:
-    """The runs of ``ids`` whose lease the worker process ``pid`` holds (its worker id is
-    ``host-PID-random``), in one query."""
-    store = await toren.connect(url)
-    try:
-        running = await store.list_runs(status="running", limit=RUNS + 1, summary=True)
-        wanted = set(ids)
-        return [r.id for r in running if r.id in wanted and f"-{pid}-" in (r.lease_owner or "")]
-    finally:
-        await store.close()
 
 
 async def _tool_records(url: str, ids: list[str]) -> dict[str, int]:
@@ -249,6 +254,7 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         ids = asyncio.run(_start(pg, base))
+        reader = Reader(pg)
         workers = [_worker(pg, base) for _ in range(3)]
         victim = workers[0]
         try:
@@ -256,7 +262,7 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
             held: list[str] = []
 
             def holding() -> bool:
-                held[:] = asyncio.run(_held_by(pg, ids, victim.pid))
+                held[:] = reader.held_by(ids, victim.pid)
                 return bool(held)
 
             _until(holding, "the victim to hold a run")
@@ -266,21 +272,23 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
             frozen_at = time.time()
             try:
                 # What it held at the moment it froze (a run it was releasing may finish).
-                held = asyncio.run(_held_by(pg, ids, victim.pid))
+                held = reader.held_by(ids, victim.pid)
                 assert held, "the worker released every run as it froze: nothing to take over"
                 _until(
-                    lambda: asyncio.run(_finished(pg, held)) == len(held),
+                    lambda: reader.finished(held) == len(held),
                     "the frozen worker's runs to be taken over and finish",
                 )
             finally:
                 thawed_at = time.monotonic()
                 victim.send_signal(signal.SIGCONT)
-            _until(lambda: asyncio.run(_finished(pg, ids)) == RUNS, "every run", 300)
+            _until(lambda: reader.finished(ids) == RUNS, "every run", 300)
         finally:
             for w in workers:
                 if w.poll() is None:
                     _end(w, signal.SIGTERM)
     finally:
+        if "reader" in locals():
+            reader.close()
         server.shutdown()
         server.server_close()
 

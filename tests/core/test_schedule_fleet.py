@@ -57,24 +57,23 @@ def _nominal(url: str) -> list[tuple[float, Any]]:
     return asyncio.run(read())
 
 
-def _started(url: str) -> int:
-    """How many runs the schedule started: one query (polled every 100 ms)."""
+def _wait_for(url: str, count: int, timeout: float = 120) -> list[tuple[float, Any]]:
+    """Every scheduled run once ``count`` have started: polled every 100 ms through one
+    store kept open meanwhile (a connection per poll cost more CPU than the fleet)."""
 
-    async def read() -> int:
+    async def wait() -> None:
         store = await connect(url)
         try:
-            return len(await store.schedules.runs_of("tick/beat", limit=10_000))
+            deadline = time.monotonic() + timeout
+            while (
+                started := len(await store.schedules.runs_of("tick/beat", limit=10_000))
+            ) < count:
+                assert time.monotonic() < deadline, f"only {started} of {count} runs started"
+                await asyncio.sleep(0.1)
         finally:
             await store.close()
 
-    return asyncio.run(read())
-
-
-def _wait_for(url: str, count: int, timeout: float = 120) -> list[tuple[float, Any]]:
-    deadline = time.monotonic() + timeout
-    while (started := _started(url)) < count:
-        assert time.monotonic() < deadline, f"only {started} of {count} runs started"
-        time.sleep(0.1)
+    asyncio.run(wait())
     return _nominal(url)
 
 
