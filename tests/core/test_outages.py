@@ -134,7 +134,13 @@ async def test_runs_continue_at_once_after_the_workers_connections_are_killed(
                     assert final.lease_recoveries == 0  # same worker, same lease throughout
                 print(f"progress after the outage: {', '.join(f'{d:.2f} s' for d in delays)}")
                 text = log.read_text()
-                assert "re-asserting its lease" in text or "heartbeat failed" in text, text
+                # The worker saw the outage: on the lease it held (a step's or the
+                # heartbeat's statement cut) or, when the kill found only idle and claim
+                # connections, in its claim loop. Either way the runs went on above, well
+                # inside the TTL and on the same lease; which connection the kill meets
+                # first is timing.
+                noticed = ("re-asserting its lease", "heartbeat failed", "claim failed")
+                assert any(sign in text for sign in noticed), text
                 assert ledger.repaid == []
                 assert not [e for e in effects_of(effects) if e["again"]]
             finally:
