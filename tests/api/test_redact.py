@@ -51,15 +51,28 @@ def _stream(store: Any) -> Any:
 def test_a_cut_off_call_resets_its_steps_stream_redactor(store: Any) -> None:
     """A call cut off in flight (``ModelCallCutOff``) runs again from its first delta:
     what the step's redactor held back of the dead attempt neither joins nor hides the
-    new attempt's text."""
+    new attempt's text. The reset happens where the cut-off stands in the live queue, not
+    when it is read from the store: the dead attempt's last deltas may still wait in the
+    queue then (read first, the event would make them the new attempt's first text)."""
     from toren.core.contract.events import Event, ModelCallCutOff
 
     stream = _stream(store)
-    assert b"Hello " in (stream._delta({"stream": "", "position": 3, "text": "Hello sk-"}) or b"")
+    sent = stream._live({"type": "delta", "stream": "", "position": 3, "text": "Hello sk-"})
+    assert sent is not None and b"Hello " in sent
     cut = ModelCallCutOff(stream="", position=3, request_digest="d", provider="scripted")
-    body = stream._event(Event("run_x", cut.TYPE, cut, seq=7))
-    assert b"sk-" not in body
-    fresh = stream._delta({"stream": "", "position": 3, "text": "abcdefghijklmnopqrstuvwxyz"})
+    cut_event = Event("run_x", cut.TYPE, cut, seq=7)
+    sent = stream._event(cut_event)  # read from the store before the queue is drained
+    # Still in the queue: the dead attempt's last delta, then the cut-off, then the new
+    # attempt's first delta.
+    for item in (
+        {"type": "delta", "stream": "", "position": 3, "text": "test-SE"},
+        {"type": "event", "event": cut_event},
+    ):
+        sent += stream._live(item) or b""
+    assert b"sk-" not in sent and b"test-SE" not in sent, sent
+    fresh = stream._live(
+        {"type": "delta", "stream": "", "position": 3, "text": "abcdefghijklmnopqrstuvwxyz"}
+    )
     assert fresh is not None and b'"text":"abcdefghijklmnopqrstuvwxyz"' in fresh
 
 

@@ -174,12 +174,12 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> 
     pg = db_url
     fleet = 3 if db_url.startswith("postgres") else 1
     desk = Desk()
+    reader = Reader(pg)
     server = serve(desk)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     rng = random.Random(os.urandom(8))
     try:
         ids = asyncio.run(_start(pg, base))
-        reader = Reader(pg)
         workers = [_worker(pg, base) for _ in range(fleet)]
         kills = 0
         deadline = time.monotonic() + 300
@@ -202,8 +202,7 @@ def test_a_key_never_runs_more_than_its_limit_while_workers_die(db_url: str) -> 
                 if w.poll() is None:
                     _end(w, signal.SIGTERM)
     finally:
-        if "reader" in locals():
-            reader.close()
+        reader.close()
         server.shutdown()
         server.server_close()
     assert kills >= 3
@@ -250,11 +249,11 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
     completes, and each run's tool step is recorded exactly once."""
     pg = pg_only_url
     desk = Desk()
+    reader = Reader(pg)
     server = serve(desk)
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         ids = asyncio.run(_start(pg, base))
-        reader = Reader(pg)
         workers = [_worker(pg, base) for _ in range(3)]
         victim = workers[0]
         try:
@@ -287,8 +286,7 @@ def test_a_worker_frozen_past_its_lease_gives_its_slots_back(pg_only_url: str) -
                 if w.poll() is None:
                     _end(w, signal.SIGTERM)
     finally:
-        if "reader" in locals():
-            reader.close()
+        reader.close()
         server.shutdown()
         server.server_close()
 

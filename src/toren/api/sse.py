@@ -38,7 +38,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toren.core.contract.events import (
     TERMINAL_TYPES,
@@ -75,6 +75,15 @@ def message(event: str | None, data: object, id: int | None = None) -> bytes:
 
 def error_message(code: str, text: str) -> bytes:
     return message("error", {"error": {"code": code, "message": text}})
+
+
+@dataclass
+class _StepText:
+    """A step's live text so far: the redactor its deltas go through, and the raw pieces
+    fed to it (the recorded event may have to finish them, see :meth:`RunStream._event`)."""
+
+    redactor: StreamRedactor
+    fed: list[str] = field(default_factory=list)
 
 
 def _recorded_text(event: Event) -> str | None:
@@ -128,11 +137,10 @@ class RunStream:
         self.problem = problem
         self._recorded: set[tuple[str, int]] = set()  # steps delivered: their deltas are stale
         self._snapshot: list[tuple[str, int, str]] = []
-        # One redactor per step in flight: a secret may be split across its deltas. And
+        # One redactor per step in flight (a secret may be split across its deltas), with
         # the raw text fed to it: when the step's recorded event overtakes its last
         # deltas, the rest of the text comes from the event (see :meth:`_event`).
-        self._delta_text: dict[tuple[object, object], StreamRedactor] = {}
-        self._delta_fed: dict[tuple[object, object], list[str]] = {}
+        self._steps: dict[tuple[object, object], _StepText] = {}
         self._last_write = time.monotonic()
         # Whether the last terminal event delivered is not followed by a RunRetried: the
         # current attempt has ended. Kept across pages and wake-ups.
@@ -198,28 +206,43 @@ class RunStream:
             self._snapshot = []
             items, check_row = await self._wait(queue)
             for item in items:
-                if item.get("type") == "delta" and self._fresh(item):
-                    delta = self._delta(item)
-                    if delta is not None:
-                        yield delta
-                elif item.get("type") == "replayed":
-                    replayed = {k: item.get(k) for k in ("stream", "position", "seq")}
-                    yield message("replayed", replayed)
-                elif item.get("type") == "status":
+                if item.get("type") == "status":
                     check_row = True
+                elif (live := self._live(item)) is not None:
+                    yield live
             if time.monotonic() - self._last_write >= self.settings.heartbeat:
                 yield b": heartbeat\n\n"
+
+    def _live(self, item: dict[str, object]) -> bytes | None:
+        """What an item of the live hub's queue sends, if anything."""
+        kind = item.get("type")
+        if kind == "delta" and self._fresh(item):
+            return self._delta(item)
+        if kind == "replayed":
+            return message("replayed", {k: item.get(k) for k in ("stream", "position", "seq")})
+        if kind == "event" and isinstance(
+            cut := getattr(item.get("event"), "payload", None), ModelCallCutOff
+        ):
+            # The call was cut off and its step runs again from its first delta: what the
+            # step's redactor held back belongs to the dead attempt. Dropped, not sent;
+            # the new attempt starts with a fresh redactor (a held ``sk-`` joined to its
+            # first words would hide them, or a held prefix would prepend stale text).
+            # Reset here, in the queue's order, not when the event is read from the
+            # store: the dead attempt's last deltas may still wait in the queue then, and
+            # would become the start of the new attempt's text.
+            self._steps.pop((cut.stream, cut.position), None)
+        return None
 
     def _delta(self, item: dict[str, object]) -> bytes | None:
         """A delta's text through its step's :class:`StreamRedactor`: the part that is
         safe to send now (None when all of it is held back)."""
         step = (item.get("stream"), item.get("position"))
-        redactor = self._delta_text.get(step)
-        if redactor is None:
-            redactor = self._delta_text[step] = StreamRedactor(self.redact)
+        held = self._steps.get(step)
+        if held is None:
+            held = self._steps[step] = _StepText(StreamRedactor(self.redact))
         piece = str(item.get("text") or "")
-        self._delta_fed.setdefault(step, []).append(piece)
-        text = redactor.feed(piece)
+        held.fed.append(piece)
+        text = held.redactor.feed(piece)
         if not text:
             return None
         return message("delta", {"stream": step[0], "position": step[1], "text": text})
@@ -227,23 +250,14 @@ class RunStream:
     def _event(self, event: Event) -> bytes:
         self.last = event.seq
         held = b""
-        if isinstance(event.payload, ModelCallCutOff):
-            # The call was cut off and its step runs again from its first delta: what the
-            # step's redactor held back belongs to the dead attempt. Dropped, not sent;
-            # the new attempt starts with a fresh redactor (a held ``sk-`` joined to its
-            # first words would hide them, or a held prefix would prepend stale text).
-            cut = (event.payload.stream, event.payload.position)
-            self._delta_text.pop(cut, None)
-            self._delta_fed.pop(cut, None)
         if event.position is not None:
             step = (event.stream, event.position)
             self._recorded.add(step)
             # The step's text is complete: what its redactor held back goes out (redacted),
             # so the deltas still add up to the recorded text.
-            redactor = self._delta_text.pop(step, None)
-            fed = "".join(self._delta_fed.pop(step, ()))
+            step_text = self._steps.pop(step, None)
             rest = ""
-            if redactor is not None:
+            if step_text is not None:
                 # The recorded event can overtake the step's last deltas (they wait in the
                 # queue while the store is read; they are dropped as stale after it). What
                 # the redactor holds back is then the start of a secret whose end it never
@@ -252,8 +266,9 @@ class RunStream:
                 # there is no such text to finish it with (a call that failed mid-stream,
                 # deltas that are not the start of the recorded text), what is held back
                 # is dropped, never sent: the event itself carries the redacted record.
-                whole = _recorded_text(event)
+                whole, fed = _recorded_text(event), "".join(step_text.fed)
                 if whole is not None and whole.startswith(fed):
+                    redactor = step_text.redactor
                     rest = redactor.feed(whole[len(fed) :]) + redactor.flush()
             if rest:
                 held = message("delta", {"stream": step[0], "position": step[1], "text": rest})
