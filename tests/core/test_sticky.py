@@ -90,6 +90,30 @@ async def _parked(store: Store, sticky: StickyRuns, **kw: Any) -> tuple[Any, Any
     return run, deps, provider
 
 
+async def test_a_continued_wake_reads_neither_the_row_nor_the_log(
+    store: Store, monkeypatch: Any
+) -> None:
+    """The claim read the run's row and its last event's seq (``Lease.record``,
+    ``Lease.last_seq``): the kept tick checks them without a read of its own, and an
+    uncached tick starts from the row without reading it again."""
+    reads: list[str] = []
+    for name in ("get_run", "load_events"):
+        real = getattr(store, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
+            reads.append(_name)
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(store, name, counted)
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    assert reads == ["load_events"]  # the first tick: the log, not the row
+    reads.clear()
+    second = await toren.tick(run.id, deps)
+    assert (second.status, second.replayed, sticky.continued) == ("waiting", 0, 1)
+    assert reads == []
+
+
 async def test_a_claim_by_another_worker_in_between_replays(store: Store) -> None:
     sticky = StickyRuns(64_000_000)
     run, deps, provider = await _parked(store, sticky)

@@ -43,6 +43,8 @@ from toren.store.sql import (
     RUN_COLUMNS,
     UNBLOCK,
     Cursor,
+    claimed_columns,
+    claimed_lease,
     event_params,
     lease_lost,
     loop_is_idle,
@@ -291,7 +293,8 @@ CLAIM = (
     f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} {UNKEYED}"
     "{only}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
     "FOR UPDATE SKIP LOCKED) c "
-    "WHERE runs.id = c.id RETURNING runs.id, runs.lease_epoch, c.lease_owner, c.status"
+    "WHERE runs.id = c.id RETURNING runs.lease_epoch, c.lease_owner, c.status, "
+    f"{claimed_columns('runs')}"
 )
 CLAIM_ANY = CLAIM.replace("{only}", "")
 CLAIM_ONE = CLAIM.replace("{only}", "AND id = ? ")
@@ -782,7 +785,7 @@ class PostgresStore(RetentionSql):
     ) -> list[Lease]:
         sql, params = _claim_statement(worker_id, limit, now, ttl, only)
         self._x(cur, sql, params)
-        return [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in cur.fetchall()]
+        return [claimed_lease(worker_id, r[0], r[1], r[2], r[3:]) for r in cur.fetchall()]
 
     async def claim(
         self, worker_id: str, limit: int, *, now: float, ttl: float, only: str | None = None
@@ -792,7 +795,7 @@ class PostgresStore(RetentionSql):
             return []
         sql, params = _claim_statement(worker_id, limit, now, ttl, only)
         rows = await self._fetch_async(sql, params)
-        leases = [Lease(r[0], worker_id, r[1], r[2] is not None, r[3]) for r in rows]
+        leases = [claimed_lease(worker_id, r[0], r[1], r[2], r[3:]) for r in rows]
         if len(leases) < limit and await self._keyed_waiting(now, only):
             rest = limit - len(leases)
             leases += await self._run(

@@ -34,6 +34,7 @@ from toren.errors import (
     MessageConsumed,
     RunNotFound,
     RunNotRetryable,
+    StorageError,
 )
 from toren.store import ratelimits
 from toren.store import search as search_query
@@ -209,6 +210,39 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         priority=row[34],
         tool_errors=row[35],
         paced=row[36],
+    )
+
+
+# What a claim reads of each run it leases, after its lease columns (``Lease.record`` and
+# ``Lease.last_seq``): the run's row as the claim left it, and the seq of its last event
+# (one probe of ``events_run_seq``). ``runs`` names the claimed row's table or alias.
+def claimed_columns(runs: str) -> str:
+    names = (c.strip() for c in RUN_COLUMNS.split(","))
+    return (
+        ", ".join(f"{runs}.{c}" for c in names)
+        + f", (SELECT MAX(e.seq) FROM events e WHERE e.run_id = {runs}.id)"
+    )
+
+
+def claimed_lease(
+    worker_id: str, epoch: int, old_owner: str | None, status: str, read: Sequence[Any]
+) -> Lease:
+    """A claim's lease of a run, with what the claim read of it (``read``: the columns of
+    :func:`claimed_columns`). A row that cannot be read is left out (the tick reads it
+    again and meets the error there, where it holds up that run only, not the claim)."""
+    try:
+        record: RunRecord | None = run_from_row(read)
+    except StorageError:
+        record = None
+    last = read[-1]
+    return Lease(
+        read[0],
+        worker_id,
+        epoch,
+        old_owner is not None,
+        status,
+        record,
+        None if last is None else int(last),
     )
 
 

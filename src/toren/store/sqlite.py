@@ -32,10 +32,19 @@ from toren.store.base import Lease
 from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
-from toren.store.sql import CLAIMABLE, Cursor, InlineGate, settle, woken
+from toren.store.sql import (
+    CLAIMABLE,
+    Cursor,
+    InlineGate,
+    claimed_columns,
+    claimed_lease,
+    settle,
+    woken,
+)
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
+_CLAIMED = f"SELECT {claimed_columns('runs')} FROM runs WHERE id = ?"  # a run just claimed
 
 
 class _Job:
@@ -330,7 +339,9 @@ class SQLiteStore(RetentionSql):
                 "lease_recoveries = lease_recoveries + ? WHERE id = ?",
                 (worker_id, epoch + 1, now + ttl, int(recovered), run_id),
             )
-            leases.append(Lease(run_id, worker_id, epoch + 1, recovered, status))
+            # The row as claimed, read in this transaction: the tick starts from it.
+            read = cur.execute(_CLAIMED, (run_id,)).fetchone()
+            leases.append(claimed_lease(worker_id, epoch + 1, old_owner, status, read))
         if len(leases) < limit:  # queued runs of concurrency keys with room
             leases += claim_keyed(
                 self,

@@ -211,6 +211,13 @@ class Lease:
     epoch: int
     recovered: bool = False  # claimed from a dead worker's expired lease
     previous_status: str = RunStatus.QUEUED  # the run's status when claimed
+    # What the claim read of the run, in the claim's own statement (None: not read): the
+    # run's row as the claim left it, and the seq of its last event. A tick starts from
+    # the row instead of reading it again, and a kept tick (toren.core.drivers.resume)
+    # learns from the seq whether the log grew since it parked: on the wake-up path of a
+    # parked run, two round trips fewer. Not part of the lease's identity.
+    record: RunRecord | None = field(default=None, compare=False, repr=False)
+    last_seq: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,8 @@ async def resumable(
         or lease.epoch != kept.epoch + 1  # another claim came in between
     ):
         return None
-    run = await state.store.get_run(lease.run_id)
+    # What the claim read, when it did (Lease.record, Lease.last_seq): no round trip.
+    run = lease.record or await state.store.get_run(lease.run_id)
     if run is None or run.cancel_requested:
         return None
     try:
@@ -39,6 +40,8 @@ async def resumable(
     ):
         return None  # a new deploy (or a reload): its code replays the log
     after = state.journal.log.last_seq
-    if await state.store.load_events(lease.run_id, after_seq=after, limit=1):
-        return None  # the log grew since this tick parked
-    return run
+    if lease.last_seq is not None:
+        grew = lease.last_seq > after
+    else:
+        grew = bool(await state.store.load_events(lease.run_id, after_seq=after, limit=1))
+    return None if grew else run  # a log that grew since this tick parked: replay it

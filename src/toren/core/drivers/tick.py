@@ -205,7 +205,8 @@ class TickRunner:
         return await self._conclude()
 
     async def _run(self) -> TickResult:
-        run = await self.state.store.get_run(self.run_id)
+        # The row as the claim left it, when the claim read it (Lease.record).
+        run = self.state.lease.record or await self.state.store.get_run(self.run_id)
         if run is None:
             raise RunNotFound(f"no run with id {self.run_id!r}")
         self.state.writer.record = run

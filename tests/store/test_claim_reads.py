@@ -1,0 +1,61 @@
+"""A claim reads what the tick needs of each run it leases, in its own statement
+(``Lease.record``, ``Lease.last_seq``): the tick does not read the row again, and a kept
+tick (the sticky cache) learns whether the log grew without reading it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import toren
+from toren.store import Store
+
+
+async def _waiter(ctx: toren.Context, input: Any) -> Any:
+    return await ctx.wait_for_message("go")
+
+
+def _registry() -> toren.Registry:
+    reg = toren.Registry()
+    reg.add("waiter", _waiter)
+    return reg
+
+
+async def _sql(store: Store, sql: str, params: tuple[Any, ...]) -> None:
+    await store._run(lambda cur: store._x(cur, sql, params))  # type: ignore[attr-defined]
+
+
+async def test_a_claim_reads_the_row_as_it_left_it_and_the_last_seq(store: Store) -> None:
+    reg = _registry()
+    deps = toren.TickDeps(store=store, agents=reg)
+    parked = await toren.start_run(store, reg, "waiter", {"q": "parked"})
+    assert (await toren.tick(parked.id, deps)).status == "waiting"
+    await toren.send_message(store, parked.id, "go", "yes")
+    queued = await toren.start_run(store, reg, "waiter", {"q": "queued"})
+
+    leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    assert {lease.run_id for lease in leases} == {parked.id, queued.id}
+    for lease in leases:
+        row = await store.get_run(lease.run_id)
+        assert lease.record == row  # every column, as a read after the claim sees it
+        assert row is not None and row.status == "running" and row.lease_owner == "w1"
+        assert row.lease_epoch == lease.epoch
+        seqs = [e.seq for e in await store.load_events(lease.run_id)]
+        assert lease.last_seq == max(seqs)
+    by_id = {lease.run_id: lease for lease in leases}
+    assert by_id[parked.id].previous_status == "waiting"
+    assert by_id[queued.id].previous_status == "queued"
+
+
+async def test_a_row_that_cannot_be_read_holds_up_its_run_not_the_claim(store: Store) -> None:
+    """The claim leases the run all the same, without its row (the tick reads it again
+    and stops there, naming the column, as tests/store/test_corrupt_rows.py shows)."""
+    reg = _registry()
+    broken = await toren.start_run(store, reg, "waiter", {"q": 1})
+    sound = await toren.start_run(store, reg, "waiter", {"q": 2})
+    await _sql(store, "UPDATE runs SET input = ? WHERE id = ?", ("{broken", broken.id))
+
+    leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    by_id = {lease.run_id: lease for lease in leases}
+    assert set(by_id) == {broken.id, sound.id}
+    assert by_id[broken.id].record is None and by_id[broken.id].last_seq is not None
+    assert by_id[sound.id].record is not None and by_id[sound.id].record.input == {"q": 2}
