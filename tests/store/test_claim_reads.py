@@ -59,3 +59,24 @@ async def test_a_row_that_cannot_be_read_holds_up_its_run_not_the_claim(store: S
     assert set(by_id) == {broken.id, sound.id}
     assert by_id[broken.id].record is None and by_id[broken.id].last_seq is not None
     assert by_id[sound.id].record is not None and by_id[sound.id].record.input == {"q": 2}
+
+
+async def test_a_large_input_stays_in_the_database_until_its_tick_reads_it(store: Store) -> None:
+    """A claim of many runs must not read all their inputs at once (100 runs of 1 MB
+    would be 100 MB in one statement): past ``CLAIMED_INPUT`` the row is left out and the
+    tick reads it, whole, itself."""
+    from toren.store.sql import CLAIMED_INPUT
+
+    reg = _registry()
+    deps = toren.TickDeps(store=store, agents=reg)
+    large = await toren.start_run(store, reg, "waiter", {"text": "x" * CLAIMED_INPUT})
+    small = await toren.start_run(store, reg, "waiter", {"text": "x" * 100})
+    leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    by_id = {lease.run_id: lease for lease in leases}
+    assert by_id[large.id].record is None and by_id[large.id].last_seq is not None
+    assert by_id[small.id].record is not None
+    assert by_id[small.id].record.input == {"text": "x" * 100}
+    result = await toren.tick(large.id, deps, lease=by_id[large.id])
+    assert result.status == "waiting"
+    row = await store.get_run(large.id)
+    assert row is not None and row.input == {"text": "x" * CLAIMED_INPUT}

@@ -214,13 +214,22 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
 
 
 # What a claim reads of each run it leases, after its lease columns (``Lease.record`` and
-# ``Lease.last_seq``): the run's row as the claim left it, and the seq of its last event
-# (one probe of ``events_run_seq``). ``runs`` names the claimed row's table or alias.
+# ``Lease.last_seq``): the run's row as the claim left it, whether its input came whole,
+# and the seq of its last event (one probe of ``events_run_seq``). An input larger than
+# CLAIMED_INPUT stays in the database (a claim of a hundred runs of 1 MB inputs would read
+# 100 MB in one statement on the event loop): that run's tick reads its row itself.
+# ``runs`` names the claimed row's table or alias.
+CLAIMED_INPUT = 65_536
+
+
 def claimed_columns(runs: str) -> str:
-    names = (c.strip() for c in RUN_COLUMNS.split(","))
-    return (
-        ", ".join(f"{runs}.{c}" for c in names)
-        + f", (SELECT MAX(e.seq) FROM events e WHERE e.run_id = {runs}.id)"
+    names = [c.strip() for c in RUN_COLUMNS.split(",")]
+    small = f"({runs}.input IS NULL OR length({runs}.input) <= {CLAIMED_INPUT})"
+    columns = [
+        f"CASE WHEN {small} THEN {runs}.input END" if c == "input" else f"{runs}.{c}" for c in names
+    ]
+    return ", ".join(
+        [*columns, small, f"(SELECT MAX(e.seq) FROM events e WHERE e.run_id = {runs}.id)"]
     )
 
 
@@ -228,12 +237,15 @@ def claimed_lease(
     worker_id: str, epoch: int, old_owner: str | None, status: str, read: Sequence[Any]
 ) -> Lease:
     """A claim's lease of a run, with what the claim read of it (``read``: the columns of
-    :func:`claimed_columns`). A row that cannot be read is left out (the tick reads it
-    again and meets the error there, where it holds up that run only, not the claim)."""
-    try:
-        record: RunRecord | None = run_from_row(read)
-    except StorageError:
-        record = None
+    :func:`claimed_columns`). A row that cannot be read, or whose input the claim left in
+    the database, is left out (the tick reads it again, and meets an error there, where it
+    holds up that run only, not the claim)."""
+    record: RunRecord | None = None
+    if read[-2]:  # the input came whole
+        try:
+            record = run_from_row(read)
+        except StorageError:
+            pass
     last = read[-1]
     return Lease(
         read[0],
