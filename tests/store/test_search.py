@@ -181,3 +181,29 @@ async def test_pruning_a_run_removes_its_search_text(store: Store) -> None:
         return list(rows)
 
     assert await sql_store._run(left) == []
+
+
+async def test_a_search_alone_pages_through_every_match_newest_first(store: Store) -> None:
+    """On PostgreSQL a search with no other filter takes its page's ids from the search
+    table itself (no join of every match to ``runs``): the pages, cursor included, are
+    those of the join; a search text whose run was deleted by hand (a prune removes both)
+    is skipped as the join skips it, and the page stays full."""
+    ids = [await _create(store, n, {"note": f"parcel {n}"}) for n in range(9)]
+    await SearchIndexer(store, Redactor()).catch_up()
+    newest = sorted(ids, reverse=True)
+    pages: list[list[str]] = []
+    before = None
+    while True:
+        page = await store.list_runs(search="parc*", limit=4, before=before, summary=True)
+        if not page:
+            break
+        pages.append([r.id for r in page])
+        before = page[-1].id
+    assert pages == [newest[0:4], newest[4:8], newest[8:9]]
+    sql_store: Any = store
+    await sql_store._run(
+        lambda cur: sql_store._x(cur, "DELETE FROM runs WHERE id = ?", (newest[1],))
+    )
+    page = await store.list_runs(search="parcel", limit=4, summary=True)
+    assert [r.id for r in page] == [newest[0], *newest[2:5]]
+    assert all(r.input == {"note": r.input["note"]} for r in page)  # type: ignore[index]

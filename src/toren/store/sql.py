@@ -606,9 +606,29 @@ class SqlStore:
                 f"(SELECT id FROM runs {clause} ORDER BY id DESC LIMIT ?) ORDER BY id DESC"
             )
 
+        filters = (status, agent, process, updated_after)
+        # A search and nothing else (but the cursor): the page's ids come from the text
+        # index's own table, newest first, without joining every match to ``runs`` (a
+        # prefix can match thousands; the join cost the most of such a search).
+        alone = bool(settings) and summary and not any(f is not None for f in filters)
+        page_ids = (
+            "SELECT run_id FROM run_search WHERE vector @@ to_tsquery('simple', ?) "
+            + ("AND run_id < ? " if before is not None else "")
+            + "ORDER BY run_id DESC LIMIT ?"
+        )
+
         def fetch(cur: Cursor) -> list[Any]:
             for statement in settings:
                 self._x(cur, statement)
+            if alone:
+                ids = [r[0] for r in self._x(cur, page_ids, (*params, limit)).fetchall()]
+                rows = self._x(
+                    cur, f"SELECT {columns} FROM runs WHERE id = ANY(?) ORDER BY id DESC", (ids,)
+                ).fetchall()
+                if len(rows) == len(ids):
+                    return list(rows)
+                # A search text whose run is gone (deleted by hand: a prune removes both
+                # together) would shorten the page: the join, which skips it, decides.
             return list(self._x(cur, sql, (*params, limit)).fetchall())
 
         found = await self._run(fetch, write=bool(settings))
