@@ -279,3 +279,22 @@ def test_pages_are_remembered_by_their_fragments_and_bounded() -> None:
     for i in range(20):
         pages.page([dataclasses.replace(runs[0], steps=i)], None, redactor)
     assert pages._bytes <= pages.max_bytes
+
+
+def test_a_kept_fragment_holds_no_more_memory_than_its_bytes() -> None:
+    """``Fragments`` and ``Pages`` keep fragments; each must cost its length, not the
+    buffer orjson grew for it (8 KB and more for a run of 1 KB: 50 concurrent searches
+    once held ~35 MB of that slack in a server)."""
+    import tracemalloc
+
+    runs = [dataclasses.replace(r, id=f"run_{i:022d}") for i, r in enumerate(records() * 50)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [render.run_fragment(run) for run in runs]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    length = sum(len(f) for f in kept)
+    # A bytes object's header is ~33 bytes; the list ~8 bytes an entry.
+    assert held <= length + 64 * len(kept), (held, length, len(kept))
