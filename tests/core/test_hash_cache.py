@@ -187,3 +187,21 @@ def test_messages_rebuilt_for_every_request_hash_as_the_reference() -> None:
     same = {"name": "a", "description": "b", "parameters": {}}
     assert cache.message(dict(same)) == message_hash(same)
     assert cache.tool(dict(same)) == tool_spec_hash(same)
+
+
+def test_only_the_last_requests_bodies_are_kept() -> None:
+    """A live step takes the canonical bodies of the request it just hashed; a replay
+    hashes thousands of requests whose bodies nothing takes. The cache keeps the last
+    request's only (each orjson result holds the buffer it grew, 4 KB and up), and a body
+    it no longer has is encoded again by the caller, to the same bytes."""
+    from toren.core.contract.digest import canonical_json
+
+    cache = HashCache()
+    first = {"role": "user", "content": "first"}
+    for i in range(2_000):
+        cache.model(ModelRequest("p", "m", [first, {"role": "user", "content": f"step {i}"}]))
+    assert len(cache._bodies) <= 2
+    last = {"role": "user", "content": "step 1999"}
+    hashed = cache.model(ModelRequest("p", "m", [last]))
+    assert cache.take_body(hashed.messages[0]) == canonical_json(last)
+    assert cache.take_body(hashed.messages[0]) is None  # taken once

@@ -304,7 +304,11 @@ class HashCache:
         self._tool_shapes: dict[object, str] = {}
         self._frozen: dict[int, tuple[Message, str]] = {}
         self._lists: dict[str, tuple[list[str], Any]] = {}
-        self._bodies: dict[str, bytes] = {}  # canonical bodies hashed since last taken
+        # The canonical bodies of the messages the last request hashed, by hash: a live
+        # step stores them without encoding them again (take_body); any other body is
+        # encoded again there. Only the last request's: a replay hashes thousands that
+        # nothing takes, and each orjson result holds the buffer it grew (4 KB and up).
+        self._bodies: dict[str, bytes] = {}
         # The last request's messages seen from the same first message: (the messages, kept
         # alive so their ids stay theirs; their ids; their hashes; how many of the leading
         # ones are immutable Messages or pinned plain dicts; the pin of those dicts).
@@ -325,7 +329,7 @@ class HashCache:
     def _hash_message(self, message: Mapping[str, object]) -> str:
         body = canonical_json(message)
         digest = _sha(_MESSAGE_PREFIX, body)
-        if len(self._bodies) > 10_000:
+        if len(self._bodies) > 1_000:  # message() called without model(), many times
             self._bodies.clear()
         self._bodies[digest] = body
         return digest
@@ -405,6 +409,7 @@ class HashCache:
         return hashes
 
     def model(self, request: ModelRequest) -> HashedRequest:
+        self._bodies.clear()  # an earlier request's bodies: a live step takes its own only
         msgs = self.messages(request.messages)
         tools = self.tools(request.tools)
         params = semantic_params(request.params)
