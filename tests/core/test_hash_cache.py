@@ -189,19 +189,21 @@ def test_messages_rebuilt_for_every_request_hash_as_the_reference() -> None:
     assert cache.tool(dict(same)) == tool_spec_hash(same)
 
 
-def test_only_the_last_requests_bodies_are_kept() -> None:
-    """A live step takes the canonical bodies of the request it just hashed; a replay
-    hashes thousands of requests whose bodies nothing takes. The cache keeps the last
-    request's only (each orjson result holds the buffer it grew, 4 KB and up), and a body
-    it no longer has is encoded again by the caller, to the same bytes."""
-    from toren.core.contract.digest import canonical_json
+def test_the_kept_bodies_are_bounded_and_calls_in_flight_keep_theirs() -> None:
+    """A live step takes the canonical bodies of the request it hashed when its call
+    returns; a replay hashes thousands of requests whose bodies nothing takes. The cache
+    keeps a bounded number (each orjson result holds the buffer it grew, 4 KB and up),
+    enough for calls in flight together (``ctx.gather``) to take their own; a body it no
+    longer has is encoded again by the caller, to the same bytes."""
+    from toren.core.contract.digest import _BODIES_KEPT, canonical_json
 
     cache = HashCache()
     first = {"role": "user", "content": "first"}
     for i in range(2_000):
         cache.model(ModelRequest("p", "m", [first, {"role": "user", "content": f"step {i}"}]))
-    assert len(cache._bodies) <= 2
-    last = {"role": "user", "content": "step 1999"}
-    hashed = cache.model(ModelRequest("p", "m", [last]))
-    assert cache.take_body(hashed.messages[0]) == canonical_json(last)
-    assert cache.take_body(hashed.messages[0]) is None  # taken once
+    assert len(cache._bodies) <= _BODIES_KEPT
+    together = [{"role": "user", "content": f"branch {i}"} for i in range(4)]
+    hashed = [cache.model(ModelRequest("p", "m", [m])) for m in together]
+    for message, request in zip(together, hashed, strict=True):  # each call returns
+        assert cache.take_body(request.messages[0]) == canonical_json(message)
+        assert cache.take_body(request.messages[0]) is None  # taken once

@@ -80,3 +80,55 @@ async def test_a_large_input_stays_in_the_database_until_its_tick_reads_it(store
     assert result.status == "waiting"
     row = await store.get_run(large.id)
     assert row is not None and row.input == {"text": "x" * CLAIMED_INPUT}
+
+
+async def test_a_tick_restarted_after_a_database_failure_reads_the_row_again(
+    store: Store, monkeypatch: Any
+) -> None:
+    """A worker whose tick failed on the database (its lease still held) runs the run
+    again under the same lease. The failed attempt had already added steps and tokens to
+    the row; started from the row the claim read, the new tick would add them again (a
+    tick corrects the row's totals from the log against the row it starts with)."""
+    import asyncio
+    import time
+
+    from toren.errors import StorageError
+    from toren.providers.scripted import ScriptedProvider
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "count"}]
+        for i in range(6):
+            messages.append({"role": "user", "content": f"step {i}"})
+            messages.append((await ctx.model("scripted:echo", messages)).message())
+        return {"ok": True}
+
+    reg = toren.Registry()
+    reg.add("counter", agent)
+    real_append = store.append
+    calls = 0
+
+    async def append(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # the database fails under the fourth write, once
+            raise StorageError("the database went away")
+        return await real_append(*args, **kw)
+
+    async def block(*args: Any, **kw: Any) -> Any:
+        raise StorageError("the database went away")  # so recording the failure fails too
+
+    monkeypatch.setattr(store, "append", append)
+    monkeypatch.setattr(store, "block", block)
+    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": ScriptedProvider()})
+    run = await toren.start_run(store, reg, "counter", {})
+    async with toren.LocalWorkerRuntime(deps):
+        deadline = time.monotonic() + 30
+        while (row := await store.get_run(run.id)) is None or row.status != "completed":
+            assert time.monotonic() < deadline, "the run did not complete"
+            await asyncio.sleep(0.01)
+    assert calls > 4  # the failure happened, and the run went on after it
+    events = await store.load_events(run.id)
+    model_calls = [e.payload for e in events if e.type == "ModelCallRecorded"]
+    assert row.steps == len(model_calls) == 6
+    assert row.input_tokens == sum(p.input_tokens for p in model_calls)  # type: ignore[attr-defined]
+    assert row.output_tokens == sum(p.output_tokens for p in model_calls)  # type: ignore[attr-defined]

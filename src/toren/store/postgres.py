@@ -294,7 +294,7 @@ CLAIM = (
     "{only}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
     "FOR UPDATE SKIP LOCKED) c "
     "WHERE runs.id = c.id RETURNING runs.lease_epoch, c.lease_owner, c.status, "
-    f"{claimed_columns('runs')}"
+    f"{claimed_columns('runs', 'postgres')}"
 )
 CLAIM_ANY = CLAIM.replace("{only}", "")
 CLAIM_ONE = CLAIM.replace("{only}", "AND id = ? ")

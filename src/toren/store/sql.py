@@ -222,9 +222,16 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
 CLAIMED_INPUT = 65_536
 
 
-def claimed_columns(runs: str) -> str:
+def claimed_columns(runs: str, dialect: str) -> str:
     names = [c.strip() for c in RUN_COLUMNS.split(",")]
-    small = f"({runs}.input IS NULL OR length({runs}.input) <= {CLAIMED_INPUT})"
+    # Its size in bytes, read from the value's header, not counted through its text (as
+    # summary_expressions measures it).
+    size = (
+        f"length(CAST({runs}.input AS BLOB))"
+        if dialect == "sqlite"
+        else f"octet_length({runs}.input)"
+    )
+    small = f"({runs}.input IS NULL OR {size} <= {CLAIMED_INPUT})"
     columns = [
         f"CASE WHEN {small} THEN {runs}.input END" if c == "input" else f"{runs}.{c}" for c in names
     ]

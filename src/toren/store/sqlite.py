@@ -44,7 +44,9 @@ from toren.store.sql import (
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
-_CLAIMED = f"SELECT {claimed_columns('runs')} FROM runs WHERE id = ?"  # a run just claimed
+_CLAIMED = (
+    f"SELECT {claimed_columns('runs', 'sqlite')} FROM runs WHERE id = ?"  # a run just claimed
+)
 
 
 class _Job:

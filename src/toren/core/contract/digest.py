@@ -265,6 +265,9 @@ class HashedRequest:
         self.params = params  # the semantic params the digest covers
 
 
+_BODIES_KEPT = 256  # canonical bodies a HashCache keeps for take_body
+
+
 class HashCache:
     """Remembers the hashes of messages and tools seen before, and the running digest
     state of growing conversations, so a step costs time in proportion to its new content.
@@ -304,10 +307,11 @@ class HashCache:
         self._tool_shapes: dict[object, str] = {}
         self._frozen: dict[int, tuple[Message, str]] = {}
         self._lists: dict[str, tuple[list[str], Any]] = {}
-        # The canonical bodies of the messages the last request hashed, by hash: a live
-        # step stores them without encoding them again (take_body); any other body is
-        # encoded again there. Only the last request's: a replay hashes thousands that
-        # nothing takes, and each orjson result holds the buffer it grew (4 KB and up).
+        # The canonical bodies of the messages hashed lately, by hash: a live step stores
+        # them without encoding them again (take_body); a body no longer here is encoded
+        # again there. A few hundred at most (calls in flight together each take their
+        # own): a replay hashes thousands that nothing takes, and each orjson result
+        # holds the buffer it grew (4 KB and up).
         self._bodies: dict[str, bytes] = {}
         # The last request's messages seen from the same first message: (the messages, kept
         # alive so their ids stay theirs; their ids; their hashes; how many of the leading
@@ -329,8 +333,8 @@ class HashCache:
     def _hash_message(self, message: Mapping[str, object]) -> str:
         body = canonical_json(message)
         digest = _sha(_MESSAGE_PREFIX, body)
-        if len(self._bodies) > 1_000:  # message() called without model(), many times
-            self._bodies.clear()
+        if len(self._bodies) >= _BODIES_KEPT:
+            del self._bodies[next(iter(self._bodies))]  # the oldest first
         self._bodies[digest] = body
         return digest
 
@@ -409,7 +413,6 @@ class HashCache:
         return hashes
 
     def model(self, request: ModelRequest) -> HashedRequest:
-        self._bodies.clear()  # an earlier request's bodies: a live step takes its own only
         msgs = self.messages(request.messages)
         tools = self.tools(request.tools)
         params = semantic_params(request.params)

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+from dataclasses import replace
 from typing import Any
 
 from toren.core.contract.records import Lease, WorkerInfo
@@ -255,7 +256,10 @@ class LocalWorkerRuntime:
                 )
                 task = asyncio.current_task()
                 assert task is not None
-                runner = TickRunner(self.deps, runner.lease, granted_at=granted_at)
+                # Without the row the claim read: the failed attempt may have moved the
+                # run's totals since, and a tick corrects them from the row it starts with.
+                lease = replace(runner.lease, record=None, last_seq=None)
+                runner = TickRunner(self.deps, lease, granted_at=granted_at)
                 self._active[runner.run_id] = (runner, task)
         finally:
             entry = self._active.get(runner.run_id)
