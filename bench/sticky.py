@@ -110,6 +110,18 @@ def database(backend: str, tmp: str, name: str) -> str:
     return base.rsplit("/", 1)[0] + "/" + db
 
 
+def drop(url: str) -> None:
+    """Drop a PostgreSQL database :func:`database` made (a SQLite file goes with its
+    temporary directory)."""
+    if url.startswith("sqlite"):
+        return
+    import psycopg
+
+    base = os.environ.get("TOREN_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
@@ -132,7 +144,10 @@ def main() -> None:
             # Alternate off, on, off, on: the two conditions in the same run.
             for i, cached in enumerate((False, True, False, True)):
                 url = database(backend, tmp, f"{backend}{i}")
-                got = asyncio.run(measure(url, args.runs, args.steps, args.rounds, cached))
+                try:
+                    got = asyncio.run(measure(url, args.runs, args.steps, args.rounds, cached))
+                finally:
+                    drop(url)
                 print(
                     f"| {backend} | {'on' if cached else 'off'} | {got['cpu_ms_per_wake']:.2f} "
                     f"| {got['wall_ms_per_wake']:.2f} | {got['replayed_per_wake']:.1f} "
