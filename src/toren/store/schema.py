@@ -109,12 +109,17 @@ LIST_COLUMNS = (
 )
 
 
+def byte_size(column: str, dialect: str) -> str:
+    """The SQL of a text column's size in bytes, read from the value's header (its text
+    is not counted through, nor a large value decompressed)."""
+    return f"length(CAST({column} AS BLOB))" if dialect == "sqlite" else f"octet_length({column})"
+
+
 def summary_expressions(dialect: str) -> tuple[str, ...]:
     """Per JSON column: the inline value, its size in bytes, the preview of a large one."""
-    size = "length(CAST({c} AS BLOB))" if dialect == "sqlite" else "octet_length({c})"
     found: list[str] = []
     for column in ("input", "output", "error"):
-        n = size.format(c=column)
+        n = byte_size(column, dialect)
         found += [
             f"CASE WHEN {n} <= {SUMMARY_INLINE} THEN {column} END",
             n,

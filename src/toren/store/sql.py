@@ -54,7 +54,7 @@ from toren.store.base import (
 from toren.store.flow import key_queues, queued_because, set_limits, unfinished_of
 from toren.store.rows import event_params as event_params
 from toren.store.schedules import SqlSchedules
-from toren.store.schema import LIST_COLUMNS, summary_expressions
+from toren.store.schema import LIST_COLUMNS, byte_size, summary_expressions
 
 T = TypeVar("T")
 
@@ -149,6 +149,8 @@ PUT_SEARCH_TEXT = (
 # (milliseconds). A search is therefore planned without sequential and plain index scans
 # (``SET LOCAL``: this transaction only); the GIN index is read as a bitmap, and the runs
 # it finds through their primary key, also as bitmaps.
+# A PostgreSQL run_search row whose stored vector matches the query (one parameter).
+_PG_SEARCH_MATCH = "vector @@ to_tsquery('simple', ?)"
 SEARCH_PLAN = ("SET LOCAL enable_seqscan = off", "SET LOCAL enable_indexscan = off")
 # PostgreSQL stores the vector with the text (SEARCH_VECTOR over the new body), computed
 # by the database from the one copy of the body sent.
@@ -224,14 +226,7 @@ CLAIMED_INPUT = 65_536
 
 def claimed_columns(runs: str, dialect: str) -> str:
     names = [c.strip() for c in RUN_COLUMNS.split(",")]
-    # Its size in bytes, read from the value's header, not counted through its text (as
-    # summary_expressions measures it).
-    size = (
-        f"length(CAST({runs}.input AS BLOB))"
-        if dialect == "sqlite"
-        else f"octet_length({runs}.input)"
-    )
-    small = f"({runs}.input IS NULL OR {size} <= {CLAIMED_INPUT})"
+    small = f"({runs}.input IS NULL OR {byte_size(f'{runs}.input', dialect)} <= {CLAIMED_INPUT})"
     columns = [
         f"CASE WHEN {small} THEN {runs}.input END" if c == "input" else f"{runs}.{c}" for c in names
     ]
@@ -618,10 +613,10 @@ class SqlStore:
         # index's own table, newest first, without joining every match to ``runs`` (a
         # prefix can match thousands; the join cost the most of such a search).
         alone = bool(settings) and summary and not any(f is not None for f in filters)
+        cursor = "AND run_id < ? " if before is not None else ""
         page_ids = (
-            "SELECT run_id FROM run_search WHERE vector @@ to_tsquery('simple', ?) "
-            + ("AND run_id < ? " if before is not None else "")
-            + "ORDER BY run_id DESC LIMIT ?"
+            f"SELECT run_id FROM run_search WHERE {_PG_SEARCH_MATCH} {cursor}"
+            "ORDER BY run_id DESC LIMIT ?"
         )
 
         def fetch(cur: Cursor) -> list[Any]:
@@ -652,7 +647,7 @@ class SqlStore:
                 "id IN (SELECT s.run_id FROM run_search_fts f JOIN run_search s "
                 "ON s.rowid = f.rowid WHERE run_search_fts MATCH ?)"
             )
-        return "id IN (SELECT run_id FROM run_search WHERE vector @@ to_tsquery('simple', ?))"
+        return f"id IN (SELECT run_id FROM run_search WHERE {_PG_SEARCH_MATCH})"
 
     def _search_param(self, terms: list[search_query.Term]) -> str:
         if self.dialect == "sqlite":
