@@ -370,6 +370,11 @@ class SqlStore:
     async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
         raise NotImplementedError
 
+    async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
+        """A short read by key (a run's row, its next message): a dialect may run it inline
+        on the loop's thread when nothing else is ready (see :class:`InlineGate`)."""
+        return await self._run(fn, write=False)
+
     def _is_conflict(self, exc: BaseException) -> bool:
         raise NotImplementedError
 
@@ -553,7 +558,7 @@ class SqlStore:
             found = row.fetchone()
             return run_from_row(found) if found else None
 
-        return await self._run(tx, write=False)
+        return await self._read_small(tx)
 
     async def list_runs(
         self,
@@ -1130,7 +1135,7 @@ class SqlStore:
             payload = read_json(row[3], "inbox", "payload", id=row[0], run_id=run_id)
             return InboxMessage(row[0], row[1], row[2], payload, row[4])
 
-        return await self._run(tx, write=False)
+        return await self._read_small(tx)
 
     def _cancel_in(self, cur: Cursor, run_id: str, *, now: float) -> None:
         self._x(

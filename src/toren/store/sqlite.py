@@ -150,18 +150,23 @@ class SQLiteStore(RetentionSql):
         self._gate.turned()
         self._flush(loop)
 
+    def _loop_cursor(self) -> sqlite3.Cursor:
+        """The loop's connection's cursor (the connection opened on first use, busy
+        timeout 0)."""
+        if self._loop_cur is None:
+            if self._loop_conn is None:
+                self._loop_conn = self._open(0)
+            self._loop_cur = self._loop_conn.cursor()
+        return self._loop_cur
+
     def _begin_inline(self) -> Any:
         """Open a write transaction on the loop's connection: its cursor, or None when
         another connection holds the write lock (or, opening, a lock the WAL switch
         needs); the database thread, which waits on the busy timeout, must do it then.
         Raises what opening failed with otherwise (not a database, say)."""
-        cur = self._loop_cur
         try:
-            if cur is None:
-                if self._loop_conn is None:
-                    self._loop_conn = self._open(0)
-                cur = self._loop_cur = self._loop_conn.cursor()
-            elif cur.connection.in_transaction:
+            cur = self._loop_cursor()
+            if cur.connection.in_transaction:
                 # Only a write an interrupt cut short (KeyboardInterrupt after BEGIN) leaves
                 # one open here: it holds the write lock, which every later write would
                 # wait on in vain. Nothing of it was committed.
@@ -170,6 +175,43 @@ class SQLiteStore(RetentionSql):
         except sqlite3.OperationalError:
             return None
         return cur
+
+    async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
+        """A short read by key, inline on the loop's connection when nothing else is
+        ready to run (as a lone write is): no hand-off to the database thread and back,
+        which costs a wake more than the read (bench/RESULTS.md). A read that would wait
+        for a lock (busy timeout 0 here) takes the database thread, which waits."""
+        if (
+            self._inline
+            and not self._flush_scheduled
+            and self._gate.open(asyncio.get_running_loop())
+        ):
+            done, result = self._read_inline(fn)
+            if done:
+                return result  # type: ignore[return-value]  # done: fn returned it
+        return await self._run(fn, write=False)
+
+    def _read_inline(self, fn: Callable[[Cursor], T]) -> tuple[bool, T | None]:
+        """``(True, fn(cur))`` in a read transaction on the loop's connection, or
+        ``(False, None)`` when the database said no (a lock it would wait for, a
+        connection it cannot open): the caller asks the database thread, which waits, or
+        reports the error as every read does. What ``fn`` itself raises otherwise (a
+        corrupt row's ``StorageError``) is raised."""
+        try:
+            cur = self._loop_cursor()
+            if cur.connection.in_transaction:  # a write an interrupt cut short: see above
+                return False, None
+            cur.execute("BEGIN")
+            try:
+                result = fn(cur)
+            finally:
+                cur.execute("COMMIT")
+        except (sqlite3.Error, OSError):  # OSError: its directory, say
+            with contextlib.suppress(sqlite3.Error):
+                if self._loop_cur is not None and self._loop_cur.connection.in_transaction:
+                    self._loop_cur.execute("ROLLBACK")
+            return False, None
+        return True, result
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False

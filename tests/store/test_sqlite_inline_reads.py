@@ -1,0 +1,91 @@
+"""SQLite's short reads by key (a run's row, its next message) run inline on the loop's
+connection when the loop is idle, as a lone write does: no hand-off to the database thread
+and back. A read the loop's connection cannot do takes the thread and answers the same."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import toren
+from toren.errors import StorageError
+from toren.store.sqlite import SQLiteStore
+
+
+async def _idle(ctx: toren.Context, input: Any) -> Any:
+    return None
+
+
+async def _store_with_message(tmp_path: Path) -> tuple[SQLiteStore, str]:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    await store.migrate()
+    reg = toren.Registry()
+    reg.add("idle", _idle)
+    run_id = (await toren.start_run(store, reg, "idle", {"x": 1})).id
+    await store.send_message(run_id, "next", {"text": "hello"}, now=time.time())
+    return store, run_id
+
+
+def _count_thread_jobs(store: SQLiteStore) -> list[bool]:
+    """Every job handed to the database thread from now on (True for a write)."""
+    jobs: list[bool] = []
+    submit = store._submit
+
+    def counted(job: Any) -> None:
+        jobs.append(job.write)
+        submit(job)
+
+    store._submit = counted  # type: ignore[method-assign]
+    return jobs
+
+
+async def test_a_runs_row_and_next_message_are_read_without_the_database_thread(
+    tmp_path: Path,
+) -> None:
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        jobs = _count_thread_jobs(store)
+        store._gate.turned()  # the loop took a turn just now and nothing else is ready
+        run = await store.get_run(run_id)
+        message = await store.next_message(run_id, ["next"])
+        assert run is not None and run.id == run_id
+        assert message is not None and message.payload == {"text": "hello"}
+        assert jobs == []
+        assert store._loop_cur is not None and not store._loop_cur.connection.in_transaction
+    finally:
+        await store.close()
+
+
+async def test_a_read_the_loops_connection_cannot_do_takes_the_thread(tmp_path: Path) -> None:
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        cur = store._loop_cursor()
+        cur.execute("BEGIN")  # as a write an interrupt cut short leaves it
+        jobs = _count_thread_jobs(store)
+        store._gate.turned()
+        message = await store.next_message(run_id, ["next"])
+        assert message is not None and message.payload == {"text": "hello"}
+        assert jobs == [False]  # one read, on the thread
+        cur.execute("ROLLBACK")
+    finally:
+        await store.close()
+
+
+async def test_a_corrupt_row_read_inline_is_an_error_and_leaves_no_transaction(
+    tmp_path: Path,
+) -> None:
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        await store._run(lambda cur: cur.execute("UPDATE inbox SET payload = '{not json'"))
+        store._gate.turned()
+        with pytest.raises(StorageError, match="inbox"):
+            await store.next_message(run_id, ["next"])
+        assert store._loop_cur is not None and not store._loop_cur.connection.in_transaction
+        store._gate.turned()
+        await store._run(lambda cur: cur.execute("DELETE FROM inbox"))  # writes still go
+        assert await store.next_message(run_id, ["next"]) is None
+    finally:
+        await store.close()
