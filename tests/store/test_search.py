@@ -139,6 +139,20 @@ def test_the_search_text_is_bounded_and_redacted() -> None:
     assert "zq8xv3kp9wm2" not in text
 
 
+def test_an_errors_summary_is_searched_and_its_traceback_is_not() -> None:
+    error = {
+        "type": "RefundRefused",
+        "code": "card_declined",
+        "message": "the bank said wobblegong",
+        "traceback": "File agent.py, line 9, in snorkelfrog",
+    }
+    source = SearchSource("r", 0.0, "failed", "billing", None, None, json.dumps(error))
+    found = search_text(source, Redactor()).split()
+    for word in ("refundrefused", "card", "declined", "wobblegong"):
+        assert word in [w.lower() for w in found], found
+    assert not {"snorkelfrog", "agent", "line"} & {w.lower() for w in found}, found
+
+
 def test_a_cut_never_leaves_part_of_a_secret() -> None:
     """A secret (or a key shape) straddling where the text is cut: no prefix of it is
     indexed, whatever the cut."""
