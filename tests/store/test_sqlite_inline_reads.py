@@ -4,7 +4,9 @@ and back. A read the loop's connection cannot do takes the thread and answers th
 
 from __future__ import annotations
 
+import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,16 @@ import pytest
 
 import toren
 from toren.errors import StorageError
+from toren.store import sql
 from toren.store.sqlite import SQLiteStore
+
+
+@pytest.fixture(autouse=True)
+def _gate_stays_open(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The inline gate's 5 ms since the loop's last turn, made a minute: a slow machine
+    must not send these reads to the thread for want of time."""
+    monkeypatch.setattr(sql, "INLINE_FOR", 60.0)
+    yield
 
 
 async def _idle(ctx: toren.Context, input: Any) -> Any:
@@ -59,17 +70,42 @@ async def test_a_runs_row_and_next_message_are_read_without_the_database_thread(
         await store.close()
 
 
-async def test_a_read_the_loops_connection_cannot_do_takes_the_thread(tmp_path: Path) -> None:
+async def test_a_read_the_loops_connection_cannot_do_takes_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store, run_id = await _store_with_message(tmp_path)
     try:
-        cur = store._loop_cursor()
-        cur.execute("BEGIN")  # as a write an interrupt cut short leaves it
+        # The loop's connection cannot be opened now (a lock the WAL switch needs, say).
+        store._loop_cur = store._loop_conn = None
+        opened = store._open
+
+        def refuse_without_waiting(busy_ms: int) -> sqlite3.Connection:
+            if busy_ms == 0:
+                raise sqlite3.OperationalError("database is locked")
+            return opened(busy_ms)
+
+        monkeypatch.setattr(store, "_open", refuse_without_waiting)
         jobs = _count_thread_jobs(store)
         store._gate.turned()
         message = await store.next_message(run_id, ["next"])
         assert message is not None and message.payload == {"text": "hello"}
         assert jobs == [False]  # one read, on the thread
-        cur.execute("ROLLBACK")
+    finally:
+        await store.close()
+
+
+async def test_a_write_cut_short_is_rolled_back_by_an_inline_read(tmp_path: Path) -> None:
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        cur = store._loop_cursor()
+        cur.execute("BEGIN IMMEDIATE")  # as a write an interrupt cut short leaves it
+        cur.execute("DELETE FROM inbox")
+        jobs = _count_thread_jobs(store)
+        store._gate.turned()
+        message = await store.next_message(run_id, ["next"])
+        assert message is not None and message.payload == {"text": "hello"}  # not deleted
+        assert jobs == []
+        assert not cur.connection.in_transaction  # the write lock is free again
     finally:
         await store.close()
 
@@ -80,9 +116,11 @@ async def test_a_corrupt_row_read_inline_is_an_error_and_leaves_no_transaction(
     store, run_id = await _store_with_message(tmp_path)
     try:
         await store._run(lambda cur: cur.execute("UPDATE inbox SET payload = '{not json'"))
+        jobs = _count_thread_jobs(store)
         store._gate.turned()
         with pytest.raises(StorageError, match="inbox"):
             await store.next_message(run_id, ["next"])
+        assert jobs == []  # raised by the inline read, not by a second try on the thread
         assert store._loop_cur is not None and not store._loop_cur.connection.in_transaction
         store._gate.turned()
         await store._run(lambda cur: cur.execute("DELETE FROM inbox"))  # writes still go

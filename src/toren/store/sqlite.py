@@ -8,7 +8,9 @@ step pays no thread hand-off; many runs stepping at once share one fsync. That c
 never waits for a lock (busy timeout 0): if another process holds the write lock, the
 group is handed to the database thread, which waits on the busy timeout so the loop never
 blocks on it. Reads run on that thread too, on its own connection (WAL lets them proceed
-beside a writer).
+beside a writer), except two short reads by key every wake makes (a run's row, its next
+message): those run on the loop's connection when nothing else is ready, as a lone write
+does, and take the thread when that connection cannot answer at once.
 
 Durability: ``synchronous=FULL`` by default (a committed step survives power loss);
 ``?synchronous=normal`` in the URL trades that for speed (still safe against a killed
@@ -199,8 +201,10 @@ class SQLiteStore(RetentionSql):
         corrupt row's ``StorageError``) is raised."""
         try:
             cur = self._loop_cursor()
-            if cur.connection.in_transaction:  # a write an interrupt cut short: see above
-                return False, None
+            if cur.connection.in_transaction:
+                # A write an interrupt cut short (see _begin_inline): nothing of it was
+                # committed, and it must not keep the write lock.
+                cur.execute("ROLLBACK")
             cur.execute("BEGIN")
             try:
                 result = fn(cur)
