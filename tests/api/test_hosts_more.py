@@ -23,8 +23,11 @@ NAVIGATE = {
 async def test_a_cross_site_navigation_gets_a_console_page_only(store: Store) -> None:
     app = create_app(store, registry())  # toren dev: no token, loopback
     async with running_server(app) as server, httpx.AsyncClient(base_url=server.url) as http:
-        page = await http.get("/", headers=NAVIGATE)
-        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        # Every console page, a run's deep link included (a link shared in a chat).
+        for path in ("/", "/agents", "/flow", "/runs/run_0123456789abcdef012345"):
+            page = await http.get(path, headers=NAVIGATE)
+            assert page.status_code == 200, (path, page.status_code)
+            assert "text/html" in page.headers["content-type"], path
         # The API stays refused, navigated to or fetched, and so does any other method.
         for method, path, headers in (
             ("GET", "/v1/runs", NAVIGATE),

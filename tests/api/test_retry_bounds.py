@@ -22,6 +22,12 @@ async def test_retry_limits_are_strict_numbers_in_range(api: Any) -> None:
         ):
             response = await http.post(url, json=body)
             assert response.status_code == 422, (body, response.text)
-        # In range: validated, then the run is looked up (there is none).
-        response = await http.post(url, json={"max_steps": 5, "max_cost_usd": 2})
-        assert response.status_code == 404, response.text
+        # In range, the documented edges included: validated, then the run is looked up
+        # (there is none).
+        for body in (
+            {"max_steps": 5, "max_cost_usd": 2},
+            {"max_steps": 1, "max_cost_usd": 0.01},
+            {"max_steps": 1_000_000, "max_cost_usd": 1_000_000},
+        ):
+            response = await http.post(url, json=body)
+            assert response.status_code == 404, (body, response.text)
