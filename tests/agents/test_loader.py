@@ -261,6 +261,30 @@ def test_resolver_reloads_edited_agents_under_a_new_code_version(tmp_path: Path)
     assert resolver.load("a").processes["main"].instructions == "v2"
 
 
+def test_agent_names_are_parsed_once_per_text_and_a_rename_is_seen_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every resolve asks every agent directory its name: its agent.yaml is read each
+    time (an edit counts at once) but parsed only when its text is new."""
+    _agent(tmp_path / "a", "name: first-name-a\nmodel: openai:gpt-4o\n")
+    _agent(tmp_path / "b", "name: first-name-b\nmodel: openai:gpt-4o\n")
+    parsed: list[str] = []
+    safe_load = yaml.safe_load
+
+    def counted(text: str) -> Any:
+        parsed.append(text)
+        return safe_load(text)
+
+    monkeypatch.setattr(yaml, "safe_load", counted)
+    resolver = DirectoryResolver(tmp_path)
+    for _ in range(5):
+        assert resolver.names() == ["first-name-a", "first-name-b"]
+    names_parsed = [t for t in parsed if "first-name" in t]
+    assert len(names_parsed) <= 2, names_parsed  # once per text (fewer: parsed before)
+    (tmp_path / "a" / "agent.yaml").write_text("name: renamed-a\nmodel: openai:gpt-4o\n")
+    assert resolver.names() == ["first-name-b", "renamed-a"]
+
+
 def test_broken_agent_is_reported_on_resolve_and_does_not_hide_others(tmp_path: Path) -> None:
     _agent(tmp_path / "good", "name: good\nmodel: openai:gpt-4o\n")
     _agent(tmp_path / "bad", "name: bad\nmodel: openai:gpt-4o\nlimits: {max_steps: 0}\n")
