@@ -153,12 +153,17 @@ class SQLiteStore(RetentionSql):
         self._flush(loop)
 
     def _loop_cursor(self) -> sqlite3.Cursor:
-        """The loop's connection's cursor (the connection opened on first use, busy
-        timeout 0)."""
+        """The loop's connection's cursor, outside any transaction (the connection opened
+        on first use, busy timeout 0). Only a write an interrupt cut short
+        (KeyboardInterrupt after BEGIN) leaves one open here: it holds the write lock,
+        which every later write would wait on in vain, and nothing of it was committed,
+        so it is rolled back."""
         if self._loop_cur is None:
             if self._loop_conn is None:
                 self._loop_conn = self._open(0)
             self._loop_cur = self._loop_conn.cursor()
+        elif self._loop_cur.connection.in_transaction:
+            self._loop_cur.execute("ROLLBACK")
         return self._loop_cur
 
     def _begin_inline(self) -> Any:
@@ -168,11 +173,6 @@ class SQLiteStore(RetentionSql):
         Raises what opening failed with otherwise (not a database, say)."""
         try:
             cur = self._loop_cursor()
-            if cur.connection.in_transaction:
-                # Only a write an interrupt cut short (KeyboardInterrupt after BEGIN) leaves
-                # one open here: it holds the write lock, which every later write would
-                # wait on in vain. Nothing of it was committed.
-                cur.execute("ROLLBACK")
             cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
             return None
@@ -201,10 +201,6 @@ class SQLiteStore(RetentionSql):
         corrupt row's ``StorageError``) is raised."""
         try:
             cur = self._loop_cursor()
-            if cur.connection.in_transaction:
-                # A write an interrupt cut short (see _begin_inline): nothing of it was
-                # committed, and it must not keep the write lock.
-                cur.execute("ROLLBACK")
             cur.execute("BEGIN")
             try:
                 result = fn(cur)
