@@ -13,9 +13,11 @@ Toren owns its calls, through pydantic-ai's public extension points only:
   own model class (``OpenAIChatModel``, ``AnthropicModel``, ...) through a provider this
   module hands the engine (``toren_providers``); tokens and cost are recorded as for any
   model step; a replay answers from the log.
-- its toolsets are wrapped in :class:`~pydantic_ai.toolsets.WrapperToolset`, so each
-  tool call is a Toren tool step (``ctx.tool``) with Toren's ``side_effects`` semantics:
-  after an invalidation an identical call of a side-effecting tool reuses its result.
+- the toolset pydantic-ai assembles for each run (all of the agent's toolsets) is wrapped
+  in a :class:`~pydantic_ai.toolsets.WrapperToolset` by a capability given to the run
+  (``get_wrapper_toolset``), so each tool call is a Toren tool step (``ctx.tool``) with
+  Toren's ``side_effects`` semantics: after an invalidation an identical call of a
+  side-effecting tool reuses its result.
 - an approval-required or external tool call ends pydantic-ai's run with
   ``DeferredToolRequests``; the adapter then waits durably (``ctx.wait_for_message``,
   the run is ``waiting``) for one message ``approval`` (or ``tool_result``) per call and
@@ -28,10 +30,13 @@ requests that follow are the same either way. See docs/pydantic-ai.md.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+import dataclasses
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING, Any, cast
 
 from toren.agents.entries import EntryRefused
@@ -39,18 +44,21 @@ from toren.core.agent_api.program import AgentFn, ToolDef
 from toren.core.contract.model_types import (
     TRANSPORT_PARAMS,
     DeltaCallback,
+    Message,
     ModelRequest,
     ModelResponse,
     ToolCall,
     ToolSpec,
     Usage,
 )
+from toren.core.contract.pins import Pinned
 from toren.errors import AgentConfigError, ModelCallFailed, ToolFailed
 from toren.integrations._steps import StepTools, check_steps, prompt_of
 
 try:
     import pydantic_ai
     from pydantic_ai import messages as pai
+    from pydantic_ai.capabilities import AbstractCapability
     from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ModelHTTPError, ModelRetry
     from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
     from pydantic_ai.models.wrapper import WrapperModel
@@ -118,6 +126,7 @@ def neutral_request(
     *,
     provider: str,
     model: str,
+    memo: Conversions | None = None,
 ) -> ModelRequest:
     """Toren's provider-neutral form of a pydantic-ai model request, the input of its
     digest (canonical form in docs/digest.md, "pydantic-ai requests"). Built from the
@@ -133,18 +142,26 @@ def neutral_request(
     - params: the model settings minus transport settings (timeouts, headers), plus
       ``output_mode`` and, for native or prompted output, ``output_schema``.
 
+    With ``memo`` (one per run), a message converted for an earlier request of the run is
+    not converted again while it holds what it held (:class:`Conversions`): the request's
+    messages are then the very objects of the earlier request, which the digest
+    recognises without a look at each one. The result is the same JSON either way.
+
     Raises :class:`~toren.errors.AgentConfigError` for a part it cannot represent
     (images, files, native tools): the run fails with that message, never silently.
     """
-    out: list[dict[str, object]] = []
+    out: list[Mapping[str, object]] = []
     instructions = _instructions(messages)
-    if instructions:
-        out.append({"role": "system", "content": instructions})
-    for message in messages:
-        if isinstance(message, pai.ModelRequest):
-            out += (m for p in message.parts if (m := _request_part(p)) is not None)
-        else:
-            out.append(_assistant(message))
+    if memo is None:
+        if instructions:
+            out.append({"role": "system", "content": instructions})
+        for message in messages:
+            out += _convert(message)
+    else:
+        if instructions:
+            out.append(memo.system(instructions))
+        for message in messages:
+            out += memo.of(message)
     native = getattr(params, "native_tools", None) or getattr(params, "builtin_tools", None)
     if native:
         raise _unsupported(
@@ -159,6 +176,108 @@ def neutral_request(
         tools=tools,
         params=_params(settings, params),
     )
+
+
+def _convert(message: pai.ModelMessage) -> list[dict[str, object]]:
+    """The neutral messages of one pydantic-ai message (a request: one per part it sends;
+    a response: one assistant message)."""
+    if isinstance(message, pai.ModelRequest):
+        return [m for p in message.parts if (m := _request_part(p)) is not None]
+    return [_assistant(message)]
+
+
+# Values a part's field may hold and still be checked by identity alone: they never
+# change. Containers (dicts, lists, tuples) of JSON values are pinned (checked item by
+# item, in C); any other object (a pydantic model a tool returned, say) could change
+# unseen, so a message holding one is converted afresh for every request.
+_IMMUTABLE = frozenset({str, int, float, bool, type(None), datetime})
+_CONTAINERS = frozenset({dict, list, tuple})
+_FIELDS: dict[type, Callable[[object], tuple[object, ...]]] = {}
+
+
+class Conversions:
+    """The neutral messages of a run's pydantic-ai messages, converted once each.
+
+    pydantic-ai sends a growing history: every request repeats the earlier requests'
+    message objects. Each is converted once and its neutral messages (immutable
+    :class:`~toren.core.contract.model_types.Message` objects) are handed out again while
+    the message still holds what was converted: the same parts list holding the same
+    part objects, each part's fields the same objects (every field, not only those the
+    conversion reads, so a release that reads one more is still covered), and the
+    dicts and lists among them pinned (:class:`~toren.core.contract.pins.Pinned`). A
+    message changed in place, or holding an object that could change unseen, is
+    converted afresh. The digest then sees the very objects of the earlier request and
+    reuses their hashes (``HashCache.messages``), instead of looking at every message of
+    the history at every step.
+    """
+
+    __slots__ = ("_kept", "_systems")
+
+    def __init__(self) -> None:
+        self._kept: dict[
+            int, tuple[object, tuple[object, ...], Pinned | None, tuple[Message, ...]]
+        ] = {}
+        self._systems: dict[str, Message] = {}
+
+    def system(self, instructions: str) -> Message:
+        """The leading system message of these instructions (the same object for the same
+        text, so a request's first message is the previous request's)."""
+        kept = self._systems.get(instructions)
+        if kept is None:
+            if len(self._systems) > 16:
+                self._systems.clear()
+            kept = self._systems[instructions] = Message(role="system", content=instructions)
+        return kept
+
+    def of(self, message: pai.ModelMessage) -> tuple[Message, ...]:
+        kept = self._kept.get(id(message))
+        if kept is not None and kept[0] is message:
+            source = _source(message)
+            if (
+                source is not None
+                and len(source) == len(kept[1])
+                and all(map(is_, source, kept[1]))
+                and (kept[2] is None or kept[2].holds())
+            ):
+                return kept[3]
+        converted = tuple(Message(m) for m in _convert(message))
+        source = _source(message)
+        if source is not None:
+            held = [v for v in source[1:] if type(v) in _CONTAINERS]  # [0]: the parts list
+            pin = Pinned() if held else None
+            if pin is None or all(map(pin.add, held)):
+                # Kept with the message itself, so its id stays its own.
+                self._kept[id(message)] = (message, source, pin, converted)
+        return converted
+
+
+def _source(message: pai.ModelMessage) -> tuple[object, ...] | None:
+    """What ``message``'s conversion rests on, as objects to compare by identity: its
+    parts list, each part and every field of each part; None when a field holds an
+    object that could change unseen."""
+    parts = message.parts
+    out: list[object] = [parts]
+    for part in parts:
+        fields = _FIELDS.get(type(part))
+        if fields is None:
+            fields = _FIELDS[type(part)] = _fields_of(type(part))
+        values = fields(part)
+        for v in values:
+            if type(v) not in _IMMUTABLE and type(v) not in _CONTAINERS:
+                return None
+        out.append(part)
+        out += values
+    return tuple(out)
+
+
+def _fields_of(cls: type) -> Callable[[object], tuple[object, ...]]:
+    names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+    if not names:
+        return lambda part: (object(),)  # never the same: not kept
+    if len(names) == 1:
+        get = attrgetter(names[0])
+        return lambda part: (get(part),)
+    return cast(Callable[[object], tuple[object, ...]], attrgetter(*names))
 
 
 def _instructions(messages: Sequence[pai.ModelMessage]) -> str:
@@ -312,6 +431,7 @@ class _TorenModel(WrapperModel):
         super().__init__(wrapped)
         # Not ``_provider``: newer pydantic-ai models keep their Provider object there.
         self._toren_provider = provider
+        self._conversions = Conversions()  # this run's: the model is made per run
 
     async def request(
         self,
@@ -325,7 +445,12 @@ class _TorenModel(WrapperModel):
         # parameters resolved (output mode, tool schemas customised for the provider).
         settings, params = self.wrapped.prepare_request(model_settings, model_request_parameters)
         request = neutral_request(
-            messages, settings, params, provider=self._toren_provider, model=self.wrapped.model_name
+            messages,
+            settings,
+            params,
+            provider=self._toren_provider,
+            model=self.wrapped.model_name,
+            memo=self._conversions,
         )
         token = _model_call.set(_ModelCall(self.wrapped, messages, settings, params))
         try:
@@ -445,7 +570,8 @@ class _Providers(Mapping[str, Any]):
 
 
 class _TorenToolset(WrapperToolset[Any]):
-    """A toolset of the agent, its calls made tool steps of the current Toren run."""
+    """The agent's toolset (all of its function, MCP and other toolsets, combined by
+    pydantic-ai), its calls made tool steps of the current Toren run."""
 
     async def call_tool(
         self, name: str, tool_args: dict[str, object], ctx: RunContext[object], tool: object
@@ -463,6 +589,19 @@ class _TorenToolset(WrapperToolset[Any]):
 
     def visit_and_replace(self, visitor: object) -> AbstractToolset[object]:
         return self  # already wrapped: pydantic-ai's own wrappers must not unwrap it
+
+
+@dataclass
+class _ToolSteps(AbstractCapability[Any]):
+    """The capability a Toren run gives each ``agent.run``: it wraps the toolset
+    pydantic-ai assembles for the run (every toolset of the agent, output tools aside) in
+    one :class:`_TorenToolset`. One wrapper around the whole, rather than one per toolset
+    through ``agent.override(toolsets=...)``: an override keeps an empty function toolset
+    beside the wrapped ones, and pydantic-ai runs every call on a combined toolset of
+    several members in a task group (bench/RESULTS.md, issue 35)."""
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[Any]) -> AbstractToolset[Any]:
+        return _TorenToolset(toolset)
 
 
 def _control(kind: str, args: Mapping[str, Any]) -> Exception:
@@ -580,15 +719,17 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
 
         model = infer_model(cast(Any, agent.model))
         toren_model = _TorenModel(model, model.system)
-        toolsets: list[AbstractToolset[Any]] = [_TorenToolset(t) for t in agent.toolsets]
+        steps = [_ToolSteps()]
         token = _ctx.set(ctx)
         try:
-            with _overridden(agent, toren_model, toolsets):
-                result = await agent.run(prompt)
+            with agent.override(model=toren_model):
+                result = await agent.run(prompt, capabilities=steps)
                 while isinstance(result.output, DeferredToolRequests):
                     answers = await _answers(ctx, result.output)
                     result = await agent.run(
-                        message_history=result.all_messages(), deferred_tool_results=answers
+                        message_history=result.all_messages(),
+                        deferred_tool_results=answers,
+                        capabilities=steps,
                     )
         finally:
             _ctx.reset(token)
@@ -607,11 +748,3 @@ def adapt(obj: object, *, where: str) -> AgentFn | None:
     run.toren_tools = tools  # type: ignore[attr-defined]
     run.__qualname__ = run.__name__ = f"pydantic_ai:{agent.name or where}"
     return run
-
-
-@contextmanager
-def _overridden(
-    agent: pydantic_ai.Agent[Any, Any], model: Model, toolsets: list[AbstractToolset[Any]]
-) -> Iterator[None]:
-    with agent.override(model=model, toolsets=toolsets, tools=[]):
-        yield
