@@ -370,6 +370,12 @@ class SqlStore:
     async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
         raise NotImplementedError
 
+    async def _lease_write(self, fn: Callable[[Cursor], T]) -> T:
+        """A write of lease bookkeeping alone (a claim, a renewal): rows of ``runs`` that
+        a recovery rebuilds, never an event, an output or a total. A dialect may commit
+        it without waiting for the disk (SQLite: see its module); here, any write."""
+        return await self._run(fn)
+
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
         """A short read by key (a run's row, its next message): a dialect may run it inline
         on the loop's thread when nothing else is ready (see :class:`InlineGate`)."""
@@ -943,7 +949,9 @@ class SqlStore:
         """Lease up to ``limit`` runnable runs (or just run ``only``) to ``worker_id``."""
         if limit <= 0:
             return []
-        return await self._run(lambda cur: self._claim(cur, worker_id, limit, now, ttl, only))
+        return await self._lease_write(
+            lambda cur: self._claim(cur, worker_id, limit, now, ttl, only)
+        )
 
     async def renew(
         self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
@@ -966,7 +974,7 @@ class SqlStore:
             ).fetchall()
             return {r[0] for r in rows}, {r[0] for r in rows if r[1]}
 
-        return await self._run(tx)
+        return await self._lease_write(tx)
 
     async def renew_lease(self, lease: Lease, *, expires_at: float) -> bool:
         """Extend one lease if it is still this one: same owner, same epoch (a fencing
@@ -982,7 +990,7 @@ class SqlStore:
             )
             return int(cur.rowcount) == 1
 
-        return await self._run(tx)
+        return await self._lease_write(tx)
 
     async def expire_leases(self, worker_id: str, *, now: float) -> int:
         """Make every lease held by ``worker_id`` claimable now. A worker restarting under

@@ -14,7 +14,11 @@ does, and take the thread when that connection cannot answer at once.
 
 Durability: ``synchronous=FULL`` by default (a committed step survives power loss);
 ``?synchronous=normal`` in the URL trades that for speed (still safe against a killed
-process).
+process). A write of lease bookkeeping alone (a claim, a renewal: rows a recovery
+rebuilds, never an event) commits without waiting for the disk (``synchronous=NORMAL``
+for that transaction): the WAL is one file written in order, so the next durable commit
+(any step's) makes it durable too, and a power loss before that can only undo a lease,
+which every process it concerned lost with the machine (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -54,12 +58,18 @@ _CLAIMED = (
 class _Job:
     """One unit of work for the database thread, and how to hand its outcome back."""
 
-    __slots__ = ("fn", "future", "loop", "write")
+    __slots__ = ("durable", "fn", "future", "loop", "write")
 
     def __init__(
-        self, fn: Callable[[Cursor], Any], write: bool, future: asyncio.Future[Any], loop: Any
+        self,
+        fn: Callable[[Cursor], Any],
+        write: bool,
+        future: asyncio.Future[Any],
+        loop: Any,
+        durable: bool = True,
     ) -> None:
         self.fn, self.write, self.future, self.loop = fn, write, future, loop
+        self.durable = durable
 
     def finish(self, result: object, error: BaseException | None) -> None:
         self.loop.call_soon_threadsafe(settle, self.future, result, error)
@@ -93,13 +103,19 @@ class SQLiteStore(RetentionSql):
                 f"bad synchronous={sync!r} in {url!r}; expected one of {sorted(_SYNC_MODES)}"
             )
         self.synchronous = _SYNC_MODES[sync]
+        # Whether a lease-only write may commit without the disk (see the module's
+        # docstring): only when commits otherwise wait for it.
+        self._relaxable = self.synchronous in ("FULL", "EXTRA")
+        # Whether each open connection (by id) is at the relaxed level now (_level);
+        # absent: at the store's level, as opened.
+        self._levels: dict[int, bool] = {}
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         # Inline group commit needs a second connection to the same file.
         self._inline = self.path != ":memory:"
         self._loop_conn: sqlite3.Connection | None = None
         self._loop_cur: sqlite3.Cursor | None = None
-        self._pending: list[tuple[Callable[[Cursor], Any], asyncio.Future[Any]]] = []
+        self._pending: list[tuple[Callable[[Cursor], Any], asyncio.Future[Any], bool]] = []
         self._flush_scheduled = False
         self._gate = InlineGate()
         self._conn: sqlite3.Connection | None = None
@@ -128,21 +144,21 @@ class SQLiteStore(RetentionSql):
 
     # -- inline group commit on the loop's thread --------------------------------------
 
-    async def _group_write(self, fn: Callable[[Cursor], T]) -> T:
+    async def _group_write(self, fn: Callable[[Cursor], T], durable: bool = True) -> T:
         loop = asyncio.get_running_loop()
         if not self._flush_scheduled and self._gate.open(loop):
             # A lone write with nothing else ready to run: commit it now, in this call
             # (no future, no turn of the loop), as the group's one member would be.
-            cur = self._begin_inline()
+            cur = self._begin_inline(durable)
             if cur is not None:
                 ((result, error),) = self._run_group(cur, [fn])
                 if error is not None:
                     raise error
                 return result  # type: ignore[no-any-return]
             # The write lock is held elsewhere: the database thread waits for it.
-            return await self._on_thread(fn, write=True)
+            return await self._on_thread(fn, write=True, durable=durable)
         future: asyncio.Future[T] = loop.create_future()
-        self._pending.append((fn, future))
+        self._pending.append((fn, future, durable))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush_turn, loop)
@@ -166,17 +182,31 @@ class SQLiteStore(RetentionSql):
             self._loop_cur.execute("ROLLBACK")
         return self._loop_cur
 
-    def _begin_inline(self) -> Any:
+    def _begin_inline(self, durable: bool) -> Any:
         """Open a write transaction on the loop's connection: its cursor, or None when
         another connection holds the write lock (or, opening, a lock the WAL switch
         needs); the database thread, which waits on the busy timeout, must do it then.
         Raises what opening failed with otherwise (not a database, say)."""
         try:
             cur = self._loop_cursor()
+            self._level(cur, durable)
             cur.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
             return None
         return cur
+
+    def _level(self, cur: sqlite3.Cursor, durable: bool) -> None:
+        """Set the connection's ``synchronous`` for the transaction about to begin (it
+        cannot change inside one): the store's level for a durable write, NORMAL for a
+        lease-only one. A PRAGMA only when the level changes."""
+        relaxed = not durable and self._relaxable
+        key = id(cur.connection)
+        if self._levels.get(key, False) != relaxed:
+            cur.execute(f"PRAGMA synchronous={'NORMAL' if relaxed else self.synchronous}")
+            self._levels[key] = relaxed
+
+    async def _lease_write(self, fn: Callable[[Cursor], T]) -> T:
+        return await self._run(fn, durable=False)
 
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
         """A short read by key, inline on the loop's connection when nothing else is
@@ -216,20 +246,21 @@ class SQLiteStore(RetentionSql):
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         self._flush_scheduled = False
         batch, self._pending = self._pending, []
+        durable = any(d for _, _, d in batch)
         try:
-            cur = self._begin_inline()
+            cur = self._begin_inline(durable)
         except BaseException as exc:  # every caller learns it
-            for _, future in batch:
+            for _, future, _ in batch:
                 settle(future, None, exc)
             if not isinstance(exc, Exception):
                 raise  # an interrupt still interrupts the loop
             return
         if cur is None:
-            for fn, future in batch:
-                self._submit(_Job(fn, True, future, loop))
+            for fn, future, d in batch:
+                self._submit(_Job(fn, True, future, loop, d))
             return
-        outcomes = self._run_group(cur, [fn for fn, _ in batch])
-        for (_, future), (result, error) in zip(batch, outcomes, strict=True):
+        outcomes = self._run_group(cur, [fn for fn, _, _ in batch])
+        for (_, future, _), (result, error) in zip(batch, outcomes, strict=True):
             settle(future, result, error)
 
     def _serve(self) -> None:
@@ -274,6 +305,7 @@ class SQLiteStore(RetentionSql):
     def _write_group(self, batch: list[_Job]) -> None:
         try:
             cur = self._connect().cursor()
+            self._level(cur, any(job.durable for job in batch))
             cur.execute("BEGIN IMMEDIATE")
         except BaseException as exc:
             for job in batch:
@@ -318,11 +350,13 @@ class SQLiteStore(RetentionSql):
             self._thread.start()
         self._queue.put(job)
 
-    async def _run(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
+    async def _run(
+        self, fn: Callable[[Cursor], T], *, write: bool = True, durable: bool = True
+    ) -> T:
         try:
             if write and self._inline:
-                return await self._group_write(fn)
-            return await self._on_thread(fn, write=write)
+                return await self._group_write(fn, durable)
+            return await self._on_thread(fn, write=write, durable=durable)
         except sqlite3.IntegrityError:
             raise
         except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
@@ -337,11 +371,13 @@ class SQLiteStore(RetentionSql):
         except sqlite3.Error as exc:
             raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
 
-    async def _on_thread(self, fn: Callable[[Cursor], T], *, write: bool) -> T:
+    async def _on_thread(
+        self, fn: Callable[[Cursor], T], *, write: bool, durable: bool = True
+    ) -> T:
         """Run ``fn`` on the database thread and wait for its outcome."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._submit(_Job(fn, write, future, loop))
+        self._submit(_Job(fn, write, future, loop, durable))
         return await future
 
     def _insert_event(self, cur: Any, sql: str, params: Sequence[Any]) -> int | None:
@@ -430,12 +466,14 @@ class SQLiteStore(RetentionSql):
 
     def _close_conn(self) -> None:
         if self._conn is not None:
+            self._levels.pop(id(self._conn), None)
             self._conn.close()
             self._conn = None
 
     async def close(self) -> None:
         self._loop_cur = None
         if self._loop_conn is not None:
+            self._levels.pop(id(self._loop_conn), None)
             self._loop_conn.close()
             self._loop_conn = None
         if self._thread is not None:
