@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import toren
+from tests.store.sqlite_jobs import count_thread_jobs
 from toren.errors import StorageError
 from toren.store import sql
 from toren.store.sqlite import SQLiteStore
@@ -40,25 +41,12 @@ async def _store_with_message(tmp_path: Path) -> tuple[SQLiteStore, str]:
     return store, run_id
 
 
-def _count_thread_jobs(store: SQLiteStore) -> list[bool]:
-    """Every job handed to the database thread from now on (True for a write)."""
-    jobs: list[bool] = []
-    submit = store._submit
-
-    def counted(job: Any) -> None:
-        jobs.append(job.write)
-        submit(job)
-
-    store._submit = counted  # type: ignore[method-assign]
-    return jobs
-
-
 async def test_a_runs_row_and_next_message_are_read_without_the_database_thread(
     tmp_path: Path,
 ) -> None:
     store, run_id = await _store_with_message(tmp_path)
     try:
-        jobs = _count_thread_jobs(store)
+        jobs = count_thread_jobs(store)
         store._gate.turned()  # the loop took a turn just now and nothing else is ready
         run = await store.get_run(run_id)
         message = await store.next_message(run_id, ["next"])
@@ -85,7 +73,7 @@ async def test_a_read_the_loops_connection_cannot_do_takes_the_thread(
             return opened(busy_ms)
 
         monkeypatch.setattr(store, "_open", refuse_without_waiting)
-        jobs = _count_thread_jobs(store)
+        jobs = count_thread_jobs(store)
         store._gate.turned()
         message = await store.next_message(run_id, ["next"])
         assert message is not None and message.payload == {"text": "hello"}
@@ -100,7 +88,7 @@ async def test_a_write_cut_short_is_rolled_back_by_an_inline_read(tmp_path: Path
         cur = store._loop_cursor()
         cur.execute("BEGIN IMMEDIATE")  # as a write an interrupt cut short leaves it
         cur.execute("DELETE FROM inbox")
-        jobs = _count_thread_jobs(store)
+        jobs = count_thread_jobs(store)
         store._gate.turned()
         message = await store.next_message(run_id, ["next"])
         assert message is not None and message.payload == {"text": "hello"}  # not deleted
@@ -116,7 +104,7 @@ async def test_a_corrupt_row_read_inline_is_an_error_and_leaves_no_transaction(
     store, run_id = await _store_with_message(tmp_path)
     try:
         await store._run(lambda cur: cur.execute("UPDATE inbox SET payload = '{not json'"))
-        jobs = _count_thread_jobs(store)
+        jobs = count_thread_jobs(store)
         store._gate.turned()
         with pytest.raises(StorageError, match="inbox"):
             await store.next_message(run_id, ["next"])

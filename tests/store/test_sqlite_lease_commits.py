@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import toren
+from tests.store.sqlite_jobs import count_thread_jobs
 from toren.core.contract.records import Release, RunStatus
 from toren.store import sql
 from toren.store.sqlite import SQLiteStore
@@ -140,14 +141,7 @@ async def test_the_database_thread_sets_the_level_of_its_own_connection(tmp_path
     the next write there durable again."""
     store, levels, run_id = await _store(tmp_path)
     other = sqlite3.connect(tmp_path / "db.sqlite", isolation_level=None)
-    handed: list[bool] = []
-    submit = store._submit
-
-    def counted(job: Any) -> None:
-        handed.append(job.write)
-        submit(job)
-
-    store._submit = counted  # type: ignore[method-assign]
+    handed = count_thread_jobs(store)
     try:
         now = time.time()
         for write in (
