@@ -132,3 +132,22 @@ def test_a_part_holding_an_object_that_could_change_unseen_is_converted_every_ti
     ticket.status = "lost"  # changed inside, no field of the part reassigned
     after = _digest(messages, memo)
     assert after == _digest(messages, None) != before
+
+
+def test_a_field_holding_a_cycle_or_a_big_tree_is_not_walked_forever() -> None:
+    """A field the model never sees (a tool result's ``metadata``) may hold anything: a
+    dict that holds itself, or one reached by many paths. Such a message is converted
+    every time (never pinned: that would walk it forever, or exponentially)."""
+    messages = cases()["tools-and-output-tool"][0]
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    shared: list[Any] = [1]
+    for _ in range(40):  # 2**40 paths to the innermost list, 41 containers
+        shared = [shared, shared]
+    memo = Conversions()
+    for metadata in (looped, shared):
+        messages[2].parts[0].metadata = metadata
+        assert (
+            _digest(messages, memo) == _digest(messages, None) == VECTORS["tools-and-output-tool"]
+        )
+        assert id(messages[2]) not in memo._kept

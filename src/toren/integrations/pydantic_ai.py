@@ -229,7 +229,7 @@ class Conversions:
             kept = self._systems[instructions] = Message(role="system", content=instructions)
         return kept
 
-    def of(self, message: pai.ModelMessage) -> tuple[Message, ...]:
+    def of(self, message: pai.ModelMessage) -> Sequence[Mapping[str, object]]:
         kept = self._kept.get(id(message))
         if kept is not None and kept[0] is message:
             source = _source(message)
@@ -240,15 +240,45 @@ class Conversions:
                 and (kept[2] is None or kept[2].holds())
             ):
                 return kept[3]
-        converted = tuple(Message(m) for m in _convert(message))
+        plain = _convert(message)
         source = _source(message)
         if source is not None:
             held = [v for v in source[1:] if type(v) in _CONTAINERS]  # [0]: the parts list
             pin = Pinned() if held else None
-            if pin is None or all(map(pin.add, held)):
+            if pin is None or (_small_trees(held) and all(map(pin.add, held))):
+                converted = tuple(map(Message, plain))
                 # Kept with the message itself, so its id stays its own.
                 self._kept[id(message)] = (message, source, pin, converted)
-        return converted
+                return converted
+        # Not kept: plain dicts, which the digest recognises by their content (a fresh
+        # Message would be hashed in full every time, and remembered for the tick).
+        return plain
+
+
+_TREE_NODES = 1_000  # containers and values a kept message's fields may hold at most
+
+
+def _small_trees(values: list[object]) -> bool:
+    """Whether ``values`` (a part's dicts, lists and tuples) are trees of at most
+    ``_TREE_NODES`` nodes: no container reached twice (a dict holding itself would walk
+    forever; one shared by many paths, many times). Fields the conversion never reads
+    (``metadata``, ``provider_details``) may hold anything; such a message is not kept."""
+    seen: set[int] = set()
+    stack = list(values)
+    nodes = 0
+    while stack:
+        v = stack.pop()
+        nodes += 1
+        if nodes > _TREE_NODES:
+            return False
+        if type(v) in _CONTAINERS:
+            if id(v) in seen:
+                return False
+            seen.add(id(v))
+            stack.extend(
+                cast(dict[object, object], v).values() if type(v) is dict else cast(Any, v)
+            )
+    return True
 
 
 def _source(message: pai.ModelMessage) -> tuple[object, ...] | None:
