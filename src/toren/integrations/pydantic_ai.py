@@ -152,16 +152,15 @@ def neutral_request(
     """
     out: list[Mapping[str, object]] = []
     instructions = _instructions(messages)
-    if memo is None:
-        if instructions:
-            out.append({"role": "system", "content": instructions})
-        for message in messages:
-            out += _convert(message)
-    else:
-        if instructions:
-            out.append(memo.system(instructions))
-        for message in messages:
-            out += memo.of(message)
+    if instructions:
+        out.append(
+            {"role": "system", "content": instructions}
+            if memo is None
+            else memo.system(instructions)
+        )
+    convert = _convert if memo is None else memo.of
+    for message in messages:
+        out += convert(message)
     native = getattr(params, "native_tools", None) or getattr(params, "builtin_tools", None)
     if native:
         raise _unsupported(
@@ -230,18 +229,18 @@ class Conversions:
         return kept
 
     def of(self, message: pai.ModelMessage) -> Sequence[Mapping[str, object]]:
-        kept = self._kept.get(id(message))
-        if kept is not None and kept[0] is message:
-            source = _source(message)
-            if (
-                source is not None
-                and len(source) == len(kept[1])
-                and all(map(is_, source, kept[1]))
-                and (kept[2] is None or kept[2].holds())
-            ):
-                return kept[3]
-        plain = _convert(message)
         source = _source(message)
+        kept = self._kept.get(id(message))
+        if (
+            kept is not None
+            and kept[0] is message
+            and source is not None
+            and len(source) == len(kept[1])
+            and all(map(is_, source, kept[1]))
+            and (kept[2] is None or kept[2].holds())
+        ):
+            return kept[3]
+        plain = _convert(message)
         if source is not None:
             held = [v for v in source[1:] if type(v) in _CONTAINERS]  # [0]: the parts list
             pin = Pinned() if held else None
