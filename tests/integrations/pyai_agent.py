@@ -87,12 +87,20 @@ MODELS = {
         "    'gpt-4o-mini', provider=OpenAIProvider(base_url={url!r}, api_key={key!r})\n"
         ")"
     ),
+    # anthropic>=2 sends ``anthropic-version: 2026-10-21``, which rejects sampling settings
+    # such as ``temperature``; pydantic-ai 2.78 and later drop them with a warning then. The
+    # agent asks for the older version, as pydantic-ai's warning says to, so its
+    # ``temperature`` reaches the wire on every supported release.
     "anthropic": (
+        "from anthropic import AsyncAnthropic\n"
         "from pydantic_ai.models.anthropic import AnthropicModel\n"
         "from pydantic_ai.providers.anthropic import AnthropicProvider\n\n"
         "model = AnthropicModel(\n"
         "    'claude-3-5-haiku-latest',\n"
-        "    provider=AnthropicProvider(base_url={url!r}, api_key={key!r}),\n"
+        "    provider=AnthropicProvider(anthropic_client=AsyncAnthropic(\n"
+        "        base_url={url!r}, api_key={key!r},\n"
+        "        default_headers={{'anthropic-version': '2023-06-01'}},\n"
+        "    )),\n"
         ")"
     ),
 }
