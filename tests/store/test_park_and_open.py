@@ -26,9 +26,10 @@ import pytest
 
 import toren
 from tests.conftest import clone_pg_database, drop_pg_database, pg_url, require_pg
-from toren.errors import SchemaError, StorageError
+from toren.errors import LeaseLost, SchemaError, StorageError
 from toren.store import Store
 from toren.store.base import Release
+from toren.store.postgres import SEND_MESSAGE
 
 
 async def _idle(ctx: toren.Context, input: Any) -> Any:
@@ -67,7 +68,31 @@ async def test_a_run_parked_without_a_cancel_stays_parked(store: Store) -> None:
     assert (await store.get_run(run_id)).status == "waiting"
 
 
-async def test_postgres_a_message_sent_while_the_run_parks_wakes_it() -> None:
+async def test_a_park_on_the_inbox_whose_lease_moved_writes_nothing(store: Store) -> None:
+    """The message park (two statements on PostgreSQL's inline lane) is fenced as every
+    release is: a worker whose lease was taken over writes no event and leaves the row,
+    its wake time included, as the new holder has it."""
+    run_id = await _new_run(store)
+    now = time.time()
+    (old,) = await store.claim("w1", 1, now=now, ttl=1)
+    (new,) = await store.claim("w2", 1, now=now + 5, ttl=60)  # w1's lease ran out
+    await store.send_message(run_id, "approval", 1, now=now + 6)
+    if hasattr(store, "lanes"):
+        store.lanes.gate = _OpenGate()  # type: ignore[attr-defined]
+    before = await store.get_run(run_id)
+    with pytest.raises(LeaseLost):
+        await store.release(old, Release("waiting", waiting_for=["approval"]), now=now + 7)
+    row = await store.get_run(run_id)
+    assert (row.status, row.lease_owner, row.not_before) == (
+        "running",
+        "w2",
+        before.not_before,
+    )
+    assert new.epoch == row.lease_epoch
+
+
+async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path() -> None:
+    """The park's generic transaction (taken when the inline lane is busy or not open)."""
     require_pg()
     name = clone_pg_database()
     store = await toren.connect(pg_url(name))
@@ -75,6 +100,7 @@ async def test_postgres_a_message_sent_while_the_run_parks_wakes_it() -> None:
         run_id = await _new_run(store)
         now = time.time()
         (lease,) = await store.claim("w1", 1, now=now, ttl=60)
+        store.lanes.try_inline_transaction = lambda statements: None  # type: ignore[method-assign]
         held, go = threading.Event(), threading.Event()
         plain_x = store._x
 
@@ -98,13 +124,79 @@ async def test_postgres_a_message_sent_while_the_run_parks_wakes_it() -> None:
         # Let the park commit once the send waits for the run's row (or is done).
         with psycopg.connect(pg_url(name), autocommit=True) as admin:
             while not sender.done():
-                waits = admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                if waits.fetchone()[0]:  # type: ignore[index]
+                if _lock_waits(admin):
                     break
                 await asyncio.sleep(0.01)
         go.set()
         await parking
         await sender
+        row = await store.get_run(run_id)
+        assert row.status == "waiting"
+        claimed = await store.claim("w2", 10, now=now + 3600, ttl=60)
+        assert [c.run_id for c in claimed] == [run_id], f"not_before={row.not_before}"
+    finally:
+        await store.close()
+        drop_pg_database(name)
+
+
+class _OpenGate:
+    """The inline lane's gate, always open (a busy loop would close it; this test is about
+    what the lane's statements see, not when the lane is taken)."""
+
+    def open(self, loop: object) -> bool:
+        return True
+
+    def turned(self) -> None:
+        pass
+
+
+def _lock_waits(admin: psycopg.Connection[Any]) -> int:
+    return admin.execute("SELECT count(*) FROM pg_locks WHERE NOT granted").fetchone()[0]  # type: ignore[index]
+
+
+async def test_postgres_a_message_sent_while_the_run_parks_inline_wakes_it() -> None:
+    """The park on the inline lane: one round trip, the release and then the wake
+    statement. The hard order: the sender holds the run's row (locked, message inserted
+    but not committed) when the release starts, so the release waits for the row and its
+    snapshot, taken before, cannot see the message; the wake statement's can."""
+    require_pg()
+    name = clone_pg_database()
+    store = await toren.connect(pg_url(name))
+    try:
+        run_id = await _new_run(store)
+        now = time.time()
+        (lease,) = await store.claim("w1", 1, now=now, ttl=60)
+        for _ in range(500):  # the inline lane opens in the background
+            if store.lanes._inline is not None:
+                break
+            await store.get_run(run_id)
+            await asyncio.sleep(0.01)
+        lane, _ = store.lanes._inline
+        lane.execute("SET lock_timeout = '30s'")  # wait for the sender, do not defer
+        # The sender: send_message's own statement, its transaction left open (the row
+        # locked, the message inserted), committed only once the release waits for it.
+        sender = psycopg.connect(pg_url(name))
+        sender.execute(SEND_MESSAGE, (run_id, "approval", "1", now + 1, now + 1))
+
+        def let_the_sender_go() -> None:  # the park blocks the loop, inline: a thread
+            with psycopg.connect(pg_url(name), autocommit=True) as admin:
+                deadline = time.monotonic() + 30
+                while not _lock_waits(admin) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            sender.commit()
+
+        watcher = threading.Thread(target=let_the_sender_go)
+        watcher.start()
+        store.lanes.gate = _OpenGate()  # type: ignore[assignment]  # the lane is free
+        inline = store.lanes.try_inline_transaction
+        went_inline: list[bool] = []
+        store.lanes.try_inline_transaction = lambda statements: (  # type: ignore[method-assign]
+            went_inline.append((done := inline(statements)) is not None) or done
+        )
+        await store.release(lease, Release("waiting", waiting_for=["approval"]), now=now + 2)
+        watcher.join(30)
+        sender.close()
+        assert went_inline == [True]  # the release and the wake, in one round trip
         row = await store.get_run(run_id)
         assert row.status == "waiting"
         claimed = await store.claim("w2", 10, now=now + 3600, ttl=60)

@@ -197,25 +197,69 @@ class Lanes:
         way: the gate is closed, the lane not open yet, or the statement gave up on a wait
         it could not bound (then it did nothing). ``turn``: the caller is a turn of the
         loop of its own (a scheduled flush), which needs no gate."""
-        if self._inline is None:
-            if (
-                self._inline_opening is None
-                and not self._closed
-                and time.monotonic() >= self._inline_retry_at
-            ):
-                self._inline_opening = asyncio.ensure_future(self._open_inline())
+        if not self._inline_ready() or (
+            not turn and not self.gate.open(asyncio.get_running_loop())
+        ):
             return None
-        if not turn and not self.gate.open(asyncio.get_running_loop()):
-            return None
+        return self._bounded(lambda: self._on_inline(sql, params, rows))
+
+    def _bounded(self, run: Callable[[], T]) -> T | None:
+        """``run()`` on the inline lane, or None if it gave up on a wait the lane bounds
+        (its lock or statement timeout): the caller then goes the loop's way."""
         errors = self.psycopg.errors
         try:
-            return self._on_inline(sql, params, rows)
+            return run()
         except errors.LockNotAvailable:
             self.inline_deferred["lock_timeout"] += 1
             return None
         except errors.QueryCanceled:
             self.inline_deferred["statement_timeout"] += 1
             return None
+
+    def _inline_ready(self) -> bool:
+        """The inline lane is open; if not, it is being opened (or will be, once its
+        retry time has come)."""
+        if self._inline is not None:
+            return True
+        if (
+            self._inline_opening is None
+            and not self._closed
+            and time.monotonic() >= self._inline_retry_at
+        ):
+            self._inline_opening = asyncio.ensure_future(self._open_inline())
+        return False
+
+    def try_inline_transaction(
+        self, statements: Sequence[tuple[str, Sequence[object]]]
+    ) -> list[list[object]] | None:
+        """Each statement's rows, the statements run in order in one transaction on the
+        inline lane and sent together (psycopg's pipeline mode: one round trip for all of
+        them; each statement still takes its own snapshot, as READ COMMITTED gives it);
+        None when they must go the loop's way, as for :meth:`try_inline` (nothing was
+        committed then: a statement that gave up on a wait aborts the transaction)."""
+        if not self._inline_ready() or not self.gate.open(asyncio.get_running_loop()):
+            return None
+        return self._bounded(lambda: self._on_inline_transaction(statements))
+
+    def _on_inline_transaction(
+        self, statements: Sequence[tuple[str, Sequence[object]]]
+    ) -> list[list[object]]:
+        conn, _ = self._inline  # type: ignore[misc]
+        try:
+            with conn.pipeline(), conn.transaction():
+                cursors = []
+                for sql, params in statements:
+                    cursor = conn.cursor()
+                    cursor.execute(sql, params)
+                    cursors.append(cursor)
+            self.inline_statements += len(statements)
+            return [
+                list(cursor.fetchall()) if cursor.description is not None else []
+                for cursor in cursors
+            ]
+        except BaseException:
+            self._drop_broken_inline(conn)
+            raise
 
     def _on_inline(self, sql: str, params: Sequence[object], rows: bool) -> list[object]:
         """The inline lane: one statement on a connection of its own, run on the event
@@ -229,12 +273,16 @@ class Lanes:
             self.inline_statements += 1
             return cur.fetchall() if rows else []
         except BaseException:
-            if conn.broken:
-                self._inline = None
-                self._inline_opening = None
-                with contextlib.suppress(Exception):
-                    conn.close()
+            self._drop_broken_inline(conn)
             raise
+
+    def _drop_broken_inline(self, conn: Any) -> None:
+        """A broken inline connection is dropped, and opened again later."""
+        if conn.broken:
+            self._inline = None
+            self._inline_opening = None
+            with contextlib.suppress(Exception):
+                conn.close()
 
     async def _open_inline(self) -> None:
         """Connect the inline lane off the loop (connecting takes milliseconds); until it

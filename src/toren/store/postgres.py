@@ -22,7 +22,7 @@ from toren.core.contract.audit import chain
 from toren.core.contract.events import Event
 from toren.core.contract.jsontext import dumps
 from toren.core.contract.values import TERMINAL_STATUSES, RunStatus
-from toren.errors import LeaseLost, RunNotFound, SchemaError, StorageError
+from toren.errors import RunNotFound, SchemaError, StorageError
 from toren.store._pg_conn import CHANNEL, Lanes, TurnBatcher
 from toren.store.base import InboxMessage, Lease, NewRun, Release, RunDelta, RunRecord, read_json
 from toren.store.flow import UNKEYED, claim_keyed
@@ -46,6 +46,7 @@ from toren.store.sql import (
     claimed_columns,
     claimed_lease,
     event_params,
+    finished_elsewhere,
     lease_lost,
     loop_is_idle,
     new_run_values,
@@ -704,17 +705,36 @@ class PostgresStore(RetentionSql):
         )
         return bool(rows)
 
-    async def _park_on_inbox(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
-        """Fallback to the generic path (``SqlStore.release``) for a run parking on its
-        inbox: it must look at the inbox again after its row is locked (a message that
-        arrived meanwhile keeps it runnable), which one statement's snapshot cannot."""
-        return await super().release(lease, release, now=now)
-
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         """Give the run back in one statement (the common case). A run parking on its
-        inbox takes the generic path (:meth:`_park_on_inbox`)."""
-        if release.status == RunStatus.WAITING and release.waiting_for:
-            return await self._park_on_inbox(lease, release, now=now)
+        inbox needs a second one (:meth:`_park_on_inbox`)."""
+        parks_on_inbox = release.status == RunStatus.WAITING and bool(release.waiting_for)
+        sql, params = self._release_statement(lease, release, now)
+        if parks_on_inbox:
+            rows = self._park_on_inbox(lease, release, (sql, params), now)
+            if rows is None:  # not inline: the generic transaction
+                return await super().release(lease, release, now=now)
+        else:
+            try:
+                rows = await self._fetch_async(sql, params)
+            except Exception as exc:
+                if self._is_conflict(exc):
+                    raise finished_elsewhere(lease) from None
+                raise
+        if len(rows) != max(1, len(release.events)):
+            raise lease_lost(lease)
+        if release.status not in TERMINAL_STATUSES:  # a finished run is nobody's work
+            await self.notify()
+        if not release.events:
+            return []
+        seqs = sorted(int(r[0]) for r in rows)
+        return [with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
+
+    def _release_statement(
+        self, lease: Lease, release: Release, now: float
+    ) -> tuple[str, list[object]]:
+        """The release as one statement: the row under the lease's fence, its totals and
+        the events; a row per event (one if none), none if the fence failed."""
         params: list[object] = [
             *release_values(release, now),
             *_totals_params(release.delta, now),
@@ -724,21 +744,40 @@ class PostgresStore(RetentionSql):
         ]
         for event in release.events:
             params += event_params(event)
-        sql = _append_sql(0, len(release.events), FENCE_RELEASE)
+        return _append_sql(0, len(release.events), FENCE_RELEASE), params
+
+    def _park_on_inbox(
+        self,
+        lease: Lease,
+        release: Release,
+        statement: tuple[str, list[object]],
+        now: float,
+    ) -> list[Any] | None:
+        """A run parking on its inbox must look at the inbox again after its row is
+        locked: a message sent meanwhile found the run ``running`` and could not wake it
+        (``send_message`` locks the row, then wakes only a ``waiting`` run). One
+        statement cannot: its snapshot is taken before it waits for the row, so it misses
+        a message whose sender held the row then. So the release is followed, in the same
+        transaction, by a second statement with a snapshot of its own, taken once the
+        first holds the row: it wakes the run if a message it waits for is there. Both go
+        in one round trip on the inline lane (:meth:`try_inline_transaction`); the rows of
+        the release, or None when the lane is not free (the caller takes the generic
+        transaction, ``SqlStore.release``, which does the same in more round trips)."""
+        names = list(release.waiting_for or ())
+        wake = (
+            "UPDATE runs SET not_before = %s::double precision WHERE id = %s "
+            "AND status = 'waiting' AND lease_owner IS NULL AND EXISTS (SELECT 1 FROM inbox "
+            "WHERE inbox.run_id = %s AND inbox.consumed_seq IS NULL AND inbox.name = ANY(%s))"
+        )
         try:
-            rows = await self._fetch_async(sql, params)
-        except Exception as exc:
-            if self._is_conflict(exc):
-                raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
-            raise
-        if len(rows) != max(1, len(release.events)):
-            raise lease_lost(lease)
-        if release.status not in TERMINAL_STATUSES:  # a finished run is nobody's work
-            await self.notify()
-        if not release.events:
-            return []
-        seqs = sorted(int(r[0]) for r in rows)
-        return [with_seq(e, seq) for e, seq in zip(release.events, seqs, strict=True)]
+            done = self.lanes.try_inline_transaction(
+                [statement, (wake, (now, lease.run_id, lease.run_id, names))]
+            )
+        except self._psycopg.errors.UniqueViolation:
+            raise finished_elsewhere(lease) from None
+        except self._psycopg.Error as exc:
+            raise StorageError(f"PostgreSQL error: {exc}") from exc
+        return None if done is None else done[0]
 
     # The reads at the start of every tick, on the loop too: with a thousand runs in
     # flight, a thread hand-off per read is what bounds a worker.

@@ -1038,7 +1038,7 @@ class SqlStore:
             stored = await self._run(tx)
         except Exception as exc:
             if self._is_conflict(exc):
-                raise LeaseLost(f"run {lease.run_id!r} was finished by another worker") from None
+                raise finished_elsewhere(lease) from None
             raise
         if release.status not in TERMINAL_STATUSES:
             # A finished run is nobody's work: waking every idle worker for it would only
@@ -1367,6 +1367,12 @@ def new_run_values(run: NewRun) -> tuple[object, ...]:
         run.created_at,
         run.created_at,
     )
+
+
+def finished_elsewhere(lease: Lease) -> LeaseLost:
+    """The error for a release whose run another worker finished first (its end slot is
+    taken)."""
+    return LeaseLost(f"run {lease.run_id!r} was finished by another worker")
 
 
 def step_conflict(lease: Lease) -> LeaseLost:
