@@ -68,6 +68,21 @@ async def test_a_run_parked_without_a_cancel_stays_parked(store: Store) -> None:
     assert (await store.get_run(run_id)).status == "waiting"
 
 
+@pytest.mark.parametrize("name", ["approval", "other"])
+async def test_a_message_sent_while_leased_wakes_the_run_it_parks(store: Store, name: str) -> None:
+    """A message sent while the run is leased found it ``running`` and could not wake it;
+    the park looks at the inbox for the names it waits for (only those)."""
+    run_id = await _new_run(store)
+    now = time.time()
+    (lease,) = await store.claim("w1", 1, now=now, ttl=60)
+    await store.send_message(run_id, name, 1, now=now + 1)
+    await store.release(lease, Release("waiting", waiting_for=["approval"]), now=now + 2)
+    row = await store.get_run(run_id)
+    assert row.status == "waiting" and row.lease_owner is None
+    claimed = await store.claim("w2", 10, now=now + 3, ttl=60)
+    assert [c.run_id for c in claimed] == ([run_id] if name == "approval" else [])
+
+
 async def test_a_park_on_the_inbox_whose_lease_moved_writes_nothing(store: Store) -> None:
     """The message park (two statements on PostgreSQL's inline lane) is fenced as every
     release is: a worker whose lease was taken over writes no event and leaves the row,

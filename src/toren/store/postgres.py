@@ -54,6 +54,7 @@ from toren.store.sql import (
     run_from_row,
     settle,
     step_conflict,
+    totals_values,
     with_seq,
     with_tool_errors,
 )
@@ -166,21 +167,6 @@ def _consume_sql(n_blobs: int, n_events: int, totals: bool) -> str:
         "WHERE id IN (SELECT id FROM m) RETURNING id) "
         "SELECT seq FROM e"
     )
-
-
-def _totals_params(delta: RunDelta | None, now: float) -> list[object]:
-    d = delta or RunDelta()
-    return [
-        now,
-        d.input_tokens,
-        d.output_tokens,
-        d.cost_nanousd,
-        d.saved_nanousd,
-        d.steps,
-        d.invalidations,
-        d.code_version,
-        d.tool_errors,
-    ]
 
 
 def _present_schema(cur: Any) -> tuple[set[str], set[tuple[str, str]], set[str]]:
@@ -383,7 +369,7 @@ def _append_statement(
     """One step's statement (lease check, blobs, events) and its parameters."""
     fence = FENCE_CHECK if delta is None else FENCE_TOTALS
     sql = _append_sql(len(blobs), len(events), fence)
-    params: list[object] = [] if delta is None else _totals_params(delta, now)
+    params: list[object] = [] if delta is None else list(totals_values(delta, now))
     params += (lease.run_id, lease.worker_id, lease.epoch)
     for key, body in sorted(blobs.items()):  # hash order, as the batch inserts them
         params += (key, body, len(body), lease.run_id)
@@ -594,7 +580,7 @@ class PostgresStore(RetentionSql):
             lease.run_id,
         ]
         if delta is not None:
-            params += _totals_params(delta, now)
+            params += totals_values(delta, now)
         for key, body in sorted(blobs.items()):  # hash order, as every writer inserts them
             params += (key, body, len(body), lease.run_id)
         for event in events:
@@ -737,7 +723,7 @@ class PostgresStore(RetentionSql):
         the events; a row per event (one if none), none if the fence failed."""
         params: list[object] = [
             *release_values(release, now),
-            *_totals_params(release.delta, now),
+            *totals_values(release.delta, now),
             lease.run_id,
             lease.worker_id,
             lease.epoch,

@@ -839,29 +839,10 @@ class SqlStore:
             if row is None or row[0] != lease.worker_id or row[1] != lease.epoch:
                 raise lease_lost(lease)
             return
-        d = delta
         cur = self._x(
             cur,
-            "UPDATE runs SET updated_at = ?, input_tokens = input_tokens + ?, "
-            "output_tokens = output_tokens + ?, cost_nanousd = cost_nanousd + ?, "
-            "saved_nanousd = saved_nanousd + ?, steps = steps + ?, "
-            "invalidations = invalidations + ?, code_version = COALESCE(?, code_version), "
-            "tool_errors = tool_errors + ? "
-            "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
-            (
-                now,
-                d.input_tokens,
-                d.output_tokens,
-                d.cost_nanousd,
-                d.saved_nanousd,
-                d.steps,
-                d.invalidations,
-                d.code_version,
-                d.tool_errors,
-                lease.run_id,
-                lease.worker_id,
-                lease.epoch,
-            ),
+            f"UPDATE runs SET {TOTALS} WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+            (*totals_values(delta, now), lease.run_id, lease.worker_id, lease.epoch),
         )
         if cur.rowcount != 1:
             raise lease_lost(lease)
@@ -1012,27 +993,7 @@ class SqlStore:
 
     async def release(self, lease: Lease, release: Release, *, now: float) -> list[Event]:
         def tx(cur: Cursor) -> list[Event]:
-            self._fence(cur, lease, now, release.delta)
-            stored = self._insert_events(cur, release.events)
-            self._x(
-                cur,
-                f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
-                "waiting_for = ?, output = ?, error = ?, paced = ?, lease_owner = NULL, "
-                f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
-                (*release_values(release, now), now, lease.run_id),
-            )
-            if release.status == RunStatus.WAITING and release.waiting_for:
-                # A message that arrived while the run was still leased found it 'running'
-                # and could not wake it; look once more now that it is parked.
-                marks = ", ".join("?" for _ in release.waiting_for)
-                self._x(
-                    cur,
-                    "UPDATE runs SET not_before = ? WHERE id = ? AND EXISTS (SELECT 1 FROM "
-                    "inbox WHERE inbox.run_id = ? AND inbox.consumed_seq IS NULL AND "
-                    f"inbox.name IN ({marks}))",
-                    (now, lease.run_id, lease.run_id, *release.waiting_for),
-                )
-            return stored
+            return self._release(cur, lease, release, now)
 
         try:
             stored = await self._run(tx)
@@ -1044,6 +1005,33 @@ class SqlStore:
             # A finished run is nobody's work: waking every idle worker for it would only
             # make each run a claim query that finds nothing.
             await self.notify()
+        return stored
+
+    def _release(self, cur: Cursor, lease: Lease, release: Release, now: float) -> list[Event]:
+        """The release's statements: the lease's fence with the totals, the events, the
+        row; then, for a run parking on its inbox, a second look at the inbox in a
+        statement of its own (on PostgreSQL a statement's snapshot is older than its wait
+        for the row: see ``PostgresStore._park_on_inbox``)."""
+        self._fence(cur, lease, now, release.delta)
+        stored = self._insert_events(cur, release.events)
+        self._x(
+            cur,
+            f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
+            "waiting_for = ?, output = ?, error = ?, paced = ?, lease_owner = NULL, "
+            f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
+            (*release_values(release, now), now, lease.run_id),
+        )
+        if release.status == RunStatus.WAITING and release.waiting_for:
+            # A message that arrived while the run was still leased found it 'running'
+            # and could not wake it; look once more now that it is parked.
+            marks = ", ".join("?" for _ in release.waiting_for)
+            self._x(
+                cur,
+                "UPDATE runs SET not_before = ? WHERE id = ? AND EXISTS (SELECT 1 FROM "
+                "inbox WHERE inbox.run_id = ? AND inbox.consumed_seq IS NULL AND "
+                f"inbox.name IN ({marks}))",
+                (now, lease.run_id, lease.run_id, *release.waiting_for),
+            )
         return stored
 
     async def block(
@@ -1281,6 +1269,32 @@ class SqlStore:
 
 
 UNBLOCK = "blocked_error = NULL, blocked_attempts = 0, blocked_since = NULL"
+
+# The run row's totals, added to under the lease (``?`` placeholders; the values are
+# :func:`totals_values`'s): the row is a cache of the log, updated at most once a second.
+TOTALS = (
+    "updated_at = ?, input_tokens = input_tokens + ?, output_tokens = output_tokens + ?, "
+    "cost_nanousd = cost_nanousd + ?, saved_nanousd = saved_nanousd + ?, steps = steps + ?, "
+    "invalidations = invalidations + ?, code_version = COALESCE(?, code_version), "
+    "tool_errors = tool_errors + ?"
+)
+
+
+def totals_values(delta: RunDelta | None, now: float) -> tuple[object, ...]:
+    """The values of :data:`TOTALS` (no delta: nothing added, the time updated)."""
+    d = delta or RunDelta()
+    return (
+        now,
+        d.input_tokens,
+        d.output_tokens,
+        d.cost_nanousd,
+        d.saved_nanousd,
+        d.steps,
+        d.invalidations,
+        d.code_version,
+        d.tool_errors,
+    )
+
 
 # A cancel requested while the run was leased must not be parked away: a run given back
 # unfinished with ``cancel_requested`` set is claimable at once, so the next tick cancels it.

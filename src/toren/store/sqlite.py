@@ -33,18 +33,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+from toren.core.contract.events import Event
+from toren.core.contract.values import RunStatus
 from toren.errors import SchemaError, StorageError
-from toren.store.base import Lease
+from toren.store.base import Lease, Release
 from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import (
     CLAIMABLE,
+    TOTALS,
+    UNBLOCK,
     Cursor,
     InlineGate,
     claimed_columns,
     claimed_lease,
+    lease_lost,
+    release_values,
     settle,
+    totals_values,
     woken,
 )
 
@@ -400,6 +407,48 @@ class SQLiteStore(RetentionSql):
             params,
         )
         super()._delete_search(cur, clause, params)
+
+    def _release(self, cur: Cursor, lease: Lease, release: Release, now: float) -> list[Event]:
+        """The release in one update of the row after the events: the lease's fence (the
+        first event's insert checks it too, as a step's does), the totals, the new status
+        and, for a run parking on its inbox, a look at the inbox in the same statement.
+        SQLite has one writer at a time, and this transaction is it: every message
+        committed before it is seen, and none can be sent until it commits (then the
+        sender finds the run ``waiting`` and wakes it), so the second statement other
+        databases need (``SqlStore._release``) is not needed here."""
+        stored = self._insert_events(cur, release.events, lease)
+        names = release.waiting_for if release.status == RunStatus.WAITING else None
+        status, cancelled_at, not_before, *rest = release_values(release, now)
+        inbox: str = ""
+        inbox_params: tuple[object, ...] = ()
+        if names:
+            marks = ", ".join("?" for _ in names)
+            inbox = (
+                "WHEN EXISTS (SELECT 1 FROM inbox WHERE inbox.run_id = ? AND "
+                f"inbox.consumed_seq IS NULL AND inbox.name IN ({marks})) THEN ? "
+            )
+            inbox_params = (lease.run_id, *names, now)
+        cur = self._x(
+            cur,
+            "UPDATE runs SET status = ?, not_before = CASE WHEN cancel_requested <> 0 THEN ? "
+            f"{inbox}ELSE ? END, waiting_for = ?, output = ?, error = ?, paced = ?, "
+            f"lease_owner = NULL, lease_expires_at = NULL, {UNBLOCK}, {TOTALS} "
+            "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
+            (
+                status,
+                cancelled_at,
+                *inbox_params,
+                not_before,
+                *rest,
+                *totals_values(release.delta, now),
+                lease.run_id,
+                lease.worker_id,
+                lease.epoch,
+            ),
+        )
+        if cur.rowcount != 1:
+            raise lease_lost(lease)
+        return stored
 
     def _claim(
         self, cur: Cursor, worker_id: str, limit: int, now: float, ttl: float, only: str | None
