@@ -105,7 +105,7 @@ processes:
   main:
     limits: {step_timeout: 5}
   other:
-    model: anthropic:claude-sonnet-4-5
+    model: openai:gpt-4o
     instructions: inline
     model_params: {temperature: 0}
     limits: {max_steps: 3}
@@ -117,7 +117,7 @@ processes:
     assert main.description == "top"
     assert main.limits.max_steps == 10 and main.limits.step_timeout == 5
     assert main.limits.max_cost_usd == 1.25
-    assert other.model == "anthropic:claude-sonnet-4-5" and other.instructions == "inline"
+    assert other.model == "openai:gpt-4o" and other.instructions == "inline"
     assert dict(other.model_params) == {
         "max_tokens": 100,
         "reasoning_effort": "low",

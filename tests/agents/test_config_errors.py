@@ -185,6 +185,23 @@ CASES = [
         ("at 'model_params.temperature'", "found 5 (integer)", "expected a number <= 2"),
     ),
     Case(
+        "temperature-for-anthropic",
+        "name: a\nmodel: anthropic:claude-sonnet-4-5\nmodel_params: {temperature: 0.2}\n",
+        (
+            ":3:",
+            "at 'model_params.temperature'",
+            "found temperature for the anthropic model 'anthropic:claude-sonnet-4-5'",
+            "version 2026-10-21",
+            "leave it out",
+        ),
+    ),
+    Case(
+        "top-p-for-an-anthropic-process",
+        "name: a\nmodel: openai:gpt-4o\nmodel_params: {top_p: 0.9}\nprocesses:\n"
+        "  review:\n    model: anthropic:claude-sonnet-4-5\n    model_params: {top_k: 5}\n",
+        ("at 'model_params.top_p'", "at 'processes.review.model_params.top_k'", "refuses"),
+    ),
+    Case(
         "api-key-in-model-params",
         "name: a\nmodel: openai:gpt-4o\nmodel_params: {api_key: sk-secret-123}\n",
         ("at 'model_params'", "'api_key' is a connection setting", "under 'providers:'"),

@@ -164,6 +164,9 @@ class FakeEndpoint:
     # Answers any request once the script is empty (many runs, many workers): called on
     # the server's thread with the request body as it arrives.
     responder: Callable[[dict[str, Any]], Reply] | None = None
+    # What the vendor's API refuses whatever the script says (a 400, say): called with the
+    # body and the headers; a Failure to answer with, or None.
+    refuse: Callable[[dict[str, Any], Mapping[str, str]], Failure | None] | None = None
     _script: deque[Reply] = field(default_factory=deque)
 
     def script(self, *replies: Reply) -> None:
@@ -184,6 +187,8 @@ class FakeEndpoint:
     async def handle(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(RecordedRequest(body=body, headers=dict(request.headers)))
+        if self.refuse is not None and (refused := self.refuse(body, request.headers)):
+            return self._error(refused)
         if not self._script and self.responder is not None:
             self._script.append(self.responder(body))
         if not self._script:
@@ -576,6 +581,16 @@ def render_anthropic(reply: Completion, request: dict[str, Any]) -> Response:
     return JSONResponse(_anthropic_message(reply, request))
 
 
+def anthropic_refuses(body: dict[str, Any], headers: Mapping[str, str]) -> Failure | None:
+    """The API since version 2026-10-21 (what the anthropic SDK 2.x sends) answers 400 to
+    ``temperature``, ``top_k`` and ``top_p`` on every model; an older version in the
+    request's ``anthropic-version`` header still takes them."""
+    refused = [key for key in ("temperature", "top_k", "top_p") if key in body]
+    if refused and headers.get("anthropic-version", "") >= "2026-10-21":
+        return Failure(400, f"{', '.join(refused)}: not supported in this API version")
+    return None
+
+
 def anthropic_error(failure: Failure) -> dict[str, Any]:
     return {"type": "error", "error": {"type": "fake_error", "message": failure.message}}
 
@@ -670,7 +685,11 @@ class FakeModelServer:
             "openai-responses", render_responses, openai_error, responses_error_event
         )
         self.anthropic = FakeEndpoint(
-            "anthropic", render_anthropic, anthropic_error, anthropic_error_event
+            "anthropic",
+            render_anthropic,
+            anthropic_error,
+            anthropic_error_event,
+            refuse=anthropic_refuses,
         )
         self.port = 0
         self.app = Starlette(

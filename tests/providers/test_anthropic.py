@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import anthropic
 import pytest
 
-from toren.errors import ModelCallFailed, ProviderUnavailable
+from toren.errors import InvalidInput, ModelCallFailed, ProviderUnavailable
 from toren.providers.anthropic import DEFAULT_MAX_TOKENS, AnthropicProvider
 from toren.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolCall, ToolSpec
 
@@ -114,14 +114,64 @@ async def test_params_pass_through_with_anthropic_spelling(
 ) -> None:
     fake_models.anthropic.script(Completion(text="ok"))
 
-    await provider.complete(request(max_tokens=99, temperature=0.1, top_k=5, stop="END"))
+    await provider.complete(request(max_tokens=99, metadata={"user_id": "u1"}, stop="END"))
 
     body = fake_models.anthropic.last_body
     assert body["max_tokens"] == 99
-    assert body["temperature"] == 0.1
-    assert body["top_k"] == 5
+    assert body["metadata"] == {"user_id": "u1"}
     assert body["stop_sequences"] == ["END"]
     assert "stop" not in body
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["plain", "streamed"])
+@pytest.mark.parametrize(
+    "params", [{"temperature": 0.1}, {"top_k": 5}, {"top_p": 0.9, "temperature": 0}]
+)
+async def test_sampling_settings_the_api_refuses_are_refused_before_anything_is_sent(
+    provider: AnthropicProvider,
+    fake_models: FakeModelServer,
+    streamed: bool,
+    params: dict[str, object],
+) -> None:
+    # The API (version 2026-10-21, what the SDK sends) answers them with a 400 on every
+    # model; the loopback server does too (tests/providers/fakes.py). Refused here first,
+    # with what to change, rather than sent.
+    fake_models.anthropic.script(Completion(text="never"))
+
+    with pytest.raises(InvalidInput) as caught:
+        await provider.complete(request(**params), on_delta=(lambda _: None) if streamed else None)
+
+    message = str(caught.value)
+    assert all(key in message for key in params)
+    assert "2026-10-21" in message and "Leave them out" in message
+    assert fake_models.anthropic.served == 0
+
+
+@pytest.mark.parametrize("version", [None, "2023-06-01"])
+async def test_the_loopback_server_refuses_temperature_as_the_api_does(
+    fake_models: FakeModelServer, version: str | None
+) -> None:
+    # The fake keeps the API's rule (the tests above rely on it): a 400 under the version
+    # the SDK sends, accepted under an older one a client asks for.
+    headers = {"anthropic-version": version} if version else None
+    client = anthropic.AsyncAnthropic(
+        api_key=FAKE_KEY, base_url=fake_models.anthropic_url, default_headers=headers
+    )
+    fake_models.anthropic.script(Completion(text="ok"))
+    call = client.messages.create(
+        model="claude-x",
+        max_tokens=10,
+        messages=[{"role": "user", "content": "hi"}],
+        extra_body={"temperature": 0.1},
+    )
+    try:
+        if version is None:
+            with pytest.raises(anthropic.BadRequestError, match="temperature"):
+                await call
+        else:
+            assert (await call).content[0].text == "ok"  # type: ignore[union-attr]
+    finally:
+        await client.close()
 
 
 async def test_response_is_parsed(

@@ -56,6 +56,7 @@ from toren.agents.tools import tools_from_module
 from toren.core.agent_api.program import AgentFn, AgentProgram, Limits, ToolDef, usd
 from toren.core.contract.flow import Concurrency
 from toren.errors import AgentConfigError, AgentNotFound
+from toren.providers._wire import ANTHROPIC_REFUSAL, anthropic_refused
 from toren.providers.base import ModelProvider
 from toren.providers.scripted import ECHO_MODEL, load_script
 
@@ -549,6 +550,7 @@ class _AgentLoader:
             )
         elif model is not None:
             self._check_model(model, model_loc, providers)
+            self._check_params(config, proc, name, model, providers)
         return ProcessDefinition(
             name=name,
             description=proc.description or (config.description if name == "main" else "") or "",
@@ -618,6 +620,29 @@ class _AgentLoader:
             )
         elif providers[provider] == "scripted":
             self._check_script(model, loc, provider, model_name)
+
+    def _check_params(
+        self,
+        config: AgentConfig,
+        proc: ProcessConfig,
+        name: str,
+        model: str,
+        providers: Mapping[str, str],
+    ) -> None:
+        """Settings the model's API refuses fail the load, not every run's first call."""
+        if providers.get(parse_model_ref(model)[0]) != "anthropic":
+            return
+        for owner, prefix in ((config, ()), (proc, ("processes", name))):
+            params = owner.model_params.as_params() if owner.model_params else {}
+            for key in anthropic_refused(params):
+                problem = Problem(
+                    (*prefix, "model_params", key),
+                    f"{key} for the anthropic model {model!r}",
+                    f"no {key}: {ANTHROPIC_REFUSAL}; leave it out (max_tokens, stop and "
+                    "the other settings pass through)",
+                )
+                if problem not in self.problems:  # top-level params: once, not per process
+                    self.problems.append(problem)
 
     def _check_script(self, model: str, loc: Loc, provider: str, name: str) -> None:
         path = self.root / name

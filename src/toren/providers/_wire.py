@@ -9,6 +9,22 @@ from collections.abc import Mapping
 from toren.errors import InvalidInput
 from toren.providers.base import TRANSPORT_PARAMS, MessageLike, ModelRequest, ToolCall
 
+# Sampling settings Anthropic's messages API refuses (400) on every model since API
+# version 2026-10-21, the version the anthropic SDK 2.x sends (its ``messages.create`` has
+# no such parameters any more; pydantic-ai drops them with a warning for the same reason).
+ANTHROPIC_REFUSED = ("temperature", "top_k", "top_p")
+
+
+def anthropic_refused(params: Mapping[str, object]) -> list[str]:
+    """The sampling settings in ``params`` that Anthropic's API refuses."""
+    return [key for key in ANTHROPIC_REFUSED if key in params]
+
+
+ANTHROPIC_REFUSAL = (
+    "Anthropic's messages API (version 2026-10-21, which the anthropic SDK Toren uses "
+    "sends) refuses temperature, top_k and top_p on every model"
+)
+
 
 def sampling_params(request: ModelRequest) -> dict[str, object]:
     """``request.params`` minus transport settings, which the provider's own config owns

@@ -7,7 +7,9 @@ Quirks of this API that the conversion absorbs:
   results of one assistant turn all travel in the next user turn, as ``tool_result``
   blocks);
 - ``max_tokens`` is required: 4096 unless ``request.params`` says otherwise;
-- OpenAI's ``stop`` is spelt ``stop_sequences`` here; other params pass through verbatim;
+- OpenAI's ``stop`` is spelt ``stop_sequences`` here; ``temperature``, ``top_k`` and
+  ``top_p`` are refused before sending (the API refuses them since version 2026-10-21,
+  which the SDK sends); other params pass through verbatim;
 - ``usage.input_tokens`` leaves out the prompt-cache reads and writes, which Toren adds in.
 
 Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
@@ -31,7 +33,7 @@ from anthropic.types import (
 )
 from anthropic.types import Usage as WireUsage
 
-from toren.errors import ProviderUnavailable
+from toren.errors import InvalidInput, ProviderUnavailable
 from toren.providers._retry import (
     Attempt,
     MalformedResponse,
@@ -41,6 +43,8 @@ from toren.providers._retry import (
 )
 from toren.providers._sdk import SdkProvider
 from toren.providers._wire import (
+    ANTHROPIC_REFUSAL,
+    anthropic_refused,
     content_text,
     require,
     sampling_params,
@@ -142,9 +146,22 @@ def _params(request: ModelRequest) -> dict[str, object]:
     return params
 
 
+def _check_sampling(model: str, params: Mapping[str, object]) -> None:
+    """Refuse the sampling settings the API refuses, before anything is sent: the call
+    would fail with a 400 anyway, after the run had started; this says what to change."""
+    refused = anthropic_refused(params)
+    if refused:
+        raise InvalidInput(
+            f"the anthropic call to model {model!r} sets {', '.join(refused)}; "
+            f"{ANTHROPIC_REFUSAL}. Leave them out (model_params in agent.yaml, or the "
+            "params of ctx.model); max_tokens, stop and the other settings pass through."
+        )
+
+
 def wire_request(request: ModelRequest) -> dict[str, object]:
     system, turns = wire_messages(request.messages)
     params = _params(request)
+    _check_sampling(request.model, params)
     kwargs: dict[str, object] = {
         "model": request.model,
         "messages": turns,
