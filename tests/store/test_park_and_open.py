@@ -14,10 +14,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +108,10 @@ async def test_a_park_on_the_inbox_whose_lease_moved_writes_nothing(store: Store
     assert new.epoch == row.lease_epoch
 
 
-async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path() -> None:
-    """The park's generic transaction (taken when the inline lane is busy or not open)."""
+@contextlib.asynccontextmanager
+async def _claimed_on_postgres() -> AsyncIterator[tuple[Store, str, str, float, Any]]:
+    """A fresh PostgreSQL database with one run, claimed by worker w1: (store, database
+    name, run id, the claim's time, the lease)."""
     require_pg()
     name = clone_pg_database()
     store = await toren.connect(pg_url(name))
@@ -115,6 +119,15 @@ async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path
         run_id = await _new_run(store)
         now = time.time()
         (lease,) = await store.claim("w1", 1, now=now, ttl=60)
+        yield store, name, run_id, now, lease
+    finally:
+        await store.close()
+        drop_pg_database(name)
+
+
+async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path() -> None:
+    """The park's generic transaction (taken when the inline lane is busy or not open)."""
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
         store.lanes.try_inline_transaction = lambda statements: None  # type: ignore[method-assign]
         held, go = threading.Event(), threading.Event()
         plain_x = store._x
@@ -149,9 +162,6 @@ async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path
         assert row.status == "waiting"
         claimed = await store.claim("w2", 10, now=now + 3600, ttl=60)
         assert [c.run_id for c in claimed] == [run_id], f"not_before={row.not_before}"
-    finally:
-        await store.close()
-        drop_pg_database(name)
 
 
 class _OpenGate:
@@ -174,13 +184,7 @@ async def test_postgres_a_message_sent_while_the_run_parks_inline_wakes_it() -> 
     statement. The hard order: the sender holds the run's row (locked, message inserted
     but not committed) when the release starts, so the release waits for the row and its
     snapshot, taken before, cannot see the message; the wake statement's can."""
-    require_pg()
-    name = clone_pg_database()
-    store = await toren.connect(pg_url(name))
-    try:
-        run_id = await _new_run(store)
-        now = time.time()
-        (lease,) = await store.claim("w1", 1, now=now, ttl=60)
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
         for _ in range(500):  # the inline lane opens in the background
             if store.lanes._inline is not None:
                 break
@@ -216,9 +220,6 @@ async def test_postgres_a_message_sent_while_the_run_parks_inline_wakes_it() -> 
         assert row.status == "waiting"
         claimed = await store.claim("w2", 10, now=now + 3600, ttl=60)
         assert [c.run_id for c in claimed] == [run_id], f"not_before={row.not_before}"
-    finally:
-        await store.close()
-        drop_pg_database(name)
 
 
 async def test_sqlite_a_file_that_is_not_a_database_is_an_error(tmp_path: Path) -> None:
