@@ -108,6 +108,24 @@ async def test_a_park_on_the_inbox_whose_lease_moved_writes_nothing(store: Store
     assert new.epoch == row.lease_epoch
 
 
+async def test_a_stale_park_on_the_inbox_leaves_the_new_holders_timer(store: Store) -> None:
+    """A worker whose lease moved parks on a message that is there: its release writes
+    nothing, and the run keeps the wake time the new holder gave it (a timer a day away),
+    on both PostgreSQL paths as on SQLite."""
+    run_id = await _new_run(store)
+    now = time.time()
+    (old,) = await store.claim("w1", 1, now=now, ttl=1)
+    (new,) = await store.claim("w2", 1, now=now + 5, ttl=60)  # w1's lease ran out
+    await store.send_message(run_id, "approval", 1, now=now + 6)  # running: no wake
+    await store.release(new, Release("waiting", not_before=now + 86_400), now=now + 7)
+    if hasattr(store, "lanes"):
+        store.lanes.gate = _OpenGate()  # type: ignore[attr-defined]
+    with pytest.raises(LeaseLost):
+        await store.release(old, Release("waiting", waiting_for=["approval"]), now=now + 8)
+    row = await store.get_run(run_id)
+    assert (row.status, row.not_before) == ("waiting", now + 86_400)
+
+
 @contextlib.asynccontextmanager
 async def _claimed_on_postgres() -> AsyncIterator[tuple[Store, str, str, float, Any]]:
     """A fresh PostgreSQL database with one run, claimed by worker w1: (store, database

@@ -745,19 +745,22 @@ class PostgresStore(RetentionSql):
         statement cannot: its snapshot is taken before it waits for the row, so it misses
         a message whose sender held the row then. So the release is followed, in the same
         transaction, by a second statement with a snapshot of its own, taken once the
-        first holds the row: it wakes the run if a message it waits for is there. Both go
+        first holds the row: it wakes the run if a message it waits for is there, and only
+        if the row is still this release's (its epoch: a worker whose lease moved, whose
+        release wrote nothing, must not move another holder's wake time either). Both go
         in one round trip on the inline lane (:meth:`try_inline_transaction`); the rows of
         the release, or None when the lane is not free (the caller takes the generic
         transaction, ``SqlStore.release``, which does the same in more round trips)."""
         names = list(release.waiting_for or ())
         wake = (
             "UPDATE runs SET not_before = %s::double precision WHERE id = %s "
-            "AND status = 'waiting' AND lease_owner IS NULL AND EXISTS (SELECT 1 FROM inbox "
-            "WHERE inbox.run_id = %s AND inbox.consumed_seq IS NULL AND inbox.name = ANY(%s))"
+            "AND status = 'waiting' AND lease_owner IS NULL AND lease_epoch = %s "
+            "AND EXISTS (SELECT 1 FROM inbox WHERE inbox.run_id = %s "
+            "AND inbox.consumed_seq IS NULL AND inbox.name = ANY(%s))"
         )
         try:
             done = self.lanes.try_inline_transaction(
-                [statement, (wake, (now, lease.run_id, lease.run_id, names))]
+                [statement, (wake, (now, lease.run_id, lease.epoch, lease.run_id, names))]
             )
         except self._psycopg.errors.UniqueViolation:
             raise finished_elsewhere(lease) from None
