@@ -147,6 +147,28 @@ async def test_sampling_settings_the_api_refuses_are_refused_before_anything_is_
     assert fake_models.anthropic.served == 0
 
 
+async def test_a_client_pinned_to_an_older_api_version_still_sends_temperature(
+    fake_models: FakeModelServer,
+) -> None:
+    # The refusal follows the version the client sends: a client given with an older
+    # ``anthropic-version`` (``client=``) keeps the settings that version takes.
+    client = anthropic.AsyncAnthropic(
+        api_key=FAKE_KEY,
+        base_url=fake_models.anthropic_url,
+        default_headers={"anthropic-version": "2023-06-01"},
+    )
+    provider = AnthropicProvider(client=client)
+    fake_models.anthropic.script(Completion(text="ok"))
+    try:
+        response = await provider.complete(request(temperature=0.1, top_k=5))
+    finally:
+        await provider.aclose()
+        await client.close()
+    assert response.text == "ok"
+    assert fake_models.anthropic.last_body["temperature"] == 0.1
+    assert fake_models.anthropic.last_body["top_k"] == 5
+
+
 @pytest.mark.parametrize("version", [None, "2023-06-01"])
 async def test_the_loopback_server_refuses_temperature_as_the_api_does(
     fake_models: FakeModelServer, version: str | None

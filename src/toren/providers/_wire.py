@@ -13,6 +13,7 @@ from toren.providers.base import TRANSPORT_PARAMS, MessageLike, ModelRequest, To
 # version 2026-10-21, the version the anthropic SDK 2.x sends (its ``messages.create`` has
 # no such parameters any more; pydantic-ai drops them with a warning for the same reason).
 ANTHROPIC_REFUSED = ("temperature", "top_k", "top_p")
+ANTHROPIC_REFUSING_VERSION = "2026-10-21"
 
 
 def anthropic_refused(params: Mapping[str, object]) -> list[str]:

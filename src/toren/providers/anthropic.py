@@ -8,8 +8,8 @@ Quirks of this API that the conversion absorbs:
   blocks);
 - ``max_tokens`` is required: 4096 unless ``request.params`` says otherwise;
 - OpenAI's ``stop`` is spelt ``stop_sequences`` here; ``temperature``, ``top_k`` and
-  ``top_p`` are refused before sending (the API refuses them since version 2026-10-21,
-  which the SDK sends); other params pass through verbatim;
+  ``top_p`` are refused before sending when the client sends API version 2026-10-21 or
+  later (the SDK's default), which refuses them; other params pass through verbatim;
 - ``usage.input_tokens`` leaves out the prompt-cache reads and writes, which Toren adds in.
 
 Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
@@ -44,6 +44,7 @@ from toren.providers._retry import (
 from toren.providers._sdk import SdkProvider
 from toren.providers._wire import (
     ANTHROPIC_REFUSAL,
+    ANTHROPIC_REFUSING_VERSION,
     anthropic_refused,
     content_text,
     require,
@@ -158,10 +159,13 @@ def _check_sampling(model: str, params: Mapping[str, object]) -> None:
         )
 
 
-def wire_request(request: ModelRequest) -> dict[str, object]:
+def wire_request(request: ModelRequest, *, api_version: str = "") -> dict[str, object]:
+    """The SDK's keyword arguments for ``request``. ``api_version``: the
+    ``anthropic-version`` the client sends (the SDK's default when empty)."""
     system, turns = wire_messages(request.messages)
     params = _params(request)
-    _check_sampling(request.model, params)
+    if (api_version or ANTHROPIC_REFUSING_VERSION) >= ANTHROPIC_REFUSING_VERSION:
+        _check_sampling(request.model, params)
     kwargs: dict[str, object] = {
         "model": request.model,
         "messages": turns,
@@ -342,7 +346,11 @@ class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
         return _client(api_key, base_url, timeout)
 
     def _wire(self, request: ModelRequest) -> dict[str, object]:
-        return wire_request(request)
+        # A client given with an older ``anthropic-version`` (``client=``) still takes the
+        # sampling settings the newer versions refuse.
+        headers = {k.lower(): v for k, v in self._client.default_headers.items()}
+        version = headers.get("anthropic-version")
+        return wire_request(request, api_version=version if isinstance(version, str) else "")
 
     async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.messages.with_raw_response.create(**kwargs)
