@@ -22,8 +22,8 @@ def anthropic_refused(params: Mapping[str, object]) -> list[str]:
 
 
 ANTHROPIC_REFUSAL = (
-    "Anthropic's messages API (version 2026-10-21, which the anthropic SDK Toren uses "
-    "sends) refuses temperature, top_k and top_p on every model"
+    f"Anthropic's messages API (version {ANTHROPIC_REFUSING_VERSION}, which the anthropic "
+    "SDK Toren uses sends) refuses temperature, top_k and top_p on every model"
 )
 
 

@@ -18,6 +18,7 @@ Finish reasons are normalised to Toren's vocabulary (``stop``, ``tool_calls``,
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from contextlib import aclosing
@@ -345,12 +346,17 @@ class AnthropicProvider(SdkProvider[anthropic.AsyncAnthropic]):
     ) -> anthropic.AsyncAnthropic:
         return _client(api_key, base_url, timeout)
 
-    def _wire(self, request: ModelRequest) -> dict[str, object]:
-        # A client given with an older ``anthropic-version`` (``client=``) still takes the
-        # sampling settings the newer versions refuse.
+    @functools.cached_property
+    def _api_version(self) -> str:
+        """The ``anthropic-version`` the client sends (its headers folded case-insensitively,
+        the last one winning, as the SDK does): a client given with an older one
+        (``client=``) still takes the sampling settings the newer versions refuse."""
         headers = {k.lower(): v for k, v in self._client.default_headers.items()}
         version = headers.get("anthropic-version")
-        return wire_request(request, api_version=version if isinstance(version, str) else "")
+        return version if isinstance(version, str) else ""
+
+    def _wire(self, request: ModelRequest) -> dict[str, object]:
+        return wire_request(request, api_version=self._api_version)
 
     async def _create(self, kwargs: Mapping[str, Any], attempt: Attempt) -> ModelResponse:
         raw = await self._client.messages.with_raw_response.create(**kwargs)

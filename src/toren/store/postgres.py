@@ -39,7 +39,6 @@ from toren.store.schema import (
 from toren.store.sql import (
     CLAIMABLE,
     NEXT_DUE,
-    RELEASE_NOT_BEFORE,
     RUN_COLUMNS,
     UNBLOCK,
     Cursor,
@@ -50,6 +49,7 @@ from toren.store.sql import (
     lease_lost,
     loop_is_idle,
     new_run_values,
+    release_not_before,
     release_values,
     run_from_row,
     settle,
@@ -80,7 +80,7 @@ FENCE_TOTALS = f"UPDATE runs SET {_TOTALS}{_LEASED} RETURNING id"
 FENCE_LOCK = f"SELECT id FROM runs {_LEASED} FOR NO KEY UPDATE"
 FENCE_RELEASE = (
     "UPDATE runs SET status = %s, "
-    f"{RELEASE_NOT_BEFORE.format(p='%s::double precision')}, waiting_for = %s, "
+    f"{release_not_before('%s::double precision')}, waiting_for = %s, "
     "output = %s, error = %s, paced = %s, lease_owner = NULL, lease_expires_at = NULL, "
     f"{UNBLOCK}, {_TOTALS}{_LEASED} RETURNING id"
 )

@@ -1016,7 +1016,7 @@ class SqlStore:
         stored = self._insert_events(cur, release.events)
         self._x(
             cur,
-            f"UPDATE runs SET status = ?, {RELEASE_NOT_BEFORE.format(p='?')}, "
+            f"UPDATE runs SET status = ?, {release_not_before('?')}, "
             "waiting_for = ?, output = ?, error = ?, paced = ?, lease_owner = NULL, "
             f"lease_expires_at = NULL, {UNBLOCK}, updated_at = ? WHERE id = ?",
             (*release_values(release, now), now, lease.run_id),
@@ -1296,9 +1296,13 @@ def totals_values(delta: RunDelta | None, now: float) -> tuple[object, ...]:
     )
 
 
-# A cancel requested while the run was leased must not be parked away: a run given back
-# unfinished with ``cancel_requested`` set is claimable at once, so the next tick cancels it.
-RELEASE_NOT_BEFORE = "not_before = CASE WHEN cancel_requested <> 0 THEN {p} ELSE {p} END"
+def release_not_before(p: str, wake: str = "") -> str:
+    """A release's ``not_before``, with ``p`` the placeholder: the time a cancel requested
+    while the run was leased makes it claimable (it must not be parked away: the next tick
+    cancels it), ``wake`` (``WHEN ... THEN ...`` branches) any other reason to wake it now,
+    else the release's own wake time. Its values are :func:`release_values`' second and
+    third, with ``wake``'s between them."""
+    return f"not_before = CASE WHEN cancel_requested <> 0 THEN {p} {wake}ELSE {p} END"
 
 
 def release_values(release: Release, now: float) -> tuple[object, ...]:

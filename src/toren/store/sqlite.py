@@ -49,6 +49,7 @@ from toren.store.sql import (
     claimed_columns,
     claimed_lease,
     lease_lost,
+    release_not_before,
     release_values,
     settle,
     totals_values,
@@ -430,8 +431,8 @@ class SQLiteStore(RetentionSql):
             inbox_params = (lease.run_id, *names, now)
         cur = self._x(
             cur,
-            "UPDATE runs SET status = ?, not_before = CASE WHEN cancel_requested <> 0 THEN ? "
-            f"{inbox}ELSE ? END, waiting_for = ?, output = ?, error = ?, paced = ?, "
+            f"UPDATE runs SET status = ?, {release_not_before('?', inbox)}, "
+            "waiting_for = ?, output = ?, error = ?, paced = ?, "
             f"lease_owner = NULL, lease_expires_at = NULL, {UNBLOCK}, {TOTALS} "
             "WHERE id = ? AND lease_owner = ? AND lease_epoch = ?",
             (
