@@ -196,6 +196,34 @@ async def freeze_outside_a_commit(worker: Worker, db_url: str, run_id: str) -> N
         await asyncio.sleep(0.001)
 
 
+async def freeze_until_taken_over(store: Any, workers: list[Worker], db_url: str) -> None:
+    """Freeze (outside a commit) a worker that holds a running run, and thaw it once another
+    worker has taken that run over."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "no freeze of a run's holder led to a takeover"
+        by_id = {w.id: w for w in workers}
+        rows = await store.list_runs(status="running", limit=100)
+        held = [(by_id[r.lease_owner], r.id) for r in rows if r.lease_owner in by_id]
+        if not held:
+            await asyncio.sleep(0.005)
+            continue
+        holder, run_id = held[0]
+        await freeze_outside_a_commit(holder, db_url, run_id)
+        row = await store.get_run(run_id)
+        if row is None or row.terminal or row.lease_owner != holder.id:
+            holder.signal(signal.SIGCONT)  # it let the run go before the freeze landed
+            continue
+        try:
+            while row is not None and row.lease_recoveries == 0:
+                assert time.monotonic() < deadline, f"run {run_id} was never taken over"
+                await asyncio.sleep(0.05)
+                row = await store.get_run(run_id)
+        finally:
+            holder.signal(signal.SIGCONT)
+        return
+
+
 async def test_a_stalled_worker_pays_and_sends_nothing_after_it_thaws(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -315,7 +343,11 @@ async def test_a_fleet_with_freezes_and_kills_never_repays_or_resends(
                 )
                 for i in range(30)
             ]
-            frozen = killed = 0
+            # The first freeze is made to take a run over, whatever the machine's load: a
+            # seeded freeze may find its worker idle (the runs done) or land inside a SQLite
+            # commit, which holds every other worker off until the thaw.
+            await freeze_until_taken_over(store, workers, db_url)
+            frozen, killed = 1, 0
             for _ in range(10):
                 await asyncio.sleep(rng.uniform(0.2, 0.8))
                 w = rng.choice(workers)
