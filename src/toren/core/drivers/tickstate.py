@@ -327,6 +327,10 @@ class TickState:
         self.publish_events(stored)
         return stored
 
+    def defer(self, event: Event) -> None:
+        """Write ``event`` with the tick's next write (see :meth:`Writer.defer`)."""
+        self.writer.defer(event)
+
     def publish(self, item: dict[str, object]) -> None:
         if self.deps.live is not None:
             self.deps.live(self.run_id, item)

@@ -48,10 +48,11 @@ class DurableWaits:
                     await self.state.clock.sleep(left)
                 else:
                     await self.state.parker.park(fire_at, ())
-            event = self.state.event(
-                ctx.stream, pos, gen, digest, TimerFired(fired_at=self.state.clock.now()), done=True
-            )
-            await self.state.write([event])
+            fired = TimerFired(fired_at=self.state.clock.now())
+            # Written with the tick's next write: a crash that loses it leaves the timer
+            # due, and the replay fires it again at once (a message wait's timeout is
+            # written at once: lost, a message committed late could be taken instead).
+            self.state.defer(self.state.event(ctx.stream, pos, gen, digest, fired, done=True))
             self.state.executed += 1
 
     async def start_message_wait(

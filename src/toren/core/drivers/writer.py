@@ -41,6 +41,7 @@ class Writer:
         "chain",
         "clock",
         "code_version",
+        "deferred",
         "lease",
         "lock",
         "monotonic",
@@ -67,6 +68,8 @@ class Writer:
         # through this writer, one at a time under its lock, so the events it chains are
         # stored in the order it chains them (docs/event-log.md#the-chain).
         self.chain: str | None = None
+        # Events a crash may lose (see defer), written ahead of the next write's.
+        self.deferred: list[Event] = []
 
     @property
     def pending(self) -> Totals:
@@ -119,6 +122,9 @@ class Writer:
             if used is not None:
                 self.add(used)
             delta = self.due_delta()
+            deferred = self._take_deferred()
+            if deferred:
+                events = [*deferred, *events]
             chained = chain(self.chain, events)
             try:
                 stored = await self.store.append(
@@ -131,6 +137,7 @@ class Writer:
                 )
             except MessageConsumed:
                 self._refused(delta, step, used)
+                self.deferred[:0] = deferred  # nothing was written: still due
                 raise
             self.chain = chained
             record = self.record
@@ -155,6 +162,20 @@ class Writer:
             self.add(delta)
             self.next_flush = float("-inf")
 
+    def defer(self, event: Event) -> None:
+        """Write ``event`` ahead of the tick's next write (or its release) instead of in a
+        commit of its own. Only for an event whose loss in a crash changes nothing the run
+        does: a due timer's ``TimerFired`` (a replay finds the timer due and fires it again
+        at once; the agent code cannot tell). What came after it in the agent code is
+        in no event before it is, so the log keeps its order (docs/storage.md)."""
+        self.deferred.append(event)
+
+    def _take_deferred(self) -> list[Event]:
+        deferred = self.deferred
+        if deferred:
+            self.deferred = []
+        return deferred
+
     def then(self, write: Callable[[], Awaitable[None]]) -> None:
         """Schedule ``write()`` after every write scheduled so far (the barrier): what a
         synchronous decision must write before anything later of the run."""
@@ -170,6 +191,7 @@ class Writer:
     async def invalidations(self, events: Sequence[Event]) -> list[Event]:
         async with self.lock:  # counted under the lock, as a step's usage is (see append)
             self._tally[5] += len(events)
+            events = [*self._take_deferred(), *events]
             chained = chain(self.chain, events)
             stored = await self.store.append(
                 self.lease, events, delta=self.due_delta(), now=self.clock.now()
@@ -204,7 +226,8 @@ class Writer:
             with contextlib.suppress(BaseException):  # its failure already stopped the tick
                 await barrier
         async with self.lock:
-            release = Release(**{**release.__dict__, "delta": self.take()})
+            events = [*self._take_deferred(), *release.events]
+            release = Release(**{**release.__dict__, "delta": self.take(), "events": events})
             chained = chain(self.chain, release.events)
             stored = await self.store.release(self.lease, release, now=self.clock.now())
             self.chain = chained
