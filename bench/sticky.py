@@ -1,9 +1,12 @@
 """Waking a parked run for one step, with and without the sticky cache (issue 39).
 
     python -m bench.sticky [--runs 300] [--steps 20] [--backend sqlite|postgres|both]
+                           [--wake message|timer]
 
 Each run records ``--steps`` model steps (scripted, no network), then waits for a message
-in a loop: every message is one more model step and a park. The bench parks every run
+in a loop: every message is one more model step and a park (``--wake timer``: sleeps a
+minute in a loop instead, on a manual clock the bench moves; every timer that fires is one
+more model step and a park). The bench parks every run
 once, then measures rounds of wakes: send each run a message and tick it once (on this
 event loop, one run after another: the CPU of a wake, not a fleet's throughput). With the
 cache off every wake loads the log and replays every earlier step; with it on, the tick
@@ -27,14 +30,18 @@ from toren.core.drivers.sticky import StickyRuns
 from toren.providers.scripted import ScriptedProvider
 
 
-def registry(steps: int) -> toren.Registry:
+def registry(steps: int, wake: str = "message") -> toren.Registry:
     async def agent(ctx: toren.Context, input: Any) -> Any:
         messages: list[dict[str, Any]] = [{"role": "system", "content": "bench"}]
         for i in range(steps):
             messages.append({"role": "user", "content": f"step {i}"})
             messages.append((await ctx.model("scripted:echo", messages)).message())
         while True:
-            text = await ctx.wait_for_message("next")
+            if wake == "timer":
+                await ctx.sleep(60)
+                text: object = "a minute later"
+            else:
+                text = await ctx.wait_for_message("next")
             if text == "stop":
                 return {"steps": len(messages)}
             messages.append({"role": "user", "content": str(text)})
@@ -45,10 +52,14 @@ def registry(steps: int) -> toren.Registry:
     return reg
 
 
-async def measure(url: str, runs: int, steps: int, rounds: int, cached: bool) -> dict[str, Any]:
+async def measure(
+    url: str, runs: int, steps: int, rounds: int, cached: bool, wake: str = "message"
+) -> dict[str, Any]:
     store = await toren.connect(url)
+    # Timers on a clock the bench moves: a round's timers are all due at once.
+    clock = toren.ManualClock(time.time()) if wake == "timer" else toren.SystemClock()
     try:
-        reg = registry(steps)
+        reg = registry(steps, wake)
         sticky = StickyRuns(10**10) if cached else None
         settings = toren.Settings(pause_gc_on_replay=True)
         deps = toren.TickDeps(
@@ -57,8 +68,11 @@ async def measure(url: str, runs: int, steps: int, rounds: int, cached: bool) ->
             providers={"scripted": ScriptedProvider()},
             settings=settings,
             sticky=sticky,
+            clock=clock,
         )
-        ids = [(await toren.start_run(store, reg, "bench", {})).id for _ in range(runs)]
+        ids = [
+            (await toren.start_run(store, reg, "bench", {}, clock=clock)).id for _ in range(runs)
+        ]
         tracemalloc.start()
         before = tracemalloc.get_traced_memory()[0]
         for run_id in ids:
@@ -68,8 +82,11 @@ async def measure(url: str, runs: int, steps: int, rounds: int, cached: bool) ->
         cpu = wall = 0.0
         replayed = 0
         for r in range(rounds):
-            for run_id in ids:
-                await toren.send_message(store, run_id, "next", f"round {r}")
+            if isinstance(clock, toren.ManualClock):
+                await clock.advance(60)
+            else:
+                for run_id in ids:
+                    await toren.send_message(store, run_id, "next", f"round {r}")
             t0, c0 = time.perf_counter(), time.process_time()
             for run_id in ids:
                 result = await toren.tick(run_id, deps)
@@ -128,11 +145,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="sqlite")
+    parser.add_argument("--wake", choices=("message", "timer"), default="message")
     args = parser.parse_args()
     backends = ("sqlite", "postgres") if args.backend == "both" else (args.backend,)
     print(
         f"{args.runs} runs x {args.steps} recorded steps, {args.rounds} rounds of one wake "
-        "per run (message -> one model step -> park)"
+        f"per run ({args.wake} -> one model step -> park)"
     )
     print(
         "| backend | cache | CPU ms/wake | wall ms/wake | steps replayed/wake "
@@ -145,7 +163,9 @@ def main() -> None:
             for i, cached in enumerate((False, True, False, True)):
                 url = database(backend, tmp, f"{backend}{i}")
                 try:
-                    got = asyncio.run(measure(url, args.runs, args.steps, args.rounds, cached))
+                    got = asyncio.run(
+                        measure(url, args.runs, args.steps, args.rounds, cached, args.wake)
+                    )
                 finally:
                     drop(url)
                 print(

@@ -1,9 +1,10 @@
-"""A due timer's ``TimerFired`` rides on the tick's next write (issue 39).
+"""A timer's events ride on the tick's next write (issue 39).
 
 A ``ctx.sleep`` that ends writes no commit of its own: its ``TimerFired`` goes to the store
 ahead of the next write's events (the next step, an invalidation, or the release). A crash
 that loses it changes nothing the run does: the replay finds the timer due and fires it
-again at once. These tests count the commits through the store, and take the lease from
+again at once. A sleep that parks writes its ``TimerScheduled`` with the park (lost, the
+replay starts the timer again); one slept in place writes it first. These tests count the commits through the store, and take the lease from
 under a wake whose model call is in flight (the first worker's write then fails, as a
 killed worker's never happens)."""
 
@@ -20,6 +21,7 @@ from toren.config import LeaseSettings
 from toren.core.contract.records import Lease, Release
 from toren.core.drivers.fencing import lease_clock
 from toren.core.drivers.tick import TickRunner
+from toren.errors import LeaseLost
 from toren.providers.base import ModelRequest, ModelResponse
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
@@ -72,9 +74,9 @@ class Gated:
         return await self.inner.complete(request, on_delta=on_delta)
 
 
-def sleeper(after: str = "model") -> toren.Registry:
+def sleeper(after: str = "model", seconds: float = 60) -> toren.Registry:
     async def agent(ctx: toren.Context, input: Any) -> Any:
-        await ctx.sleep(60)
+        await ctx.sleep(seconds)
         if after == "return":
             return "woke"
         if after == "message":
@@ -111,15 +113,15 @@ async def test_a_fired_timer_is_written_with_the_next_step(store: Store) -> None
     deps = deps_of(commits, reg, clock)
     run = await toren.start_run(store, reg, "sleeper", clock=clock)
     assert (await toren.tick(run.id, deps)).status == "waiting"
-    commits.take()
+    # The sleep parks at once: its start is written with the park.
+    assert commits.take()[-1] == ["TimerScheduled", "RunWaiting", "release:waiting"]
 
     await clock.advance(60)
     assert (await toren.tick(run.id, deps)).status == "waiting"
-    # One commit for the timer's end and the model step, not one each.
+    # One commit for the timer's end and the model step, one for the next timer and park.
     assert commits.take() == [
         ["TimerFired", "ModelCallRecorded"],
-        ["TimerScheduled"],
-        ["RunWaiting", "release:waiting"],
+        ["TimerScheduled", "RunWaiting", "release:waiting"],
     ]
     await clock.advance(60)
     done = await toren.tick(run.id, deps)
@@ -218,4 +220,54 @@ async def test_a_refused_message_step_keeps_the_timer_for_the_next_write(
         ["RunCompleted", "release:completed"],
     ]
     assert (await _types(store, run.id)).count("TimerFired") == 1
+    await _chain_holds(store, run.id)
+
+
+async def test_a_sleep_slept_in_place_writes_its_start_first(store: Store) -> None:
+    """A sleep no longer than ``inline_wait`` is slept by the tick, not parked: its start
+    is committed before it sleeps (a crash then must not start it again)."""
+    clock = toren.ManualClock()
+    reg = sleeper("return", seconds=1)
+    commits = Commits(store)
+    deps = deps_of(commits, reg, clock)
+    run = await toren.start_run(store, reg, "sleeper", clock=clock)
+    tick = asyncio.ensure_future(toren.tick(run.id, deps))
+    while "TimerScheduled" not in await _types(store, run.id):
+        assert not tick.done(), tick.result()
+        await asyncio.sleep(0.001)
+    assert commits.commits[-1] == ["TimerScheduled"]
+    await clock.advance(1)
+    result = await tick
+    assert result.status == "completed" and result.output == "woke"
+    assert commits.take()[-1] == ["TimerFired", "RunCompleted", "release:completed"]
+
+
+async def test_a_timer_start_lost_before_its_park_starts_again(store: Store) -> None:
+    """The park that would write the sleep's start fails (the lease moved): nothing of the
+    sleep is in the log; the next holder starts it again, from its own clock, and it fires
+    a full sleep later."""
+    clock = toren.ManualClock()
+    reg = sleeper("return")
+    w1 = deps_of(store, reg, clock, settings=SETTINGS, worker_id="w1")
+    run = await toren.start_run(store, reg, "sleeper", clock=clock)
+    [lease] = await store.claim("w1", 1, now=clock.now() - 31, ttl=30)  # already run out
+    [taken] = await store.claim("w2", 1, now=clock.now(), ttl=30)
+    with pytest.raises(LeaseLost):  # its park, which carries the sleep's start
+        await TickRunner(w1, lease, granted_at=lease_clock()).run()
+    assert await _types(store, run.id) == ["RunStarted"]
+
+    await clock.advance(10)
+    w2 = deps_of(store, reg, clock, settings=SETTINGS, worker_id="w2")
+    parked = await TickRunner(w2, taken, granted_at=lease_clock()).run()
+    assert parked.status == "waiting" and parked.not_before == clock.now() + 60
+    await clock.advance(60)
+    done = await toren.tick(run.id, w2)
+    assert done.status == "completed" and done.output == "woke"
+    assert await _types(store, run.id) == [
+        "RunStarted",
+        "TimerScheduled",
+        "RunWaiting",
+        "TimerFired",
+        "RunCompleted",
+    ]
     await _chain_holds(store, run.id)

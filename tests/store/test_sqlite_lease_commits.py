@@ -180,3 +180,46 @@ async def test_a_store_at_synchronous_normal_runs_every_write_at_its_own_level(
         assert {level for level, _ in levels.transactions} == {"NORMAL"}
     finally:
         await store.close()
+
+
+async def _takes_a_message(ctx: toren.Context, input: Any) -> Any:
+    message = await ctx.wait_for_message("next")
+    return {"message": message, "at": await ctx.now()}
+
+
+async def test_a_message_receipt_alone_commits_without_the_disk(tmp_path: Path) -> None:
+    """A wake's receipt (its ``MessageReceived`` and the inbox row it consumes) is undone
+    by a power loss only with everything after it (the WAL is written in order; the next
+    durable commit, here the clock step, makes it durable too): the run then takes the
+    same message again. So it commits at NORMAL; the step after it and the release at
+    FULL."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    levels = Levels(store, "FULL")
+    await store.migrate()
+    reg = toren.Registry()
+    reg.add("takes", _takes_a_message)
+    deps = toren.TickDeps(store=store, agents=reg)
+    try:
+        run_id = (await toren.start_run(store, reg, "takes", {})).id
+        assert (await toren.tick(run_id, deps)).status == "waiting"
+        await toren.send_message(store, run_id, "next", "hello")
+        done = await toren.tick(run_id, deps)
+        assert done.status == "completed" and done.output["message"] == "hello"
+        assert levels.of("UPDATE inbox SET consumed_seq") == ["NORMAL"]
+        steps = [
+            level
+            for level, statements in levels.transactions
+            if any(s.startswith("INSERT INTO events") for s in statements)
+            and not any(s.startswith("UPDATE inbox") for s in statements)
+        ]
+        # RunStarted, the park, the clock step, the run's end: every other event durable.
+        assert steps == ["FULL"] * 4
+        assert [e.type for e in await store.load_events(run_id)] == [
+            "RunStarted",
+            "RunWaiting",
+            "MessageReceived",
+            "ValueRecorded",
+            "RunCompleted",
+        ]
+    finally:
+        await store.close()

@@ -376,6 +376,13 @@ class SqlStore:
         it without waiting for the disk (SQLite: see its module); here, any write."""
         return await self._run(fn)
 
+    async def _receipt_write(self, fn: Callable[[Cursor], T]) -> T:
+        """A message's receipt alone (its ``MessageReceived`` and the inbox row it
+        consumes): undone, the run takes the same message again, and nothing written
+        after it survives either. A dialect may commit it without waiting for the disk
+        (SQLite: see its module); here, any write."""
+        return await self._run(fn)
+
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
         """A short read by key (a run's row, its next message): a dialect may run it inline
         on the loop's thread when nothing else is ready (see :class:`InlineGate`)."""
@@ -915,8 +922,9 @@ class SqlStore:
                     )
             return stored
 
+        receipt = consume_inbox is not None and all(e.type == "MessageReceived" for e in events)
         try:
-            return await self._run(tx)
+            return await (self._receipt_write if receipt else self._run)(tx)
         except Exception as exc:
             if self._is_conflict(exc):
                 raise step_conflict(lease) from None

@@ -18,7 +18,9 @@ process). A write of lease bookkeeping alone (a claim, a renewal: rows a recover
 rebuilds, never an event) commits without waiting for the disk (``synchronous=NORMAL``
 for that transaction): the WAL is one file written in order, so the next durable commit
 (any step's) makes it durable too, and a power loss before that can only undo a lease,
-which every process it concerned lost with the machine (docs/storage.md).
+which every process it concerned lost with the machine (docs/storage.md). A message's
+receipt alone (its ``MessageReceived`` and the consumed inbox row) commits the same way:
+undone with everything after it, the run takes the same message again.
 """
 
 from __future__ import annotations
@@ -214,6 +216,9 @@ class SQLiteStore(RetentionSql):
             self._levels[key] = relaxed
 
     async def _lease_write(self, fn: Callable[[Cursor], T]) -> T:
+        return await self._run(fn, durable=False)
+
+    async def _receipt_write(self, fn: Callable[[Cursor], T]) -> T:
         return await self._run(fn, durable=False)
 
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:

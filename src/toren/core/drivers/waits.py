@@ -36,7 +36,14 @@ class DurableWaits:
     ) -> None:
         async with self.state.busy():
             timer = sleep_timer(seconds, self.state.clock.now())
-            await self.state.write([self.state.event(ctx.stream, pos, gen, digest, timer)])
+            event = self.state.event(ctx.stream, pos, gen, digest, timer)
+            if seconds > self.state.deps.settings.inline_wait:
+                # It parks at once: written with the park (or the next write of another
+                # branch). Lost in a crash before either, the replay starts the timer
+                # again, and the sleep lasts longer by the time the run was down.
+                self.state.defer(event)
+            else:  # slept here: a crash must not start it again
+                await self.state.write([event])
         await self.await_timer(ctx, pos, gen, digest, timer.fire_at)
 
     async def await_timer(

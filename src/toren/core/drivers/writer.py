@@ -165,9 +165,10 @@ class Writer:
     def defer(self, event: Event) -> None:
         """Write ``event`` ahead of the tick's next write (or its release) instead of in a
         commit of its own. Only for an event whose loss in a crash changes nothing the run
-        does: a due timer's ``TimerFired`` (a replay finds the timer due and fires it again
-        at once; the agent code cannot tell). What came after it in the agent code is
-        in no event before it is, so the log keeps its order (docs/storage.md)."""
+        did: a due timer's ``TimerFired`` (a replay finds the timer due and fires it again
+        at once; the agent code cannot tell), a parking timer's ``TimerScheduled`` (the
+        replay starts it again). What came after it in the agent code is in no event
+        before it is, so the log keeps its order (docs/storage.md)."""
         self.deferred.append(event)
 
     def _take_deferred(self) -> list[Event]:
