@@ -41,7 +41,7 @@ class Writer:
         "chain",
         "clock",
         "code_version",
-        "deferred",
+        "_deferred",
         "lease",
         "lock",
         "monotonic",
@@ -69,7 +69,7 @@ class Writer:
         # stored in the order it chains them (docs/event-log.md#the-chain).
         self.chain: str | None = None
         # Events a crash may lose (see defer), written ahead of the next write's.
-        self.deferred: list[Event] = []
+        self._deferred: list[Event] = []
 
     @property
     def pending(self) -> Totals:
@@ -137,7 +137,7 @@ class Writer:
                 )
             except MessageConsumed:
                 self._refused(delta, step, used)
-                self.deferred[:0] = deferred  # nothing was written: still due
+                self._deferred[:0] = deferred  # nothing was written: still due
                 raise
             self.chain = chained
             record = self.record
@@ -163,18 +163,18 @@ class Writer:
             self.next_flush = float("-inf")
 
     def defer(self, event: Event) -> None:
-        """Write ``event`` ahead of the tick's next write (or its release) instead of in a
+        """Write ``event`` ahead of the tick's next step (or its release) instead of in a
         commit of its own. Only for an event whose loss in a crash changes nothing the run
         did: a due timer's ``TimerFired`` (a replay finds the timer due and fires it again
         at once; the agent code cannot tell), a parking timer's ``TimerScheduled`` (the
         replay starts it again). What came after it in the agent code is in no event
         before it is, so the log keeps its order (docs/storage.md)."""
-        self.deferred.append(event)
+        self._deferred.append(event)
 
     def _take_deferred(self) -> list[Event]:
-        deferred = self.deferred
+        deferred = self._deferred
         if deferred:
-            self.deferred = []
+            self._deferred = []
         return deferred
 
     def then(self, write: Callable[[], Awaitable[None]]) -> None:
@@ -192,7 +192,8 @@ class Writer:
     async def invalidations(self, events: Sequence[Event]) -> list[Event]:
         async with self.lock:  # counted under the lock, as a step's usage is (see append)
             self._tally[5] += len(events)
-            events = [*self._take_deferred(), *events]
+            # Not the deferred events: they may follow the decision to supersede (a step
+            # of the superseded stream run anew), so the next write carries them.
             chained = chain(self.chain, events)
             stored = await self.store.append(
                 self.lease, events, delta=self.due_delta(), now=self.clock.now()
