@@ -376,11 +376,13 @@ class SqlStore:
         it without waiting for the disk (SQLite: see its module); here, any write."""
         return await self._run(fn)
 
-    async def _receipt_write(self, fn: Callable[[Cursor], T]) -> T:
-        """A message's receipt alone (its ``MessageReceived`` and the inbox row it
-        consumes): undone, the run takes the same message again, and nothing written
-        after it survives either. A dialect may commit it without waiting for the disk
-        (SQLite: see its module); here, any write."""
+    async def _replayable_write(self, fn: Callable[[Cursor], T]) -> T:
+        """A write that records no effect, which the run's replay writes again if it is
+        undone: a message's receipt alone (its ``MessageReceived`` and the inbox row it
+        consumes: the run takes the same message again) or a park (the run, found
+        running with its holder's lease run out, is taken over, replayed and parks
+        again). A dialect may commit it without waiting for the disk (SQLite: see its
+        module); here, any write."""
         return await self._run(fn)
 
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
@@ -924,7 +926,7 @@ class SqlStore:
 
         receipt = consume_inbox is not None and all(e.type == "MessageReceived" for e in events)
         try:
-            return await (self._receipt_write if receipt else self._run)(tx)
+            return await (self._replayable_write if receipt else self._run)(tx)
         except Exception as exc:
             if self._is_conflict(exc):
                 raise step_conflict(lease) from None
@@ -1003,8 +1005,9 @@ class SqlStore:
         def tx(cur: Cursor) -> list[Event]:
             return self._release(cur, lease, release, now)
 
+        park = release.status == RunStatus.WAITING
         try:
-            stored = await self._run(tx)
+            stored = await (self._replayable_write if park else self._run)(tx)
         except Exception as exc:
             if self._is_conflict(exc):
                 raise finished_elsewhere(lease) from None

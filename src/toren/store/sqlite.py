@@ -18,9 +18,11 @@ process). A write of lease bookkeeping alone (a claim, a renewal: rows a recover
 rebuilds, never an event) commits without waiting for the disk (``synchronous=NORMAL``
 for that transaction): the WAL is one file written in order, so the next durable commit
 (any step's) makes it durable too, and a power loss before that can only undo a lease,
-which every process it concerned lost with the machine (docs/storage.md). A message's
-receipt alone (its ``MessageReceived`` and the consumed inbox row) commits the same way:
-undone with everything after it, the run takes the same message again.
+which every process it concerned lost with the machine (docs/storage.md). So do a
+message's receipt alone (its ``MessageReceived`` and the consumed inbox row: undone with
+everything after it, the run takes the same message again) and a park (undone, the run is
+found running under a lease that ran out with its holder, taken over, replayed and parked
+again): writes that record no effect, which a replay writes again.
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ class SQLiteStore(RetentionSql):
     async def _lease_write(self, fn: Callable[[Cursor], T]) -> T:
         return await self._run(fn, durable=False)
 
-    async def _receipt_write(self, fn: Callable[[Cursor], T]) -> T:
+    async def _replayable_write(self, fn: Callable[[Cursor], T]) -> T:
         return await self._run(fn, durable=False)
 
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
