@@ -115,3 +115,37 @@ async def test_a_corrupt_row_read_inline_is_an_error_and_leaves_no_transaction(
         assert await store.next_message(run_id, ["next"]) is None
     finally:
         await store.close()
+
+
+async def test_an_inline_read_holds_no_snapshot_after_it(tmp_path: Path) -> None:
+    """A read inline is its statement alone (no ``BEGIN``/``COMMIT``): once its one row is
+    fetched, its snapshot is over, so a checkpoint can take the whole WAL back. Checked
+    by a ``TRUNCATE`` checkpoint from another connection after each read (it reports
+    ``busy`` while any reader holds a snapshot: the control shows it does)."""
+    store, run_id = await _store_with_message(tmp_path)
+    other = sqlite3.connect(tmp_path / "db.sqlite", isolation_level=None, timeout=0.05)
+    try:
+
+        def checkpoint_busy() -> int:
+            other.execute("UPDATE runs SET updated_at = updated_at + 1")  # a WAL frame
+            return int(other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0])
+
+        assert checkpoint_busy() == 0
+        jobs = count_thread_jobs(store)
+        store._gate.turned()
+        assert await store.get_run(run_id) is not None
+        assert checkpoint_busy() == 0
+        store._gate.turned()
+        assert await store.next_message(run_id, ["next"]) is not None
+        assert checkpoint_busy() == 0
+        store._gate.turned()
+        assert await store.next_message(run_id, ["none such"]) is None
+        assert checkpoint_busy() == 0
+        assert jobs == []
+        # The control: a reader that keeps a statement open holds its snapshot.
+        cur = store._loop_cursor()
+        cur.execute("SELECT name FROM sqlite_master").fetchone()  # of many rows
+        assert checkpoint_busy() == 1
+    finally:
+        other.close()
+        await store.close()

@@ -386,8 +386,9 @@ class SqlStore:
         return await self._run(fn)
 
     async def _read_small(self, fn: Callable[[Cursor], T]) -> T:
-        """A short read by key (a run's row, its next message): a dialect may run it inline
-        on the loop's thread when nothing else is ready (see :class:`InlineGate`)."""
+        """A short read by key (a run's row, its next message): one statement that finds at
+        most one row. A dialect may run it inline on the loop's thread when nothing else
+        is ready (see :class:`InlineGate`)."""
         return await self._run(fn, write=False)
 
     def _is_conflict(self, exc: BaseException) -> bool:
