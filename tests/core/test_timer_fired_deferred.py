@@ -271,3 +271,86 @@ async def test_a_timer_start_lost_before_its_park_starts_again(store: Store) -> 
         "RunCompleted",
     ]
     await _chain_holds(store, run.id)
+
+
+class GatedStore:
+    """The store, whose first append after ``arm()`` waits for ``gate`` (holding the
+    writer's lock meanwhile)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.gate = asyncio.Event()
+        self.entered = asyncio.Event()
+        self.armed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def append(self, lease: Lease, events: Any, **kw: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            await self.gate.wait()
+        return await self.store.append(lease, events, **kw)
+
+
+async def test_a_timer_started_after_a_supersede_follows_its_invalidation(store: Store) -> None:
+    """A branch supersedes a sleep and starts the new one (deferred) while another branch's
+    write already waits for the writer's lock: that write must not carry the new timer's
+    start ahead of the invalidation (found in review: the run then conflicted with its
+    own log at every tick). The new start follows the invalidation, and the run ends."""
+    clock = toren.ManualClock()
+    go = asyncio.Event()
+
+    async def v1(ctx: toren.Context, input: Any) -> Any:
+        await ctx.gather(ctx.spawn("w"), ctx.sleep(60))
+
+    async def w1(ctx: toren.Context, input: Any) -> Any:
+        return await ctx.wait_for_message("go")
+
+    async def v2(ctx: toren.Context, input: Any) -> Any:
+        async def naps() -> None:
+            await go.wait()
+            await ctx.sleep(30)  # was 60: superseded
+
+        await ctx.gather(ctx.spawn("w"), naps())
+        return "done"
+
+    async def w2(ctx: toren.Context, input: Any) -> Any:
+        a, b = await ctx.gather(
+            ctx.model("scripted:echo", [{"role": "user", "content": "y"}]),
+            ctx.model("scripted:echo", [{"role": "user", "content": "x"}]),
+        )
+        return [a.text, b.text]
+
+    r1, r2 = toren.Registry(), toren.Registry()
+    r1.add("a", v1)
+    r1.add("a", w1, process="w")
+    r2.add("a", v2)
+    r2.add("a", w2, process="w")
+    run = await toren.start_run(store, r1, "a", clock=clock)
+    assert (await toren.tick(run.id, deps_of(store, r1, clock))).status == "waiting"
+    await store.send_message(run.id, "go", 1, now=clock.now())
+
+    gated = GatedStore(store)
+    gated.armed = True
+    tick = asyncio.ensure_future(toren.tick(run.id, deps_of(gated, r2, clock)))
+    await asyncio.wait_for(gated.entered.wait(), 30)  # the first model write holds the lock
+    for _ in range(20):
+        await asyncio.sleep(0)  # the second model write queues on the lock
+    go.set()  # the sleep is superseded, and the new one deferred
+    for _ in range(20):
+        await asyncio.sleep(0)
+    gated.gate.set()
+    assert (await tick).status == "waiting"
+    main1 = [
+        e.type
+        for e in await store.load_events(run.id)
+        if e.type == "StreamInvalidated" or (e.stream == "main" and e.position == 1)
+    ]
+    assert main1 == ["TimerScheduled", "StreamInvalidated", "TimerScheduled"], main1
+
+    await clock.advance(30)
+    done = await toren.tick(run.id, deps_of(store, r2, clock))
+    assert done.status == "completed" and done.output == "done"
+    await _chain_holds(store, run.id)

@@ -122,7 +122,13 @@ class Writer:
             if used is not None:
                 self.add(used)
             delta = self.due_delta()
-            deferred = self._take_deferred()
+            # A barrier scheduled while this write waited (another branch's supersede)
+            # comes first for what was deferred since: deferred events stay for a write
+            # after it (what was deferred before may go after it too).
+            newer = self.barrier is not barrier and not (
+                self.barrier is None or self.barrier.done()
+            )
+            deferred = [] if newer else self._take_deferred()
             if deferred:
                 events = [*deferred, *events]
             chained = chain(self.chain, events)
