@@ -232,3 +232,19 @@ async def test_loop_is_idle_reads_the_ready_queue() -> None:
     loop.call_soon(lambda: None)
     assert not loop_is_idle(loop)
     await asyncio.sleep(0)
+    assert loop_is_idle(loop)
+
+
+async def test_a_cancelled_handle_keeps_nobody_waiting() -> None:
+    """A handle cancelled after it was queued stays in the ready queue until the loop's
+    next turn drops it: it runs nothing, so the loop counts as idle; one live handle
+    beside it does not."""
+    loop = asyncio.get_running_loop()
+    loop.call_soon(lambda: None).cancel()
+    assert len(loop._ready) == 1  # type: ignore[attr-defined]
+    assert loop_is_idle(loop)
+    live = loop.call_soon(lambda: None)
+    assert not loop_is_idle(loop)
+    live.cancel()
+    assert loop_is_idle(loop)
+    await asyncio.sleep(0)

@@ -132,12 +132,14 @@ async def test_branches_all_waiting_park_from_facts_and_resume_in_the_bare_posit
         assert final.invalidations == 0 and final.replayed == 1  # the first ctx.now()
     logs = {style: signature(await store.load_events(run_id)) for style, run_id in runs.items()}
     assert logs[durable] == logs[bare]  # same positions and digests as the bare combinator
-    # now (0), the message (1) and the timer (2) in call order, then now (3)
+    # now (0), the message (1) and the timer (2) in call order, then now (3). The wake's
+    # claim read the message (Lease.message), so its branch writes it without waiting for
+    # a read; the timer's end, written with the tick's next write, comes after it.
     assert [(p, t) for _, p, t, _ in logs[durable]] == [
         (0, "ValueRecorded"),
         (2, "TimerScheduled"),
-        (2, "TimerFired"),
         (1, "MessageReceived"),
+        (2, "TimerFired"),
         (3, "ValueRecorded"),
     ]
 

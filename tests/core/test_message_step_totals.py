@@ -22,6 +22,7 @@ import pytest
 import toren
 from toren.core.contract.journal import log_totals
 from toren.core.contract.values import Totals
+from toren.core.drivers.tickstate import TickState
 from toren.errors import MessageConsumed
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
@@ -49,13 +50,15 @@ def _race(
     monkeypatch: pytest.MonkeyPatch,
     then: Callable[[], Awaitable[object]] | None = None,
 ) -> list[int]:
-    """Consume the first message ``next_message`` returns elsewhere before the step
-    writes it (then ``then()``); the ids of the messages taken from under the step."""
-    plain_next = store.next_message
+    """Consume the first message a tick's read returns elsewhere before the step writes
+    it (then ``then()``); the ids of the messages taken from under the step. The read is
+    the tick's (``TickState.next_message``), whether the claim answered it
+    (``Lease.message``) or the store."""
+    plain_next = TickState.next_message
     raced: list[int] = []
 
-    async def racing_next(run_id: str, names: Any) -> InboxMessage | None:
-        message = await plain_next(run_id, names)
+    async def racing_next(state: TickState, name: str) -> InboxMessage | None:
+        message = await plain_next(state, name)
         if message is not None and not raced:
             raced.append(message.id)
             _consume_elsewhere(db_url, message.id)
@@ -63,7 +66,7 @@ def _race(
                 await then()
         return message
 
-    monkeypatch.setattr(store, "next_message", racing_next)
+    monkeypatch.setattr(TickState, "next_message", racing_next)
     return raced
 
 

@@ -10,15 +10,18 @@ fence failed (another worker claimed the run: its epoch moved) ends the tick as
 the worker left the run claimed until its lease ran out: a silent stall of the lease's
 TTL for a run waiting for a message.
 
-The race is arranged deterministically: ``next_message`` is wrapped so that the message
-it returns is consumed by another writer (its own committed transaction) before the
-step writes.
+The race is arranged deterministically: the tick's read (``TickState.next_message``) is
+wrapped so that the message it returns is consumed by another writer (its own committed
+transaction) before the step writes. The read is answered by the claim (``Lease.message``,
+the inbox's oldest message, read in the claim's statement) or by the store; both are
+raced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -26,6 +29,7 @@ import pytest
 import toren
 from tests.core.test_message_step_totals import _consume_elsewhere, _race
 from toren.core.contract.values import RunStatus, TickStatus
+from toren.core.drivers.tickstate import TickState
 from toren.store import Store
 from toren.store.base import InboxMessage
 
@@ -83,17 +87,25 @@ async def test_a_message_consumed_under_the_step_parks_the_run_and_releases_it(
     await _chain_holds(store, run.id)
 
 
+@pytest.mark.parametrize("read_by", ["claim", "store"])
 async def test_a_message_consumed_under_the_step_takes_the_next_one_in_the_same_tick(
-    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, db_url: str, monkeypatch: pytest.MonkeyPatch, read_by: str
 ) -> None:
     clock = toren.ManualClock()
     reg, deps = _deps(store, clock)
     run = await toren.start_run(store, reg, "waits", clock=clock)
     taken = await store.send_message(run.id, "go", "first", now=clock.now())
     second = await store.send_message(run.id, "go", "second", now=clock.now())
+    (lease,) = await store.claim("w1", 1, now=clock.now(), ttl=60, only=run.id)
+    assert lease.message is not None and lease.message.id == taken
+    if read_by == "store":  # a claim that did not read the inbox
+        lease = replace(lease, message=None)
+    store_reads = _count_store_reads(store, monkeypatch)
     raced = _race(store, db_url, monkeypatch)
 
-    result = await toren.tick(run.id, deps)
+    result = await toren.tick(run.id, deps, lease=lease)
+    # The claim answered the first read, or the store did; the store the second.
+    assert store_reads == [["go"]] * (1 if read_by == "claim" else 2)
     assert raced == [taken]
     assert result.status == TickStatus.COMPLETED and result.output == "second"
     assert result.executed == 1
@@ -103,6 +115,19 @@ async def test_a_message_consumed_under_the_step_takes_the_next_one_in_the_same_
     assert row is not None and row.lease_owner is None
     assert await store.next_message(run.id, ["go"]) is None
     await _chain_holds(store, run.id)
+
+
+def _count_store_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The names of each read of the inbox the store answers."""
+    plain_next = store.next_message
+    reads: list[list[str]] = []
+
+    async def counted(run_id: str, names: Any) -> InboxMessage | None:
+        reads.append(list(names))
+        return await plain_next(run_id, names)
+
+    monkeypatch.setattr(store, "next_message", counted)
+    return reads
 
 
 @pytest.mark.parametrize("consumed", [True, False])
@@ -116,19 +141,19 @@ async def test_a_step_whose_lease_moved_still_ends_lease_lost(
     reg, deps = _deps(store, clock)
     run = await toren.start_run(store, reg, "waits", clock=clock)
     await store.send_message(run.id, "go", "first", now=clock.now())
-    plain_next = store.next_message
+    plain_next = TickState.next_message
     claimed: list[Any] = []
 
-    async def claimed_meanwhile(run_id: str, names: Any) -> InboxMessage | None:
-        message = await plain_next(run_id, names)
+    async def claimed_meanwhile(state: TickState, name: str) -> InboxMessage | None:
+        message = await plain_next(state, name)
         if message is not None and not claimed:
             later = clock.now() + deps.settings.lease.ttl + 1
-            claimed.extend(await store.claim("w2", 1, now=later, ttl=60, only=run_id))
+            claimed.extend(await store.claim("w2", 1, now=later, ttl=60, only=state.run_id))
             if consumed:
                 _consume_elsewhere(db_url, message.id)
         return message
 
-    monkeypatch.setattr(store, "next_message", claimed_meanwhile)
+    monkeypatch.setattr(TickState, "next_message", claimed_meanwhile)
     result = await toren.tick(run.id, deps)
     assert [lease.run_id for lease in claimed] == [run.id]
     assert result.status == TickStatus.LEASE_LOST
@@ -138,7 +163,7 @@ async def test_a_step_whose_lease_moved_still_ends_lease_lost(
     assert row.lease_epoch == claimed[0].epoch
     assert await _received(store, run.id) == []
     if not consumed:  # still there for the worker that holds the run now
-        assert await plain_next(run.id, ["go"]) is not None
+        assert await store.next_message(run.id, ["go"]) is not None
 
 
 async def test_an_inbox_that_offers_a_refused_message_again_stops_the_tick(
@@ -151,20 +176,20 @@ async def test_an_inbox_that_offers_a_refused_message_again_stops_the_tick(
     reg, deps = _deps(store, clock)
     run = await toren.start_run(store, reg, "waits", clock=clock)
     await store.send_message(run.id, "go", "first", now=clock.now())
-    plain_next = store.next_message
+    plain_next = TickState.next_message
     stale: list[InboxMessage] = []
     reads: list[int] = []
 
-    async def stale_next(run_id: str, names: Any) -> InboxMessage | None:
+    async def stale_next(state: TickState, name: str) -> InboxMessage | None:
         if not stale:
-            message = await plain_next(run_id, names)
+            message = await plain_next(state, name)
             assert message is not None
             _consume_elsewhere(db_url, message.id)
             stale.append(message)
         reads.append(stale[0].id)
         return stale[0]
 
-    monkeypatch.setattr(store, "next_message", stale_next)
+    monkeypatch.setattr(TickState, "next_message", stale_next)
     result = await toren.tick(run.id, deps)
     assert result.status == TickStatus.ERROR
     assert result.error is not None and result.error["code"] == "storage_error"

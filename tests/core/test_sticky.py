@@ -93,11 +93,13 @@ async def _parked(store: Store, sticky: StickyRuns, **kw: Any) -> tuple[Any, Any
 async def test_a_continued_wake_reads_neither_the_row_nor_the_log(
     store: Store, monkeypatch: Any
 ) -> None:
-    """The claim read the run's row and its last event's seq (``Lease.record``,
-    ``Lease.last_seq``): the kept tick checks them without a read of its own, and an
-    uncached tick starts from the row without reading it again."""
+    """The claim read the run's row, its last event's seq and its inbox's oldest message
+    (``Lease.record``, ``Lease.last_seq``, ``Lease.message``): the kept tick checks the
+    first two without a read of its own and takes the message it waits for without
+    reading the inbox, and an uncached tick starts from the row without reading it
+    again."""
     reads: list[str] = []
-    for name in ("get_run", "load_events"):
+    for name in ("get_run", "load_events", "next_message"):
         real = getattr(store, name)
 
         def counted(*args: Any, _real: Any = real, _name: str = name, **kw: Any) -> Any:
@@ -107,11 +109,34 @@ async def test_a_continued_wake_reads_neither_the_row_nor_the_log(
         monkeypatch.setattr(store, name, counted)
     sticky = StickyRuns(64_000_000)
     run, deps, provider = await _parked(store, sticky)
-    assert reads == ["load_events"]  # the first tick: the log, not the row
+    # The first tick: the log, not the row; the inbox, empty then.
+    assert reads == ["load_events", "next_message"]
     reads.clear()
     second = await toren.tick(run.id, deps)
     assert (second.status, second.replayed, sticky.continued) == ("waiting", 0, 1)
     assert reads == []
+    events = await store.load_events(run.id)
+    received = [e.payload for e in events if e.type == "MessageReceived"]
+    assert [(r.name, r.payload) for r in received] == [("go", "yes")]  # type: ignore[attr-defined]
+
+
+async def test_an_uncached_wake_takes_its_message_from_the_claim_too(
+    store: Store, monkeypatch: Any
+) -> None:
+    reads: list[Any] = []
+    real = store.next_message
+
+    async def counted(run_id: str, names: Any) -> Any:
+        reads.append(list(names))
+        return await real(run_id, names)
+
+    monkeypatch.setattr(store, "next_message", counted)
+    run, deps, provider = await _parked(store, None)  # type: ignore[arg-type]
+    assert reads == [["go"]]
+    reads.clear()
+    second = await toren.tick(run.id, deps)
+    assert (second.status, provider.served) == ("waiting", 4)
+    assert second.replayed >= 3 and reads == []
 
 
 async def test_a_claim_by_another_worker_in_between_replays(store: Store) -> None:

@@ -132,3 +132,71 @@ async def test_a_tick_restarted_after_a_database_failure_reads_the_row_again(
     assert row.steps == len(model_calls) == 6
     assert row.input_tokens == sum(p.input_tokens for p in model_calls)  # type: ignore[attr-defined]
     assert row.output_tokens == sum(p.output_tokens for p in model_calls)  # type: ignore[attr-defined]
+
+
+async def test_a_claim_reads_the_oldest_message_of_the_inbox(store: Store) -> None:
+    """``Lease.message``: the inbox's oldest unconsumed message, of any name, as the
+    store's own read gives it; None for a run with an empty inbox."""
+    reg = _registry()
+    deps = toren.TickDeps(store=store, agents=reg)
+    parked = await toren.start_run(store, reg, "waiter", {"q": "parked"})
+    assert (await toren.tick(parked.id, deps)).status == "waiting"
+    first = await store.send_message(parked.id, "other", {"n": 1}, now=1.0)
+    await store.send_message(parked.id, "go", {"n": 2}, now=2.0)
+    empty = await toren.start_run(store, reg, "waiter", {"q": "empty"})
+
+    leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    by_id = {lease.run_id: lease for lease in leases}
+    assert by_id[empty.id].message is None
+    message = by_id[parked.id].message
+    assert message is not None
+    assert message == await store.next_message(parked.id, ["other", "go"])
+    assert (message.id, message.name, message.payload, message.created_at) == (
+        first,
+        "other",
+        {"n": 1},
+        1.0,
+    )
+
+
+async def test_a_claim_leaves_out_a_consumed_message(store: Store) -> None:
+    async def twice(ctx: toren.Context, input: Any) -> Any:
+        return [await ctx.wait_for_message("go"), await ctx.wait_for_message("go")]
+
+    reg = toren.Registry()
+    reg.add("twice", twice)
+    deps = toren.TickDeps(store=store, agents=reg)
+    run = await toren.start_run(store, reg, "twice", {})
+    await store.send_message(run.id, "go", "first", now=1.0)
+    assert (await toren.tick(run.id, deps)).status == "waiting"  # took the first
+    second = await store.send_message(run.id, "go", "second", now=2.0)
+    (lease,) = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    assert lease.message is not None and lease.message.id == second
+    done = await toren.tick(run.id, deps, lease=lease)
+    assert done.status == "completed" and done.output == ["first", "second"]
+
+
+async def test_a_large_or_unreadable_message_is_left_to_the_wait(store: Store) -> None:
+    """Past ``CLAIMED_INPUT``, or not readable, the message is left out of the lease (the
+    claim of many runs must not read many large messages at once; a bad row must not
+    hold up the claim): the wait reads it itself, and meets the error there."""
+    from toren.store.sql import CLAIMED_INPUT
+
+    reg = _registry()
+    deps = toren.TickDeps(store=store, agents=reg)
+    large = await toren.start_run(store, reg, "waiter", {})
+    await store.send_message(large.id, "go", "x" * CLAIMED_INPUT, now=1.0)
+    broken = await toren.start_run(store, reg, "waiter", {})
+    bad = await store.send_message(broken.id, "go", "fine", now=1.0)
+    await _sql(store, "UPDATE inbox SET payload = ? WHERE id = ?", ("{broken", bad))
+
+    leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    by_id = {lease.run_id: lease for lease in leases}
+    assert set(by_id) == {large.id, broken.id}
+    assert by_id[large.id].message is None and by_id[broken.id].message is None
+    assert by_id[broken.id].record is not None  # the row itself is fine
+    done = await toren.tick(large.id, deps, lease=by_id[large.id])
+    assert done.status == "completed" and done.output == "x" * CLAIMED_INPUT
+    stopped = await toren.tick(broken.id, deps, lease=by_id[broken.id])
+    assert stopped.status == "error" and stopped.error is not None
+    assert "inbox" in stopped.error["message"] and "payload" in stopped.error["message"]

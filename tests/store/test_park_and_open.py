@@ -240,6 +240,43 @@ async def test_postgres_a_message_sent_while_the_run_parks_inline_wakes_it() -> 
         assert [c.run_id for c in claimed] == [run_id], f"not_before={row.not_before}"
 
 
+@pytest.mark.parametrize("case", ["alone", "timeout", "message", "cancel"])
+async def test_postgres_a_park_tells_the_workers_only_when_the_run_has_a_wake_time(
+    case: str,
+) -> None:
+    """A run parked on its inbox alone is nobody's work until a message comes, and the
+    sender's NOTIFY tells the workers then: its park sends none. A park that leaves a
+    wake time (the wait's timeout, a message that came while the run ran, a cancel asked
+    for meanwhile) does, so idle workers claim it, or sleep until it, at once."""
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
+        for _ in range(500):  # the inline lane opens in the background
+            if store.lanes._inline is not None:
+                break
+            await store.get_run(run_id)
+            await asyncio.sleep(0.01)
+        store.lanes.gate = _OpenGate()  # type: ignore[assignment]
+        told: list[None] = []
+        plain_notify = store.notify
+
+        async def notify() -> None:
+            told.append(None)
+            await plain_notify()
+
+        store.notify = notify  # type: ignore[method-assign]
+        if case == "message":  # found running: stored, not woken
+            await store.send_message(run_id, "approval", 1, now=now + 1)
+        if case == "cancel":
+            await store.request_cancel(run_id, now=now + 1)
+        told.clear()
+        wake = now + 60 if case == "timeout" else None
+        park = Release("waiting", not_before=wake, waiting_for=["approval"])
+        await store.release(lease, park, now=now + 2)
+        row = await store.get_run(run_id)
+        assert row is not None and row.status == "waiting" and row.lease_owner is None
+        assert len(told) == (0 if case == "alone" else 1)
+        assert (row.not_before is None) is (case == "alone")
+
+
 async def test_sqlite_a_file_that_is_not_a_database_is_an_error(tmp_path: Path) -> None:
     path = tmp_path / "toren.db"
     path.write_text("this is not a database\n" * 100)

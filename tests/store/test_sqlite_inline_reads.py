@@ -1,6 +1,8 @@
-"""SQLite's short reads by key (a run's row, its next message) run inline on the loop's
-connection when the loop is idle, as a lone write does: no hand-off to the database thread
-and back. A read the loop's connection cannot do takes the thread and answers the same."""
+"""SQLite's short reads by key (a run's row, its next message, the first events of its
+log) run inline on the loop's connection when the loop is idle, as a lone write does: no
+hand-off to the database thread and back. A read the loop's connection cannot do takes
+the thread and answers the same; a log longer than ``INLINE_LOG`` is read on the thread
+after its first events."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import toren
 from tests.store.sqlite_jobs import count_thread_jobs
 from toren.errors import StorageError
 from toren.store import sql
-from toren.store.sqlite import SQLiteStore
+from toren.store.sqlite import INLINE_LOG, SQLiteStore
 
 
 @pytest.fixture(autouse=True)
@@ -148,4 +150,47 @@ async def test_an_inline_read_holds_no_snapshot_after_it(tmp_path: Path) -> None
         assert checkpoint_busy() == 1
     finally:
         other.close()
+        await store.close()
+
+
+async def _log_of(store: SQLiteStore, run_id: str, values: int) -> None:
+    """``values`` more events in the run's log, written outside any lease."""
+    from tests.store.steps import value_event
+
+    start = len(await store.load_events(run_id))
+    events = [value_event(run_id, start + i, i) for i in range(values)]
+    for i in range(0, len(events), 50):
+        await store._run(lambda cur, chunk=events[i : i + 50]: store._insert_events(cur, chunk))
+
+
+@pytest.mark.parametrize("extra", [0, INLINE_LOG - 1, INLINE_LOG, INLINE_LOG + 1, 3 * INLINE_LOG])
+async def test_a_short_log_is_read_inline_and_a_long_one_finished_on_the_thread(
+    tmp_path: Path, extra: int
+) -> None:
+    """Up to ``INLINE_LOG`` events, the log is one read on the loop's connection; past
+    it, the rest is read on the database thread after the first ``INLINE_LOG``. Either
+    way the events are the log, each once, in seq order, and ``after_seq`` and ``limit``
+    mean what they mean."""
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        await _log_of(store, run_id, extra)
+        store._gate.turned()
+        on_thread = await store._event_rows(
+            "SELECT seq FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        )
+        seqs = [int(r[0]) for r in on_thread]
+        jobs = count_thread_jobs(store)
+        store._gate.turned()
+        events = await store.load_events(run_id)
+        assert [e.seq for e in events] == seqs
+        assert jobs == ([] if len(seqs) <= INLINE_LOG else [False])
+        assert store._loop_cur is not None and not store._loop_cur.connection.in_transaction
+        middle = seqs[len(seqs) // 2]
+        store._gate.turned()
+        assert [e.seq for e in await store.load_events(run_id, after_seq=middle)] == [
+            s for s in seqs if s > middle
+        ]
+        store._gate.turned()
+        assert [e.seq for e in await store.load_events(run_id, limit=2)] == seqs[:2]
+    finally:
         await store.close()

@@ -44,6 +44,7 @@ from toren.store.sql import (
     Cursor,
     claimed_columns,
     claimed_lease,
+    claimed_message_join,
     event_params,
     finished_elsewhere,
     lease_lost,
@@ -279,7 +280,7 @@ CLAIM = (
     "CASE WHEN c.lease_owner IS NULL THEN 0 ELSE 1 END "
     f"FROM (SELECT id, lease_owner, status FROM runs WHERE {CLAIMABLE} {UNKEYED}"
     "{only}ORDER BY COALESCE(not_before, created_at) LIMIT ? "
-    "FOR UPDATE SKIP LOCKED) c "
+    f"FOR UPDATE SKIP LOCKED) c {claimed_message_join('c')} "
     "WHERE runs.id = c.id RETURNING runs.lease_epoch, c.lease_owner, c.status, "
     f"{claimed_columns('runs', 'postgres')}"
 )
@@ -696,10 +697,12 @@ class PostgresStore(RetentionSql):
         inbox needs a second one (:meth:`_park_on_inbox`)."""
         parks_on_inbox = release.status == RunStatus.WAITING and bool(release.waiting_for)
         sql, params = self._release_statement(lease, release, now)
+        claimable = release.status not in TERMINAL_STATUSES  # a finished run is nobody's work
         if parks_on_inbox:
-            rows = self._park_on_inbox(lease, release, (sql, params), now)
-            if rows is None:  # not inline: the generic transaction
+            parked = self._park_on_inbox(lease, release, (sql, params), now)
+            if parked is None:  # not inline: the generic transaction
                 return await super().release(lease, release, now=now)
+            rows, claimable = parked
         else:
             try:
                 rows = await self._fetch_async(sql, params)
@@ -709,7 +712,7 @@ class PostgresStore(RetentionSql):
                 raise
         if len(rows) != max(1, len(release.events)):
             raise lease_lost(lease)
-        if release.status not in TERMINAL_STATUSES:  # a finished run is nobody's work
+        if claimable:
             await self.notify()
         if not release.events:
             return []
@@ -738,7 +741,7 @@ class PostgresStore(RetentionSql):
         release: Release,
         statement: tuple[str, list[object]],
         now: float,
-    ) -> list[Any] | None:
+    ) -> tuple[list[Any], bool] | None:
         """A run parking on its inbox must look at the inbox again after its row is
         locked: a message sent meanwhile found the run ``running`` and could not wake it
         (``send_message`` locks the row, then wakes only a ``waiting`` run). One
@@ -750,23 +753,34 @@ class PostgresStore(RetentionSql):
         release wrote nothing, must not move another holder's wake time either). Both go
         in one round trip on the inline lane (:meth:`try_inline_transaction`); the rows of
         the release, or None when the lane is not free (the caller takes the generic
-        transaction, ``SqlStore.release``, which does the same in more round trips)."""
+        transaction, ``SqlStore.release``, which does the same in more round trips).
+
+        With the rows comes whether the run has a wake time now: the second statement
+        woke it, or its row has one (a wait's timeout, or a cancel asked for while it
+        ran). Only then are the workers told (NOTIFY): a run that waits for a message
+        alone is nobody's work until the message comes, and its sender tells them."""
         names = list(release.waiting_for or ())
         wake = (
-            "UPDATE runs SET not_before = %s::double precision WHERE id = %s "
+            "WITH w AS (UPDATE runs SET not_before = %s::double precision WHERE id = %s "
             "AND status = 'waiting' AND lease_owner IS NULL AND lease_epoch = %s "
             "AND EXISTS (SELECT 1 FROM inbox WHERE inbox.run_id = %s "
-            "AND inbox.consumed_seq IS NULL AND inbox.name = ANY(%s))"
+            "AND inbox.consumed_seq IS NULL AND inbox.name = ANY(%s)) RETURNING id) "
+            # This statement's snapshot has the park's row, not the CTE's update.
+            "SELECT EXISTS (SELECT 1 FROM w) OR EXISTS (SELECT 1 FROM runs "
+            "WHERE id = %s AND not_before IS NOT NULL)"
         )
+        params = (now, lease.run_id, lease.epoch, lease.run_id, names, lease.run_id)
         try:
-            done = self.lanes.try_inline_transaction(
-                [statement, (wake, (now, lease.run_id, lease.epoch, lease.run_id, names))]
-            )
+            done = self.lanes.try_inline_transaction([statement, (wake, params)])
         except self._psycopg.errors.UniqueViolation:
             raise finished_elsewhere(lease) from None
         except self._psycopg.Error as exc:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
-        return None if done is None else done[0]
+        if done is None:
+            return None
+        rows, woken = done
+        row: Sequence[object] = woken[0]  # type: ignore[assignment]  # one row, one column
+        return rows, bool(row[0])
 
     # The reads at the start of every tick, on the loop too: with a thousand runs in
     # flight, a thread hand-off per read is what bounds a worker.

@@ -225,14 +225,39 @@ CLAIMED_INPUT = 65_536
 
 
 def claimed_columns(runs: str, dialect: str) -> str:
+    """What a claim reads of each run it claims: the row (``runs`` names its table or
+    alias; an input over CLAIMED_INPUT left out), the seq of its last event, and the
+    oldest message of its inbox (the table ``claimed_message`` of
+    :func:`claimed_message_join`; left out over the same size)."""
     names = [c.strip() for c in RUN_COLUMNS.split(",")]
     small = f"({runs}.input IS NULL OR {byte_size(f'{runs}.input', dialect)} <= {CLAIMED_INPUT})"
     columns = [
         f"CASE WHEN {small} THEN {runs}.input END" if c == "input" else f"{runs}.{c}" for c in names
     ]
+    fits = f"{byte_size('claimed_message.payload', dialect)} <= {CLAIMED_INPUT}"
     return ", ".join(
-        [*columns, small, f"(SELECT MAX(e.seq) FROM events e WHERE e.run_id = {runs}.id)"]
+        [
+            *columns,
+            small,
+            f"(SELECT MAX(e.seq) FROM events e WHERE e.run_id = {runs}.id)",
+            f"CASE WHEN {fits} THEN claimed_message.id END",
+            "claimed_message.name",
+            f"CASE WHEN {fits} THEN claimed_message.payload END",
+            "claimed_message.created_at",
+        ]
     )
+
+
+def claimed_message_join(runs: str) -> str:
+    """The join that gives :func:`claimed_columns` the oldest unconsumed message of the
+    run ``runs`` names, of any name (the tick takes it only for a wait of its name)."""
+    return (
+        "LEFT JOIN inbox claimed_message ON claimed_message.id = (SELECT i.id FROM inbox i "
+        f"WHERE i.run_id = {runs}.id AND i.consumed_seq IS NULL ORDER BY i.id LIMIT 1)"
+    )
+
+
+_CLAIMED_MESSAGE = 4  # the message's columns, after the row, its size check and last seq
 
 
 def claimed_lease(
@@ -241,22 +266,33 @@ def claimed_lease(
     """A claim's lease of a run, with what the claim read of it (``read``: the columns of
     :func:`claimed_columns`). A row that cannot be read, or whose input the claim left in
     the database, is left out (the tick reads it again, and meets an error there, where it
-    holds up that run only, not the claim)."""
+    holds up that run only, not the claim); so is a message that cannot be read, or whose
+    payload the claim left in the database (the wait reads it itself)."""
     record: RunRecord | None = None
-    if read[-2]:  # the input came whole
+    run_id = read[0]
+    whole, last = read[-_CLAIMED_MESSAGE - 2], read[-_CLAIMED_MESSAGE - 1]
+    if whole:  # the input came whole
         try:
             record = run_from_row(read)
         except StorageError:
             pass
-    last = read[-1]
+    message: InboxMessage | None = None
+    message_id, name, payload, created_at = read[-_CLAIMED_MESSAGE:]
+    if message_id is not None:
+        try:
+            body = read_json(payload, "inbox", "payload", id=message_id, run_id=run_id)
+            message = InboxMessage(int(message_id), run_id, name, body, created_at)
+        except StorageError:
+            pass
     return Lease(
-        read[0],
+        run_id,
         worker_id,
         epoch,
         old_owner is not None,
         status,
         record,
         None if last is None else int(last),
+        message,
     )
 
 
@@ -780,13 +816,7 @@ class SqlStore:
     async def load_events(
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None
     ) -> list[Event]:
-        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
-        params: tuple[object, ...] = (run_id, after_seq)
-        if limit is not None:
-            sql += " LIMIT ?"
-            params = (*params, limit)
-
-        rows = await self._event_rows(sql, params)
+        rows = await self._log_rows(run_id, after_seq, limit)
         # Parsing builds only acyclic objects: pausing the cycle collector for this loop
         # (synchronous, so nothing else runs meanwhile) saves it re-scanning a growing
         # heap many times over while a long log loads.
@@ -805,6 +835,15 @@ class SqlStore:
             "SELECT seq, payload FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
         )
         return {int(seq): text for seq, text in rows if isinstance(text, str)}
+
+    async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
+        """The rows of ``load_events``, in seq order."""
+        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+        params: tuple[object, ...] = (run_id, after_seq)
+        if limit is not None:
+            sql += " LIMIT ?"
+            params = (*params, limit)
+        return await self._event_rows(sql, params)
 
     async def _event_rows(self, sql: str, params: Sequence[object]) -> list[Any]:
         def tx(cur: Cursor) -> list[object]:
@@ -1344,9 +1383,14 @@ def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None
 
 def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
     """Nothing else is ready to run in this turn of the loop, so no other write could join
-    a group: a lone write may go at once. Reads CPython's ``_ready`` queue; a loop without
-    one (uvloop) is never idle here, so its writes always take the group path."""
-    return not getattr(loop, "_ready", True)
+    a group: a lone write may go at once. Reads CPython's ``_ready`` queue, where a handle
+    cancelled after it was queued stays until the loop's next turn skips it (it runs
+    nothing, so it keeps nobody waiting); a loop without the queue (uvloop) is never idle
+    here, so its writes always take the group path."""
+    ready = getattr(loop, "_ready", None)
+    if ready is None:
+        return False
+    return not ready or all(handle.cancelled() for handle in ready)
 
 
 async def woken(event: asyncio.Event, timeout: float) -> bool:

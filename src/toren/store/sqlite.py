@@ -46,12 +46,14 @@ from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import (
     CLAIMABLE,
+    EVENT_COLUMNS,
     TOTALS,
     UNBLOCK,
     Cursor,
     InlineGate,
     claimed_columns,
     claimed_lease,
+    claimed_message_join,
     lease_lost,
     release_not_before,
     release_values,
@@ -62,8 +64,13 @@ from toren.store.sql import (
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
+# A run's log read inline on the loop (SqliteStore._log_rows): its first events, at most.
+INLINE_LOG = 64
+_LOG_HEAD = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
+
 _CLAIMED = (
-    f"SELECT {claimed_columns('runs', 'sqlite')} FROM runs WHERE id = ?"  # a run just claimed
+    f"SELECT {claimed_columns('runs', 'sqlite')} FROM runs {claimed_message_join('runs')} "
+    "WHERE runs.id = ?"  # a run just claimed
 )
 
 
@@ -238,14 +245,38 @@ class SQLiteStore(RetentionSql):
                 return result  # type: ignore[return-value]  # done: fn returned it
         return await self._run(fn, write=False)
 
+    async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
+        """A run's log. Its first ``INLINE_LOG`` events are read inline on the loop's
+        connection when a short read may go there (:meth:`_read_small`): a woken run's
+        log is often that short, and the database thread's hand-off costs more than
+        the read. A longer log's rest is read on the thread after them, where a read of
+        any size may take its time. The two reads are two snapshots: the second has every
+        event of the first, since SQLite commits one writer at a time, in seq order."""
+        if (
+            limit is None
+            and self._inline
+            and not self._flush_scheduled
+            and self._gate.open(asyncio.get_running_loop())
+        ):
+            done, head = self._read_inline(
+                lambda cur: cur.execute(_LOG_HEAD, (run_id, after_seq, INLINE_LOG + 1)).fetchall()
+            )
+            if done and head is not None:
+                if len(head) <= INLINE_LOG:
+                    return head
+                head = head[:INLINE_LOG]
+                return head + await super()._log_rows(run_id, int(head[-1][0]), None)
+        return await super()._log_rows(run_id, after_seq, limit)
+
     def _read_inline(self, fn: Callable[[Cursor], T]) -> tuple[bool, T | None]:
         """``(True, fn(cur))`` on the loop's connection, or ``(False, None)`` when the
         database said no (a lock it would wait for, a connection it cannot open): the
         caller asks the database thread, which waits, or reports the error as every read
         does. What ``fn`` itself raises otherwise (a corrupt row's ``StorageError``) is
-        raised. ``fn`` is one statement that finds at most one row (by key, or ``LIMIT
-        1``): its own snapshot, over once its row is fetched, so no ``BEGIN`` and
-        ``COMMIT`` around it (two statements fewer per read, four per message wake)."""
+        raised. ``fn`` is one statement that finds a few rows at most (by key, or with a
+        small ``LIMIT``): its own snapshot, over once its rows are fetched, so no
+        ``BEGIN`` and ``COMMIT`` around it (two statements fewer per read, four per
+        message wake)."""
         try:
             return True, fn(self._loop_cursor())
         except (sqlite3.Error, OSError):  # OSError: its directory, say

@@ -218,6 +218,10 @@ class Lease:
     # parked run, two round trips fewer. Not part of the lease's identity.
     record: RunRecord | None = field(default=None, compare=False, repr=False)
     last_seq: int | None = field(default=None, compare=False)
+    # And the oldest unconsumed message of its inbox, of any name (None: none, or not
+    # read): the wake-up of a run parked on its inbox takes it without reading the inbox
+    # (toren.core.drivers.tickstate.TickState.next_message); one round trip fewer.
+    message: InboxMessage | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

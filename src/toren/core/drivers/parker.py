@@ -14,9 +14,45 @@ from typing import Any
 
 from toren.core.agent_api.branches import IDLE, READY, UNKNOWN, Branches, verdict
 
-__all__ = ["Parker"]
+__all__ = ["Parker", "Wake"]
 
 log = logging.getLogger("toren.tick")
+
+
+class Wake:
+    """The drive's wake-up: an ``asyncio.Event`` that the drive waits for through a plain
+    future (:meth:`waiter`) rather than a task of ``Event.wait()``. A task would be
+    created, stepped and cancelled at every turn of the drive, and its first step, queued
+    while the agent code runs, keeps the loop from counting as idle, which sends that
+    code's first write the long way through the loop (``toren.store.sql.InlineGate``).
+    One waiter at a time: the drive's."""
+
+    __slots__ = ("_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        self._flag = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def waiter(self) -> asyncio.Future[None]:
+        """A future done once the wake is set (at once if it is set now); cancel it when
+        no longer waited for."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._flag:
+            waiter.set_result(None)
+        self._waiter = waiter
+        return waiter
 
 
 class Parker:
@@ -45,7 +81,7 @@ class Parker:
         self.parked: list[tuple[float | None, tuple[str, ...]]] = []
         # What parked branches await, in the order they parked (a resume wakes them so).
         self.futures: dict[asyncio.Future[None], None] = {}
-        self.wake = asyncio.Event()
+        self.wake = Wake()
         self.draining = False
         # Parked with the agent task kept, suspended in its waits (a sticky run: see
         # toren.core.drivers.sticky); :meth:`resume` wakes the waits under a new lease.
@@ -111,8 +147,9 @@ class Parker:
         still pending."""
         while not task.done():
             self.wake.clear()
-            woken = asyncio.ensure_future(self.wake.wait())
-            await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
+            woken = self.wake.waiter()
+            both: set[asyncio.Future[Any]] = {task, woken}
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
             woken.cancel()
             if task.done() or stopped():
                 break
@@ -164,7 +201,7 @@ class Parker:
                 )
                 return True
             self.wake.clear()
-            woken = asyncio.ensure_future(self.wake.wait())
+            woken = self.wake.waiter()
             await asyncio.wait(
                 {*found.futures, task, woken},
                 timeout=deadline - now,

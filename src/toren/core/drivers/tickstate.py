@@ -48,7 +48,7 @@ from toren.core.contract.journal import (
     Supersede,
 )
 from toren.core.contract.ports import JournalStore, ModelProvider
-from toren.core.contract.records import Lease, WorkerInfo
+from toren.core.contract.records import InboxMessage, Lease, WorkerInfo
 from toren.core.contract.replay import end_slot, step_slot
 from toren.core.contract.values import RunStatus, StepKind, TickStatus, Totals
 from toren.core.drivers.aborts import (
@@ -183,6 +183,7 @@ class TickState:
         self.parker = Parker()
         self.writer.code_version = deps.code_version or "dev"
         self.inbox = asyncio.Lock()  # taking a message: see DurableWaits.await_message
+        self.claimed_message = lease.message  # see next_message
         self.interrupted = False  # the tick resumes a run cut off (replayed cost is saved)
         self.live_versions: LiveVersions = NO_GUARD
         self.replayed = self.executed = self.invalidations = 0
@@ -278,9 +279,23 @@ class TickState:
         self.lease = lease
         self.fence = LeaseFence(lease, settings.ttl, settings.fence_margin, granted_at)
         self.writer.lease = lease
+        self.claimed_message = lease.message
         self._abort = None
         self.releasing = False
         self.replayed = self.executed = self.invalidations = 0
+
+    async def next_message(self, name: str) -> InboxMessage | None:
+        """The oldest unconsumed message named ``name`` in the run's inbox. The first
+        read of a tick may be answered by what the claim read (``Lease.message``, the
+        inbox's oldest message of any name, if its name is ``name``): nothing but this
+        tick's writes consumes a message while it holds the lease, except a writer outside
+        the lease protocol, whose take the store then refuses (``MessageConsumed``), as it
+        would after a read. Any later read, and a first one for another name, asks the
+        store."""
+        claimed, self.claimed_message = self.claimed_message, None
+        if claimed is not None and claimed.name == name:
+            return claimed
+        return await self.store.next_message(self.run_id, [name])
 
     def stop(self, abort: Abort) -> None:
         if self._abort is None:

@@ -122,7 +122,7 @@ class DurableWaits:
         refused: set[int] = set()
         while True:
             try:
-                message = await self.state.store.next_message(self.run_id, [name])
+                message = await self.state.next_message(name)
             except StorageError as exc:  # a corrupt inbox row, say: not the agent's to see
                 raise self.state.halt(exc) from None
             if message is None or (deadline is not None and message.created_at > deadline):

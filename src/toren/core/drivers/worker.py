@@ -256,9 +256,10 @@ class LocalWorkerRuntime:
                 )
                 task = asyncio.current_task()
                 assert task is not None
-                # Without the row the claim read: the failed attempt may have moved the
-                # run's totals since, and a tick corrects them from the row it starts with.
-                lease = replace(runner.lease, record=None, last_seq=None)
+                # Without what the claim read: the failed attempt may have moved the
+                # run's totals since (a tick corrects them from the row it starts with),
+                # and may have taken the message.
+                lease = replace(runner.lease, record=None, last_seq=None, message=None)
                 runner = TickRunner(self.deps, lease, granted_at=granted_at)
                 self._active[runner.run_id] = (runner, task)
         finally:
