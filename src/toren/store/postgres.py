@@ -38,6 +38,7 @@ from toren.store.schema import (
 )
 from toren.store.sql import (
     CLAIMABLE,
+    EVENT_COLUMNS,
     NEXT_DUE,
     RUN_COLUMNS,
     UNBLOCK,
@@ -323,6 +324,23 @@ class _Append:
         self.delta, self.now, self.future = delta, now, future
 
 
+class _LogRead:
+    """One run's log waiting to be read with others (see ``PostgresStore._log_rows``)."""
+
+    __slots__ = ("after_seq", "future", "run_id")
+
+    def __init__(self, run_id: str, after_seq: int, future: asyncio.Future[list[Any]]) -> None:
+        self.run_id, self.after_seq, self.future = run_id, after_seq, future
+
+
+# The logs of many runs in one statement: each run's events after its own seq, in seq order
+# per run (the caller splits the rows by run_id, the second column).
+LOGS_MANY = (
+    "SELECT {columns} FROM unnest(%s::text[], %s::bigint[]) AS r (run_id, after_seq) "
+    "JOIN events e ON e.run_id = r.run_id AND e.seq > r.after_seq ORDER BY e.run_id, e.seq"
+).format(columns=", ".join(f"e.{c.strip()}" for c in EVENT_COLUMNS.split(",")))
+
+
 def _append_many_params(batch: Sequence[_Append]) -> list[object]:
     runs: list[list[object]] = [[] for _ in range(13)]
     blob_cols: list[list[object]] = [[], [], [], []]
@@ -413,6 +431,10 @@ class PostgresStore(RetentionSql):
             self.lanes, self._append_inline, self._append_batch
         )
         self.batched_steps = 0  # steps committed in a statement shared with other runs
+        self._log_reads: TurnBatcher[_LogRead] = TurnBatcher(
+            self.lanes, lambda job: False, self._read_logs
+        )
+        self.batched_logs = 0  # logs read in a statement shared with other runs
 
     @property
     def inline_statements(self) -> int:
@@ -788,6 +810,55 @@ class PostgresStore(RetentionSql):
     async def get_run(self, run_id: str) -> RunRecord | None:
         rows = await self._fetch_async(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
         return run_from_row(rows[0]) if rows else None
+
+    async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
+        """A run's log, read with the logs of the other runs whose ticks ask in the same
+        turn of the event loop (one statement: a claim of a hundred due timers starts a
+        hundred ticks at once, each reading its log first). A lone read, with nothing
+        else ready to run, goes at once."""
+        loop = asyncio.get_running_loop()
+        if limit is not None or (self._log_reads.empty and loop_is_idle(loop)):
+            return await super()._log_rows(run_id, after_seq, limit)
+        future: asyncio.Future[list[Any]] = loop.create_future()
+        self._log_reads.add(_LogRead(run_id, after_seq, future))
+        return await future
+
+    async def _read_logs(self, batch: list[_LogRead]) -> None:
+        """Read a batch of logs in one statement (LOGS_MANY). If it fails, or a run is
+        asked for twice, each log is read alone, so each caller learns its own outcome.
+        Every caller is answered, even if this task is cancelled."""
+        try:
+            if len(batch) > 1 and len({job.run_id for job in batch}) == len(batch):
+                try:
+                    rows = await self._fetch_async(
+                        LOGS_MANY,
+                        ([job.run_id for job in batch], [job.after_seq for job in batch]),
+                        inline=False,  # logs of unbounded size: never blocking the loop
+                    )
+                except Exception as exc:
+                    log.warning(
+                        "batched read of %d logs failed (%s); each goes alone", len(batch), exc
+                    )
+                else:
+                    by_run: dict[str, list[Any]] = {job.run_id: [] for job in batch}
+                    for row in rows:
+                        by_run[row[1]].append(row)
+                    self.batched_logs += len(batch)
+                    for job in batch:
+                        settle(job.future, by_run[job.run_id], None)
+                    return
+            await asyncio.gather(*(self._read_log_alone(job) for job in batch))
+        finally:
+            for job in batch:
+                settle(job.future, None, StorageError("the batched log read was interrupted"))
+
+    async def _read_log_alone(self, job: _LogRead) -> None:
+        try:
+            rows = await super()._log_rows(job.run_id, job.after_seq, None)
+        except Exception as exc:
+            settle(job.future, None, exc)
+        else:
+            settle(job.future, rows, None)
 
     async def _event_rows(self, sql: str, params: Sequence[object]) -> list[object]:
         # A whole log can be large: never on the inline lane, which would block the loop
