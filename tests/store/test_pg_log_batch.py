@@ -1,5 +1,5 @@
 """PostgreSQL reads the logs of the ticks that start in the same turn of the event loop
-in one statement (``PostgresStore._log_rows``): a claim of a hundred due timers starts a
+in one statement (``PostgresStore._log_tail``): a claim of a hundred due timers starts a
 hundred ticks, each reading its log first. Each caller gets its own run's log, exactly as
 a read alone gives it; a failed batch falls back to reads alone; a bad row fails only
 the run it belongs to."""

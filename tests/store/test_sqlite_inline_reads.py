@@ -18,7 +18,8 @@ import toren
 from tests.store.sqlite_jobs import count_thread_jobs
 from toren.errors import StorageError
 from toren.store import sql
-from toren.store.sqlite import INLINE_LOG, SQLiteStore
+from toren.store.sql import INLINE_LOG
+from toren.store.sqlite import SQLiteStore
 
 
 @pytest.fixture(autouse=True)

@@ -325,7 +325,7 @@ class _Append:
 
 
 class _LogRead:
-    """One run's log waiting to be read with others (see ``PostgresStore._log_rows``)."""
+    """One run's log waiting to be read with others (see ``PostgresStore._log_tail``)."""
 
     __slots__ = ("after_seq", "future", "run_id")
 
@@ -811,14 +811,14 @@ class PostgresStore(RetentionSql):
         rows = await self._fetch_async(f"SELECT {RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,))
         return run_from_row(rows[0]) if rows else None
 
-    async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
+    async def _log_tail(self, run_id: str, after_seq: int) -> list[Any]:
         """A run's log, read with the logs of the other runs whose ticks ask in the same
         turn of the event loop (one statement: a claim of a hundred due timers starts a
         hundred ticks at once, each reading its log first). A lone read, with nothing
         else ready to run, goes at once."""
         loop = asyncio.get_running_loop()
-        if limit is not None or (self._log_reads.empty and loop_is_idle(loop)):
-            return await super()._log_rows(run_id, after_seq, limit)
+        if self._log_reads.empty and loop_is_idle(loop):
+            return await super()._log_tail(run_id, after_seq)
         future: asyncio.Future[list[Any]] = loop.create_future()
         self._log_reads.add(_LogRead(run_id, after_seq, future))
         return await future
@@ -854,7 +854,7 @@ class PostgresStore(RetentionSql):
 
     async def _read_log_alone(self, job: _LogRead) -> None:
         try:
-            rows = await super()._log_rows(job.run_id, job.after_seq, None)
+            rows = await super()._log_tail(job.run_id, job.after_seq)
         except Exception as exc:
             settle(job.future, None, exc)
         else:

@@ -390,6 +390,11 @@ def event_from_row(row: Sequence[Any]) -> Event:
     return event
 
 
+# A run's log after a seq, and its first events read inline (SqlStore._log_rows).
+LOG_ROWS = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
+INLINE_LOG = 64
+LOG_HEAD = f"{LOG_ROWS} LIMIT {INLINE_LOG + 1}"
+
 _ENVELOPE_COLUMNS = tuple(c.strip() for c in EVENT_COLUMNS.split(","))[:12]
 assert _ENVELOPE_COLUMNS[-1] == "format_version"  # the payload comes last, parsed apart
 
@@ -837,13 +842,33 @@ class SqlStore:
         return {int(seq): text for seq, text in rows if isinstance(text, str)}
 
     async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
-        """The rows of ``load_events``, in seq order."""
-        sql = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
-        params: tuple[object, ...] = (run_id, after_seq)
+        """The rows of ``load_events``, in seq order. A whole log's first ``INLINE_LOG``
+        events are read inline on the event loop's thread when the dialect can
+        (:meth:`_log_head_inline`): a woken run's log is often that short, and going
+        through the loop costs more than the read. A longer log's rest is read the loop's
+        way after them (:meth:`_log_tail`), where a read of any size may take its time.
+
+        Those are two snapshots: a dialect reads the head inline only where the second
+        has every event the first had and every event before the first's last (SQLite,
+        which commits one writer at a time, in seq order)."""
         if limit is not None:
-            sql += " LIMIT ?"
-            params = (*params, limit)
-        return await self._event_rows(sql, params)
+            return await self._event_rows(f"{LOG_ROWS} LIMIT ?", (run_id, after_seq, limit))
+        head = self._log_head_inline(run_id, after_seq)
+        if head is None:
+            return await self._log_tail(run_id, after_seq)
+        if len(head) <= INLINE_LOG:
+            return head
+        head = head[:INLINE_LOG]
+        return head + await self._log_tail(run_id, int(head[-1][0]))
+
+    def _log_head_inline(self, run_id: str, after_seq: int) -> list[Any] | None:
+        """At most ``INLINE_LOG + 1`` rows of the log (``LOG_HEAD``) read inline, or None
+        when they cannot be read inline now (a dialect hook)."""
+        return None
+
+    async def _log_tail(self, run_id: str, after_seq: int) -> list[Any]:
+        """The whole log after ``after_seq``, read the loop's way."""
+        return await self._event_rows(LOG_ROWS, (run_id, after_seq))
 
     async def _event_rows(self, sql: str, params: Sequence[object]) -> list[Any]:
         def tx(cur: Cursor) -> list[object]:

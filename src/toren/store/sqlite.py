@@ -46,7 +46,7 @@ from toren.store.pruning import RetentionSql
 from toren.store.schema import SCHEMA, AddColumn, applies, render
 from toren.store.sql import (
     CLAIMABLE,
-    EVENT_COLUMNS,
+    LOG_HEAD,
     TOTALS,
     UNBLOCK,
     Cursor,
@@ -64,10 +64,6 @@ from toren.store.sql import (
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
-# A run's log read inline on the loop (SqliteStore._log_rows): its first events, at most.
-INLINE_LOG = 64
-_LOG_HEAD = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?"
-
 _CLAIMED = (
     f"SELECT {claimed_columns('runs', 'sqlite')} FROM runs {claimed_message_join('runs')} "
     "WHERE runs.id = ?"  # a run just claimed
@@ -245,28 +241,19 @@ class SQLiteStore(RetentionSql):
                 return result  # type: ignore[return-value]  # done: fn returned it
         return await self._run(fn, write=False)
 
-    async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
-        """A run's log. Its first ``INLINE_LOG`` events are read inline on the loop's
-        connection when a short read may go there (:meth:`_read_small`): a woken run's
-        log is often that short, and the database thread's hand-off costs more than
-        the read. A longer log's rest is read on the thread after them, where a read of
-        any size may take its time. The two reads are two snapshots: the second has every
-        event of the first, since SQLite commits one writer at a time, in seq order."""
+    def _log_head_inline(self, run_id: str, after_seq: int) -> list[Any] | None:
+        """On the loop's connection, when a short read may go there (:meth:`_read_small`);
+        SQLite commits one writer at a time, in seq order."""
         if (
-            limit is None
-            and self._inline
-            and not self._flush_scheduled
-            and self._gate.open(asyncio.get_running_loop())
+            not self._inline
+            or self._flush_scheduled
+            or not self._gate.open(asyncio.get_running_loop())
         ):
-            done, head = self._read_inline(
-                lambda cur: cur.execute(_LOG_HEAD, (run_id, after_seq, INLINE_LOG + 1)).fetchall()
-            )
-            if done and head is not None:
-                if len(head) <= INLINE_LOG:
-                    return head
-                head = head[:INLINE_LOG]
-                return head + await super()._log_rows(run_id, int(head[-1][0]), None)
-        return await super()._log_rows(run_id, after_seq, limit)
+            return None
+        done, head = self._read_inline(
+            lambda cur: cur.execute(LOG_HEAD, (run_id, after_seq)).fetchall()
+        )
+        return head if done else None
 
     def _read_inline(self, fn: Callable[[Cursor], T]) -> tuple[bool, T | None]:
         """``(True, fn(cur))`` on the loop's connection, or ``(False, None)`` when the
