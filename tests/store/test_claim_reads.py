@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import toren
+from toren.errors import StorageError
 from toren.store import Store
 
 
@@ -200,3 +203,51 @@ async def test_a_large_or_unreadable_message_is_left_to_the_wait(store: Store) -
     stopped = await toren.tick(broken.id, deps, lease=by_id[broken.id])
     assert stopped.status == "error" and stopped.error is not None
     assert "inbox" in stopped.error["message"] and "payload" in stopped.error["message"]
+
+
+@pytest.mark.parametrize("column", ["input", "name", "payload"])
+async def test_text_that_is_not_utf8_holds_up_its_run_not_the_claim(
+    store: Store, column: str
+) -> None:
+    """SQLite keeps whatever bytes it is given as text, and reading them back as text
+    fails (PostgreSQL refuses them on the way in). A run's input or its oldest message's
+    name or payload that is not UTF-8 used to fail every claim, and every worker's claims
+    with it: the claim now leases that run without them, and its tick stops on the bad
+    column, naming it, while the other runs go on."""
+    if "sqlite" not in type(store).__name__.lower():
+        pytest.skip("PostgreSQL refuses text that is not UTF-8 on the way in")
+    reg = _registry()
+    deps = toren.TickDeps(store=store, agents=reg)
+    broken = await toren.start_run(store, reg, "waiter", {"q": 1})
+    sound = await toren.start_run(store, reg, "waiter", {"q": 2})
+    await toren.send_message(store, sound.id, "go", "yes")
+    if column == "input":
+        await _sql(store, "UPDATE runs SET input = CAST(x'ff' AS TEXT) WHERE id = ?", (broken.id,))
+    else:
+        bad = await store.send_message(broken.id, "go", "fine", now=1.0)
+        await _sql(store, f"UPDATE inbox SET {column} = CAST(x'ff' AS TEXT) WHERE id = ?", (bad,))
+
+    leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
+    by_id = {lease.run_id: lease for lease in leases}
+    assert set(by_id) == {broken.id, sound.id}
+    assert by_id[broken.id].record is None and by_id[broken.id].message is None
+    assert by_id[broken.id].last_seq is not None
+    assert by_id[sound.id].message is not None and by_id[sound.id].message.payload == "yes"
+    done = await toren.tick(sound.id, deps, lease=by_id[sound.id])
+    assert done.status == "completed" and done.output == "yes"
+    if column == "name":  # a message of no name the run waits for: it waits on
+        parked = await toren.tick(broken.id, deps, lease=by_id[broken.id])
+        assert parked.status == "waiting"
+        assert await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30) == []
+        return
+    try:
+        stopped = await toren.tick(broken.id, deps, lease=by_id[broken.id])
+    except StorageError as exc:  # the row itself: the worker reports it and retries
+        reason = str(exc)
+    else:  # in the agent's wait: the run is blocked, with the reason, and retried
+        assert stopped.status == "error" and stopped.not_before is not None
+        reason = str(stopped.error)
+        row = await store.get_run(broken.id)
+        assert row is not None and row.blocked_error is not None
+        assert f"column '{column}'" in row.blocked_error["message"]
+    assert f"column '{column}'" in reason and "decode" in reason

@@ -1,8 +1,8 @@
 """SQLite's short reads by key (a run's row, its next message, the first events of its
 log) run inline on the loop's connection when the loop is idle, as a lone write does: no
 hand-off to the database thread and back. A read the loop's connection cannot do takes
-the thread and answers the same; a log longer than ``INLINE_LOG`` is read on the thread
-after its first events."""
+the thread and answers the same; a log longer than ``INLINE_LOG`` is read again, whole,
+on the thread."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ async def test_a_short_log_is_read_inline_and_a_long_one_finished_on_the_thread(
     tmp_path: Path, extra: int
 ) -> None:
     """Up to ``INLINE_LOG`` events, the log is one read on the loop's connection; past
-    it, the rest is read on the database thread after the first ``INLINE_LOG``. Either
+    it, the whole log is one read on the database thread. Either
     way the events are the log, each once, in seq order, and ``after_seq`` and ``limit``
     mean what they mean."""
     store, run_id = await _store_with_message(tmp_path)
@@ -193,5 +193,30 @@ async def test_a_short_log_is_read_inline_and_a_long_one_finished_on_the_thread(
         ]
         store._gate.turned()
         assert [e.seq for e in await store.load_events(run_id, limit=2)] == seqs[:2]
+    finally:
+        await store.close()
+
+
+async def test_a_long_log_is_one_snapshot_whatever_is_deleted_during_its_read(
+    tmp_path: Path,
+) -> None:
+    """A log read as its first events inline and its rest on the thread would be two
+    snapshots: a retention delete between them (``toren runs prune``) left the first 64
+    events, a log cut short with nothing to say so. A long log is read whole on the
+    thread: it is all of the log or none of it."""
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        await _log_of(store, run_id, 3 * INLINE_LOG)
+        whole = len(await store.load_events(run_id))
+        real_tail = store._log_tail
+
+        async def deleted_first(run: str, after_seq: int) -> list[Any]:
+            await store._run(lambda cur: cur.execute("DELETE FROM events WHERE run_id = ?", (run,)))
+            return await real_tail(run, after_seq)
+
+        store._log_tail = deleted_first  # type: ignore[method-assign]
+        store._gate.turned()
+        events = await store.load_events(run_id)
+        assert whole > INLINE_LOG and events == []
     finally:
         await store.close()

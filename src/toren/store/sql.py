@@ -390,7 +390,7 @@ def event_from_row(row: Sequence[Any]) -> Event:
     return event
 
 
-# A run's log after a seq, and its first events read inline (SqlStore._log_rows).
+# A run's log after a seq, and a short log read inline, whole (SqlStore._log_rows).
 LOG_ROWS = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
 INLINE_LOG = 64
 LOG_HEAD = f"{LOG_ROWS} LIMIT {INLINE_LOG + 1}"
@@ -842,24 +842,20 @@ class SqlStore:
         return {int(seq): text for seq, text in rows if isinstance(text, str)}
 
     async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
-        """The rows of ``load_events``, in seq order. A whole log's first ``INLINE_LOG``
-        events are read inline on the event loop's thread when the dialect can
-        (:meth:`_log_head_inline`): a woken run's log is often that short, and going
-        through the loop costs more than the read. A longer log's rest is read the loop's
-        way after them (:meth:`_log_tail`), where a read of any size may take its time.
-
-        Those are two snapshots: a dialect reads the head inline only where the second
-        has every event the first had and every event before the first's last (SQLite,
-        which commits one writer at a time, in seq order)."""
+        """The rows of ``load_events``, in seq order, from one snapshot. A log of at most
+        ``INLINE_LOG`` events is read inline on the event loop's thread when the dialect
+        can (:meth:`_log_head_inline`): a woken run's log is often that short, and going
+        through the loop costs more than the read. A longer log is read again, whole,
+        the loop's way (:meth:`_log_tail`), where a read of any size may take its time:
+        its first rows and the rest from a second read would be two snapshots, and the
+        run's retention (``delete_finished``) between them would leave the log cut short
+        with nothing to say so."""
         if limit is not None:
             return await self._event_rows(f"{LOG_ROWS} LIMIT ?", (run_id, after_seq, limit))
         head = self._log_head_inline(run_id, after_seq)
-        if head is None:
-            return await self._log_tail(run_id, after_seq)
-        if len(head) <= INLINE_LOG:
+        if head is not None and len(head) <= INLINE_LOG:
             return head
-        head = head[:INLINE_LOG]
-        return head + await self._log_tail(run_id, int(head[-1][0]))
+        return await self._log_tail(run_id, after_seq)
 
     def _log_head_inline(self, run_id: str, after_seq: int) -> list[Any] | None:
         """At most ``INLINE_LOG + 1`` rows of the log (``LOG_HEAD``) read inline, or None

@@ -70,6 +70,14 @@ _CLAIMED = (
 )
 
 
+def _unread(cur: Cursor, run_id: str) -> tuple[object, ...]:
+    """The end of a ``_CLAIMED`` row with neither the run's row nor its message (the
+    columns :func:`claimed_lease` reads from the end: input not whole, the last seq, no
+    message)."""
+    last = cur.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
+    return (0, last[0], None, None, None, None)
+
+
 class _Job:
     """One unit of work for the database thread, and how to hand its outcome back."""
 
@@ -488,7 +496,15 @@ class SQLiteStore(RetentionSql):
                 (worker_id, epoch + 1, now + ttl, int(recovered), run_id),
             )
             # The row as claimed, read in this transaction: the tick starts from it.
-            read = cur.execute(_CLAIMED, (run_id,)).fetchone()
+            try:
+                read = cur.execute(_CLAIMED, (run_id,)).fetchone()
+            except sqlite3.OperationalError as exc:
+                if "decode" not in str(exc):
+                    raise
+                # Text that is not UTF-8 (SQLite stores what it is given; PostgreSQL
+                # refuses it) in the row or its oldest message: claim the run without
+                # them, and its tick reads them itself and stops there, on that run only.
+                read = (run_id, *_unread(cur, run_id))
             leases.append(claimed_lease(worker_id, epoch + 1, old_owner, status, read))
         if len(leases) < limit:  # queued runs of concurrency keys with room
             leases += claim_keyed(
