@@ -57,8 +57,8 @@ def _race(
     plain_next = TickState.next_message
     raced: list[int] = []
 
-    async def racing_next(state: TickState, name: str) -> InboxMessage | None:
-        message = await plain_next(state, name)
+    async def racing_next(state: TickState, name: str, **kw: Any) -> InboxMessage | None:
+        message = await plain_next(state, name, **kw)
         if message is not None and not raced:
             raced.append(message.id)
             _consume_elsewhere(db_url, message.id)

@@ -144,8 +144,8 @@ async def test_a_step_whose_lease_moved_still_ends_lease_lost(
     plain_next = TickState.next_message
     claimed: list[Any] = []
 
-    async def claimed_meanwhile(state: TickState, name: str) -> InboxMessage | None:
-        message = await plain_next(state, name)
+    async def claimed_meanwhile(state: TickState, name: str, **kw: Any) -> InboxMessage | None:
+        message = await plain_next(state, name, **kw)
         if message is not None and not claimed:
             later = clock.now() + deps.settings.lease.ttl + 1
             claimed.extend(await store.claim("w2", 1, now=later, ttl=60, only=state.run_id))
@@ -180,9 +180,9 @@ async def test_an_inbox_that_offers_a_refused_message_again_stops_the_tick(
     stale: list[InboxMessage] = []
     reads: list[int] = []
 
-    async def stale_next(state: TickState, name: str) -> InboxMessage | None:
+    async def stale_next(state: TickState, name: str, **kw: Any) -> InboxMessage | None:
         if not stale:
-            message = await plain_next(state, name)
+            message = await plain_next(state, name, **kw)
             assert message is not None
             _consume_elsewhere(db_url, message.id)
             stale.append(message)

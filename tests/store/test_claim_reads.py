@@ -139,18 +139,23 @@ async def test_a_tick_restarted_after_a_database_failure_reads_the_row_again(
 
 async def test_a_claim_reads_the_oldest_message_of_the_inbox(store: Store) -> None:
     """``Lease.message``: the inbox's oldest unconsumed message, of any name, as the
-    store's own read gives it; None for a run with an empty inbox."""
+    store's own read gives it; None for a run with an empty inbox. ``Lease.unread``: how
+    many unconsumed messages, counted up to 2."""
     reg = _registry()
     deps = toren.TickDeps(store=store, agents=reg)
     parked = await toren.start_run(store, reg, "waiter", {"q": "parked"})
     assert (await toren.tick(parked.id, deps)).status == "waiting"
     first = await store.send_message(parked.id, "other", {"n": 1}, now=1.0)
     await store.send_message(parked.id, "go", {"n": 2}, now=2.0)
+    await store.send_message(parked.id, "go", {"n": 3}, now=3.0)
     empty = await toren.start_run(store, reg, "waiter", {"q": "empty"})
+    one = await toren.start_run(store, reg, "waiter", {"q": "one"})
+    await store.send_message(one.id, "go", {"n": 4}, now=4.0)
 
     leases = await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30)
     by_id = {lease.run_id: lease for lease in leases}
     assert by_id[empty.id].message is None
+    assert [by_id[r.id].unread for r in (empty, one, parked)] == [0, 1, 2]
     message = by_id[parked.id].message
     assert message is not None
     assert message == await store.next_message(parked.id, ["other", "go"])

@@ -226,9 +226,10 @@ CLAIMED_INPUT = 65_536
 
 def claimed_columns(runs: str, dialect: str) -> str:
     """What a claim reads of each run it claims: the row (``runs`` names its table or
-    alias; an input over CLAIMED_INPUT left out), the seq of its last event, and the
+    alias; an input over CLAIMED_INPUT left out), the seq of its last event, the
     oldest message of its inbox (the table ``claimed_message`` of
-    :func:`claimed_message_join`; left out over the same size)."""
+    :func:`claimed_message_join`; left out over the same size), and the number of
+    unconsumed messages in its inbox, counted up to 2."""
     names = [c.strip() for c in RUN_COLUMNS.split(",")]
     small = f"({runs}.input IS NULL OR {byte_size(f'{runs}.input', dialect)} <= {CLAIMED_INPUT})"
     columns = [
@@ -244,6 +245,8 @@ def claimed_columns(runs: str, dialect: str) -> str:
             "claimed_message.name",
             f"CASE WHEN {fits} THEN claimed_message.payload END",
             "claimed_message.created_at",
+            "(SELECT COUNT(*) FROM (SELECT 1 FROM inbox u WHERE u.run_id = "
+            f"{runs}.id AND u.consumed_seq IS NULL LIMIT 2) unread)",
         ]
     )
 
@@ -257,7 +260,8 @@ def claimed_message_join(runs: str) -> str:
     )
 
 
-_CLAIMED_MESSAGE = 4  # the message's columns, after the row, its size check and last seq
+_CLAIMED_MESSAGE = 5  # the message's columns and the unread count, after the row, its
+# size check and last seq
 
 
 def claimed_lease(
@@ -277,7 +281,7 @@ def claimed_lease(
         except StorageError:
             pass
     message: InboxMessage | None = None
-    message_id, name, payload, created_at = read[-_CLAIMED_MESSAGE:]
+    message_id, name, payload, created_at, unread = read[-_CLAIMED_MESSAGE:]
     if message_id is not None:
         try:
             body = read_json(payload, "inbox", "payload", id=message_id, run_id=run_id)
@@ -293,6 +297,7 @@ def claimed_lease(
         record,
         None if last is None else int(last),
         message,
+        None if unread is None else int(unread),
     )
 
 

@@ -73,9 +73,9 @@ _CLAIMED = (
 def _unread(cur: Cursor, run_id: str) -> tuple[object, ...]:
     """The end of a ``_CLAIMED`` row with neither the run's row nor its message (the
     columns :func:`claimed_lease` reads from the end: input not whole, the last seq, no
-    message)."""
+    message, the unread count not known)."""
     last = cur.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
-    return (0, last[0], None, None, None, None)
+    return (0, last[0], None, None, None, None, None)
 
 
 class _Job:

@@ -222,6 +222,10 @@ class Lease:
     # read): the wake-up of a run parked on its inbox takes it without reading the inbox
     # (toren.core.drivers.tickstate.TickState.next_message); one round trip fewer.
     message: InboxMessage | None = field(default=None, compare=False, repr=False)
+    # And how many unconsumed messages its inbox held, counted up to 2 (None: not read):
+    # once the tick has taken the one it was given, it knows the inbox held nothing more
+    # at the claim, and a wait that would park does not read it again (see next_message).
+    unread: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,7 @@ class TickState:
         self.writer.code_version = deps.code_version or "dev"
         self.inbox = asyncio.Lock()  # taking a message: see DurableWaits.await_message
         self.claimed_message = lease.message  # see next_message
+        self.unread_at_claim = unread_at_claim(lease)
         self.interrupted = False  # the tick resumes a run cut off (replayed cost is saved)
         self.live_versions: LiveVersions = NO_GUARD
         self.replayed = self.executed = self.invalidations = 0
@@ -280,21 +281,28 @@ class TickState:
         self.fence = LeaseFence(lease, settings.ttl, settings.fence_margin, granted_at)
         self.writer.lease = lease
         self.claimed_message = lease.message
+        self.unread_at_claim = unread_at_claim(lease)
         self._abort = None
         self.releasing = False
         self.replayed = self.executed = self.invalidations = 0
 
-    async def next_message(self, name: str) -> InboxMessage | None:
+    async def next_message(self, name: str, *, parks: bool = False) -> InboxMessage | None:
         """The oldest unconsumed message named ``name`` in the run's inbox. The first
         read of a tick may be answered by what the claim read (``Lease.message``, the
         inbox's oldest message of any name, if its name is ``name``): nothing but this
         tick's writes consumes a message while it holds the lease, except a writer outside
         the lease protocol, whose take the store then refuses (``MessageConsumed``), as it
-        would after a read. Any later read, and a first one for another name, asks the
-        store."""
+        would after a read. A read for a wait that parks if it finds nothing (``parks``)
+        is answered None without asking the store once this tick has taken every message
+        the claim saw unconsumed (:attr:`unread_at_claim` empty): a message sent since the
+        claim is the park's to see, which looks at the inbox again under the row's lock
+        and wakes the run (as it does for a message sent just after a read). Any other
+        read asks the store."""
         claimed, self.claimed_message = self.claimed_message, None
         if claimed is not None and claimed.name == name:
             return claimed
+        if parks and self.unread_at_claim is not None and not self.unread_at_claim:
+            return None
         return await self.store.next_message(self.run_id, [name])
 
     def stop(self, abort: Abort) -> None:
@@ -338,6 +346,8 @@ class TickState:
             )
         except (LeaseLost, StorageError) as exc:
             raise self.halt(exc) from None
+        if consume is not None and self.unread_at_claim is not None:
+            self.unread_at_claim.discard(consume)
         self.journal.recorded(stored)
         self.publish_events(stored)
         return stored
@@ -509,3 +519,14 @@ def newest_start_by_version(workers: Sequence[WorkerInfo]) -> dict[str, float]:
         for version in w.code_version.split():
             newest[version] = max(newest.get(version, 0.0), w.started_at)
     return newest
+
+
+def unread_at_claim(lease: Lease) -> set[int] | None:
+    """The ids of the messages the lease's claim saw unconsumed in the run's inbox, when
+    it saw them all (none, or the one it read: ``Lease.message``); None when it did not
+    (more than one, one left out of the lease, or a lease made without that read)."""
+    if lease.unread == 0:
+        return set()
+    if lease.unread == 1 and lease.message is not None:
+        return {lease.message.id}
+    return None

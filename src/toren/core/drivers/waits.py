@@ -122,7 +122,8 @@ class DurableWaits:
         refused: set[int] = set()
         while True:
             try:
-                message = await self.state.next_message(name)
+                # Without a deadline, finding nothing parks the run (see next_message).
+                message = await self.state.next_message(name, parks=deadline is None)
             except StorageError as exc:  # a corrupt inbox row, say: not the agent's to see
                 raise self.state.halt(exc) from None
             if message is None or (deadline is not None and message.created_at > deadline):
