@@ -343,3 +343,30 @@ async def test_postgres_an_unreachable_database_fails_at_once_with_its_cause(
     assert url.replace(f":{PASSWORD}@", "@") in message
     assert PASSWORD not in message and PASSWORD not in caplog.text
     assert not [r for r in caplog.records if r.name.startswith("psycopg")]  # no retries
+
+
+async def test_postgres_the_inline_transaction_is_one_transaction_all_or_nothing() -> None:
+    """The lane's transaction is the pipeline's implicit one (no BEGIN and COMMIT): its
+    statements share one transaction id, a later one sees an earlier one's writes, and a
+    failing statement takes the earlier ones back with it."""
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
+        for _ in range(500):  # the inline lane opens in the background
+            if store.lanes._inline is not None:
+                break
+            await store.get_run(run_id)
+            await asyncio.sleep(0.01)
+        store.lanes.gate = _OpenGate()  # type: ignore[assignment]
+        mark = "UPDATE runs SET priority = %s WHERE id = %s RETURNING txid_current()"
+        seen = "SELECT priority, txid_current() FROM runs WHERE id = %s"
+        done = store.lanes.try_inline_transaction([(mark, (7, run_id)), (seen, (run_id,))])
+        assert done is not None
+        (first,), (second,) = done
+        assert second == (7, first[0])  # the write seen, in the same transaction
+        failing = "SELECT 1 / (priority - 9) FROM runs WHERE id = %s"  # after the 9
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            store.lanes.try_inline_transaction([(mark, (9, run_id)), (failing, (run_id,))])
+        row = await store.get_run(run_id)
+        assert row is not None and row.priority == 7  # the failed transaction's 9 is gone
+        # The lane is usable after the failure, outside any transaction.
+        assert store.lanes.try_inline("SELECT 1", ()) == [(1,)]
+        assert store.lanes._inline[0].info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -236,7 +236,13 @@ class Lanes:
         inline lane and sent together (psycopg's pipeline mode: one round trip for all of
         them; each statement still takes its own snapshot, as READ COMMITTED gives it);
         None when they must go the loop's way, as for :meth:`try_inline` (nothing was
-        committed then: a statement that gave up on a wait aborts the transaction)."""
+        committed then: a statement that gave up on a wait aborts the transaction).
+
+        The transaction is the pipeline's own: on the lane's autocommit connection, what
+        is sent before a Sync runs as one implicit transaction, committed at the Sync if
+        every statement succeeded and rolled back whole if one failed (the protocol's
+        pipelining rule). No ``BEGIN`` and ``COMMIT`` around it: two statements fewer
+        to send and to read back."""
         if not self._inline_ready() or not self.gate.open(asyncio.get_running_loop()):
             return None
         return self._bounded(lambda: self._on_inline_transaction(statements))
@@ -246,7 +252,7 @@ class Lanes:
     ) -> list[list[object]]:
         conn, _ = self._inline  # type: ignore[misc]
         try:
-            with conn.pipeline(), conn.transaction():
+            with conn.pipeline():  # one Sync, at its end: one implicit transaction
                 cursors = []
                 for sql, params in statements:
                     cursor = conn.cursor()
