@@ -76,13 +76,13 @@ class ScriptedProvider:
         self, request: ModelRequest, *, on_delta: DeltaCallback | None = None
     ) -> ModelResponse:
         script = self.script_for(request.model)
-        reply = _choose(script, request)
+        fields = _fields(request)
+        reply = _choose(script, fields)
         if "error" in reply:
             raise ModelCallFailed(str(reply["error"]), status=int(reply.get("status", 500)))
         latency = float(reply.get("latency", script.get("latency", 0.0)))
         if latency:
             await asyncio.sleep(latency)
-        fields = _fields(request)
         text = str(reply.get("text", "")).format_map(_Missing(fields))
         if "pad_to" in reply:
             text = text.ljust(int(reply["pad_to"]), ".")
@@ -138,20 +138,27 @@ class _Missing(dict[str, object]):
 
 
 def _fields(request: ModelRequest) -> dict[str, Any]:
-    last_user = next(
-        (str(m.get("content", "")) for m in reversed(request.messages) if m.get("role") == "user"),
-        "",
-    )
-    last_tool = next(
-        (str(m.get("content", "")) for m in reversed(request.messages) if m.get("role") == "tool"),
-        "",
-    )
-    turn = sum(1 for m in request.messages if m.get("role") == "assistant")
-    return {"last_user": last_user, "last_tool": last_tool, "turn": turn, "model": request.model}
+    """What a script's replies may use of the request, in one pass over its messages."""
+    last_user: str | None = None
+    last_tool: str | None = None
+    turn = 0
+    for m in reversed(request.messages):
+        role = m.get("role")
+        if role == "assistant":
+            turn += 1
+        elif role == "user" and last_user is None:
+            last_user = str(m.get("content", ""))
+        elif role == "tool" and last_tool is None:
+            last_tool = str(m.get("content", ""))
+    return {
+        "last_user": last_user or "",
+        "last_tool": last_tool or "",
+        "turn": turn,
+        "model": request.model,
+    }
 
 
-def _choose(script: Mapping[str, Any], request: ModelRequest) -> Mapping[str, Any]:
-    fields = _fields(request)
+def _choose(script: Mapping[str, Any], fields: Mapping[str, Any]) -> Mapping[str, Any]:
     for rule in script.get("rules") or ():
         when = rule.get("when") or {}
         needle = when.get("last_user_contains")
