@@ -182,6 +182,15 @@ async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path
         assert [c.run_id for c in claimed] == [run_id], f"not_before={row.not_before}"
 
 
+async def _inline_lane_open(store: Any, run_id: str) -> None:
+    """Wait for the store's inline lane, which opens in the background."""
+    for _ in range(500):
+        if store.lanes._inline is not None:
+            return
+        await store.get_run(run_id)
+        await asyncio.sleep(0.01)
+
+
 class _OpenGate:
     """The inline lane's gate, always open (a busy loop would close it; this test is about
     what the lane's statements see, not when the lane is taken)."""
@@ -203,11 +212,7 @@ async def test_postgres_a_message_sent_while_the_run_parks_inline_wakes_it() -> 
     but not committed) when the release starts, so the release waits for the row and its
     snapshot, taken before, cannot see the message; the wake statement's can."""
     async with _claimed_on_postgres() as (store, name, run_id, now, lease):
-        for _ in range(500):  # the inline lane opens in the background
-            if store.lanes._inline is not None:
-                break
-            await store.get_run(run_id)
-            await asyncio.sleep(0.01)
+        await _inline_lane_open(store, run_id)
         lane, _ = store.lanes._inline
         lane.execute("SET lock_timeout = '30s'")  # wait for the sender, do not defer
         # The sender: send_message's own statement, its transaction left open (the row
@@ -249,11 +254,7 @@ async def test_postgres_a_park_tells_the_workers_only_when_the_run_has_a_wake_ti
     wake time (the wait's timeout, a message that came while the run ran, a cancel asked
     for meanwhile) does, so idle workers claim it, or sleep until it, at once."""
     async with _claimed_on_postgres() as (store, name, run_id, now, lease):
-        for _ in range(500):  # the inline lane opens in the background
-            if store.lanes._inline is not None:
-                break
-            await store.get_run(run_id)
-            await asyncio.sleep(0.01)
+        await _inline_lane_open(store, run_id)
         store.lanes.gate = _OpenGate()  # type: ignore[assignment]
         told: list[None] = []
         plain_notify = store.notify
@@ -350,11 +351,7 @@ async def test_postgres_the_inline_transaction_is_one_transaction_all_or_nothing
     statements share one transaction id, a later one sees an earlier one's writes, and a
     failing statement takes the earlier ones back with it."""
     async with _claimed_on_postgres() as (store, name, run_id, now, lease):
-        for _ in range(500):  # the inline lane opens in the background
-            if store.lanes._inline is not None:
-                break
-            await store.get_run(run_id)
-            await asyncio.sleep(0.01)
+        await _inline_lane_open(store, run_id)
         store.lanes.gate = _OpenGate()  # type: ignore[assignment]
         mark = "UPDATE runs SET priority = %s WHERE id = %s RETURNING txid_current()"
         seen = "SELECT priority, txid_current() FROM runs WHERE id = %s"
