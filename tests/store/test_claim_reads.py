@@ -4,6 +4,7 @@ tick (the sticky cache) learns whether the log grew without reading it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 import toren
 from toren.errors import StorageError
 from toren.store import Store
+from toren.store.sqlite import SQLiteStore
 
 
 async def _waiter(ctx: toren.Context, input: Any) -> Any:
@@ -212,15 +214,22 @@ async def test_a_large_or_unreadable_message_is_left_to_the_wait(store: Store) -
 
 @pytest.mark.parametrize("column", ["input", "name", "payload"])
 async def test_text_that_is_not_utf8_holds_up_its_run_not_the_claim(
-    store: Store, column: str
+    tmp_path: Path, column: str
 ) -> None:
     """SQLite keeps whatever bytes it is given as text, and reading them back as text
     fails (PostgreSQL refuses them on the way in). A run's input or its oldest message's
     name or payload that is not UTF-8 used to fail every claim, and every worker's claims
     with it: the claim now leases that run without them, and its tick stops on the bad
     column, naming it, while the other runs go on."""
-    if "sqlite" not in type(store).__name__.lower():
-        pytest.skip("PostgreSQL refuses text that is not UTF-8 on the way in")
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    await store.migrate()
+    try:
+        await _not_utf8(store, column)
+    finally:
+        await store.close()
+
+
+async def _not_utf8(store: Store, column: str) -> None:
     reg = _registry()
     deps = toren.TickDeps(store=store, agents=reg)
     broken = await toren.start_run(store, reg, "waiter", {"q": 1})
