@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import toren
-from toren.errors import StorageError
+from toren.errors import CorruptRow
 from toren.store import Store
 from toren.store.sqlite import SQLiteStore
 
@@ -254,14 +254,18 @@ async def _not_utf8(store: Store, column: str) -> None:
         assert parked.status == "waiting"
         assert await store.claim("w1", 10, now=toren.SystemClock().now(), ttl=30) == []
         return
-    try:
+    if column == "input":  # the row itself: a corrupt row, left for a repair
+        with pytest.raises(CorruptRow) as info:
+            await toren.tick(broken.id, deps, lease=by_id[broken.id])
+        assert info.value.details == {"column": "input"}
+        reason = error = info.value.message
+    else:  # in the agent's wait: the run is given back blocked, with the reason
         stopped = await toren.tick(broken.id, deps, lease=by_id[broken.id])
-    except StorageError as exc:  # the row itself: the worker reports it and retries
-        reason = str(exc)
-    else:  # in the agent's wait: the run is blocked, with the reason, and retried
-        assert stopped.status == "error" and stopped.not_before is not None
-        reason = str(stopped.error)
+        assert stopped.status == "error" and stopped.error is not None
+        assert stopped.error["code"] == "corrupt_row" and stopped.not_before is not None
         row = await store.get_run(broken.id)
         assert row is not None and row.blocked_error is not None
-        assert f"column '{column}'" in row.blocked_error["message"]
-    assert f"column '{column}'" in reason and "decode" in reason
+        assert row.blocked_error["code"] == "corrupt_row"
+        reason, error = stopped.error["message"], stopped.error
+    assert f"the {column} column" in reason and "not UTF-8" in reason
+    assert "\ufffd" not in str(error)  # nor the text itself, which may hold a secret

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import queue
+import re
 import sqlite3
 import threading
 from collections.abc import Callable, Sequence
@@ -39,7 +40,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from toren.core.contract.events import Event
 from toren.core.contract.values import RunStatus
-from toren.errors import SchemaError, StorageError
+from toren.errors import CorruptRow, SchemaError, StorageError
 from toren.store.base import Lease, Release
 from toren.store.flow import UNKEYED, claim_keyed
 from toren.store.pruning import RetentionSql
@@ -64,6 +65,8 @@ from toren.store.sql import (
 
 T = TypeVar("T")
 _MAX_GROUP = 256  # writes committed together at most
+# sqlite3's error for stored text that is not UTF-8 (the column named, then the text).
+_NOT_UTF8 = re.compile(r"Could not decode to UTF-8 column '([^']*)'")
 _CLAIMED = (
     f"SELECT {claimed_columns('runs', 'sqlite')} FROM runs {claimed_message_join('runs')} "
     "WHERE runs.id = ?"  # a run just claimed
@@ -394,7 +397,7 @@ class SQLiteStore(RetentionSql):
         except sqlite3.IntegrityError:
             raise
         except (sqlite3.Error, OSError) as exc:  # OSError: its directory cannot be made
-            raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
+            raise self._error(exc) from exc
 
     async def _bulk(self, fn: Callable[[Cursor], T], *, write: bool = True) -> T:
         # Never the group commit on the loop (``_run``): the database thread runs it.
@@ -403,7 +406,24 @@ class SQLiteStore(RetentionSql):
         except sqlite3.IntegrityError:
             raise
         except sqlite3.Error as exc:
-            raise StorageError(f"SQLite error on {self.path!r}: {exc}") from exc
+            raise self._error(exc) from exc
+
+    def _error(self, exc: BaseException) -> StorageError:
+        """What a failed statement raises. Stored text that is not UTF-8 (SQLite keeps the
+        bytes it is given; reading them back as text fails) is a :class:`CorruptRow`,
+        naming its column: a repair, not the database coming back, is what it waits for.
+        The text itself is left out (it may hold what the row hides)."""
+        text = str(exc)
+        bad = _NOT_UTF8.match(text)
+        if isinstance(exc, sqlite3.OperationalError) and bad is not None:
+            column = bad.group(1)
+            return CorruptRow(
+                f"SQLite error on {self.path!r}: the {column} column of a row holds text "
+                "that is not UTF-8; Toren does not skip unreadable data: repair the row, "
+                "then retry",
+                column=column,
+            )
+        return StorageError(f"SQLite error on {self.path!r}: {exc}")
 
     async def _on_thread(
         self, fn: Callable[[Cursor], T], *, write: bool, durable: bool = True
@@ -499,7 +519,7 @@ class SQLiteStore(RetentionSql):
             try:
                 read = cur.execute(_CLAIMED, (run_id,)).fetchone()
             except sqlite3.OperationalError as exc:
-                if "decode" not in str(exc):
+                if _NOT_UTF8.match(str(exc)) is None:
                     raise
                 # Text that is not UTF-8 (SQLite stores what it is given; PostgreSQL
                 # refuses it) in the row or its oldest message: claim the run without
