@@ -145,26 +145,36 @@ class Parker:
         are snapshot in :attr:`parked` first: cancelling the agent task unwinds them).
         A ``stop("park")`` that :attr:`suspended` the run returns at once, the agent task
         still pending."""
-        while not task.done():
-            self.wake.clear()
-            woken = self.wake.waiter()
-            both: set[asyncio.Future[Any]] = {task, woken}
-            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-            woken.cancel()
-            if task.done() or stopped():
-                break
-            if self.draining and self.inflight == 0:
-                stop("drain")
-                break
-            if self.parkable() and await self._settled(task, stopped, grace, run_id):
-                self.parked = list(self.waiters)
-                self.paced_on = sorted(k for k, n in self.pacing.items() if n > 0)
-                self.paced_waits = sum(self.pacing.values())
-                stop("park")
-                if self.suspended:  # the agent task stays, suspended in its waits
-                    return
+        # The task's end wakes the drive too: one future to wait for at each turn, not
+        # ``asyncio.wait`` on two (its callbacks cost one more turn of the loop per wake).
+        task.add_done_callback(self._ended)
+        try:
+            while not task.done():
+                self.wake.clear()
+                woken = self.wake.waiter()
+                try:
+                    await woken
+                finally:
+                    woken.cancel()
+                if task.done() or stopped():
+                    break
+                if self.draining and self.inflight == 0:
+                    stop("drain")
+                    break
+                if self.parkable() and await self._settled(task, stopped, grace, run_id):
+                    self.parked = list(self.waiters)
+                    self.paced_on = sorted(k for k, n in self.pacing.items() if n > 0)
+                    self.paced_waits = sum(self.pacing.values())
+                    stop("park")
+                    if self.suspended:  # the agent task stays, suspended in its waits
+                        return
+        finally:
+            task.remove_done_callback(self._ended)  # a resumed run's next drive adds it
         with contextlib.suppress(BaseException):
             await task
+
+    def _ended(self, task: asyncio.Task[object]) -> None:
+        self.wake.set()
 
     async def _settled(
         self, task: asyncio.Task[Any], stopped: Callable[[], bool], grace: float, run_id: str
