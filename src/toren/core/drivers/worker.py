@@ -258,8 +258,8 @@ class LocalWorkerRuntime:
                 assert task is not None
                 # Without what the claim read: the failed attempt may have moved the
                 # run's totals since (a tick corrects them from the row it starts with),
-                # and may have taken the message.
-                lease = replace(runner.lease, record=None, last_seq=None, message=None)
+                # and may have taken the message (so the count of unread ones is stale).
+                lease = replace(runner.lease, record=None, last_seq=None, message=None, unread=None)
                 runner = TickRunner(self.deps, lease, granted_at=granted_at)
                 self._active[runner.run_id] = (runner, task)
         finally:
