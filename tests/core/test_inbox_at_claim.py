@@ -21,21 +21,10 @@ from typing import Any
 import pytest
 
 import toren
+from tests.core.test_refused_consume import _count_store_reads
 from toren.core.contract.values import TickStatus
 from toren.providers.base import ToolSpec
 from toren.store import Store
-
-
-def _count_reads(store: Store, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    reads: list[list[str]] = []
-    real = store.next_message
-
-    async def counted(run_id: str, names: Any) -> Any:
-        reads.append(list(names))
-        return await real(run_id, names)
-
-    monkeypatch.setattr(store, "next_message", counted)
-    return reads
 
 
 def _registry(store: Store, run: list[str], sent: list[int]) -> toren.Registry:
@@ -69,7 +58,7 @@ async def test_a_message_sent_after_the_claim_wakes_the_run_at_its_park(
 ) -> None:
     run, sent, deps = await _start(store, None)
     await store.send_message(run.id, "go", "before", now=1.0)
-    reads = _count_reads(store, monkeypatch)
+    reads = _count_store_reads(store, monkeypatch)
 
     first = await toren.tick(run.id, deps)
     # The first wait took the claim's message; the second did not read the inbox (the
@@ -93,7 +82,7 @@ async def test_more_than_one_message_at_the_claim_is_read(
     run, sent, deps = await _start(store, None)
     await store.send_message(run.id, "go", "one", now=1.0)
     await store.send_message(run.id, "go", "two", now=1.0)
-    reads = _count_reads(store, monkeypatch)
+    reads = _count_store_reads(store, monkeypatch)
 
     done = await toren.tick(run.id, deps)
     assert reads == [["go"]]  # the second wait: the claim saw two
@@ -108,7 +97,7 @@ async def test_a_wait_with_a_deadline_reads_an_inbox_the_claim_saw_empty(
     """A wait with a timeout may time out instead of parking: a message sent since the
     claim, before the deadline, must be seen by its read, not only by a park."""
     run, sent, deps = await _start(store, 3600.0)
-    reads = _count_reads(store, monkeypatch)
+    reads = _count_store_reads(store, monkeypatch)
 
     parked = await toren.tick(run.id, deps)
     assert parked.status == TickStatus.WAITING and reads == [["go"]]
@@ -126,7 +115,7 @@ async def test_a_claim_that_did_not_see_the_whole_inbox_leaves_the_wait_to_read(
     # large to carry): the tick cannot know the inbox, so it reads it.
     unread = None if lease_knows == "nothing" else 1
     lease = replace(lease, message=None, unread=unread)
-    reads = _count_reads(store, monkeypatch)
+    reads = _count_store_reads(store, monkeypatch)
 
     done = await toren.tick(run.id, deps, lease=lease)
     assert reads == [["go"], ["go"]]

@@ -264,6 +264,13 @@ _CLAIMED_MESSAGE = 5  # the message's columns and the unread count, after the ro
 # size check and last seq
 
 
+def claimed_unread(run_id: str, last_seq: int | None) -> tuple[object, ...]:
+    """What :func:`claimed_lease` takes for a run whose row and message the claim could
+    not read: its id, the seq of its last event, and nothing else (the input not whole,
+    no message, the unread count not known). The tick reads them itself."""
+    return (run_id, 0, last_seq, *(None,) * _CLAIMED_MESSAGE)
+
+
 def claimed_lease(
     worker_id: str, epoch: int, old_owner: str | None, status: str, read: Sequence[Any]
 ) -> Lease:

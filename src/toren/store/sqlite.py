@@ -55,6 +55,7 @@ from toren.store.sql import (
     claimed_columns,
     claimed_lease,
     claimed_message_join,
+    claimed_unread,
     lease_lost,
     release_not_before,
     release_values,
@@ -71,14 +72,6 @@ _CLAIMED = (
     f"SELECT {claimed_columns('runs', 'sqlite')} FROM runs {claimed_message_join('runs')} "
     "WHERE runs.id = ?"  # a run just claimed
 )
-
-
-def _unread(cur: Cursor, run_id: str) -> tuple[object, ...]:
-    """The end of a ``_CLAIMED`` row with neither the run's row nor its message (the
-    columns :func:`claimed_lease` reads from the end: input not whole, the last seq, no
-    message, the unread count not known)."""
-    last = cur.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
-    return (0, last[0], None, None, None, None, None)
 
 
 class _Job:
@@ -524,7 +517,10 @@ class SQLiteStore(RetentionSql):
                 # Text that is not UTF-8 (SQLite stores what it is given; PostgreSQL
                 # refuses it) in the row or its oldest message: claim the run without
                 # them, and its tick reads them itself and stops there, on that run only.
-                read = (run_id, *_unread(cur, run_id))
+                last = cur.execute(
+                    "SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)
+                ).fetchone()[0]
+                read = claimed_unread(run_id, last)
             leases.append(claimed_lease(worker_id, epoch + 1, old_owner, status, read))
         if len(leases) < limit:  # queued runs of concurrency keys with room
             leases += claim_keyed(
