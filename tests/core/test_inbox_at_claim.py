@@ -15,6 +15,8 @@ during the tick, after the claim, is not lost and not taken twice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from dataclasses import replace
 from typing import Any
 
@@ -120,3 +122,67 @@ async def test_a_claim_that_did_not_see_the_whole_inbox_leaves_the_wait_to_read(
     done = await toren.tick(run.id, deps, lease=lease)
     assert reads == [["go"], ["go"]]
     assert done.status == TickStatus.COMPLETED and done.output == ["there", "sent 0"]
+
+
+def _branches_registry(store: Store, run: list[str], timeline: list[str]) -> toren.Registry:
+    """Two branches: ``chat`` takes a message, sends the run another (after the claim),
+    waits for it and records that it took it; ``busy`` holds a tool open until then (30 s
+    at most, so a message left untaken fails the test rather than hanging it)."""
+    taken = asyncio.Event()
+
+    async def tell() -> None:
+        await store.send_message(run[0], "go", "sent during the tick", now=1.0)
+
+    async def took() -> None:
+        timeline.append("taken")
+        taken.set()
+
+    async def hold() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(taken.wait(), 30)
+        timeline.append("busy done")
+
+    async def chat(ctx: toren.Context, input: Any) -> Any:
+        first = await ctx.wait_for_message("go")
+        await ctx.tool("tell")
+        second = await ctx.wait_for_message("go")
+        await ctx.tool("took")
+        return [first, second]
+
+    async def busy(ctx: toren.Context, input: Any) -> None:
+        await ctx.tool("hold")
+
+    async def main(ctx: toren.Context, input: Any) -> Any:
+        got, _ = await ctx.gather(ctx.spawn("chat"), ctx.spawn("busy"))
+        return got
+
+    tools = {
+        n: toren.ToolDef(n, f, ToolSpec(n))
+        for n, f in (("tell", tell), ("took", took), ("hold", hold))
+    }
+    reg = toren.Registry()
+    for process, fn in (("main", main), ("chat", chat), ("busy", busy)):
+        reg.add("branches", fn, process=process, tools=tools)
+    return reg
+
+
+async def test_a_wait_beside_other_work_reads_the_inbox(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait whose park would not be the run's at once (another branch is at work) reads
+    the inbox although the claim saw it empty after its one message: a message sent since
+    the claim is taken now, not after the other work ends, and costs no park."""
+    run: list[str] = []
+    timeline: list[str] = []
+    reg = _branches_registry(store, run, timeline)
+    record = await toren.start_run(store, reg, "branches", None)
+    run.append(record.id)
+    await store.send_message(record.id, "go", "before", now=1.0)
+    reads = _count_store_reads(store, monkeypatch)
+
+    done = await toren.tick(record.id, toren.TickDeps(store=store, agents=reg))
+    assert reads == [["go"]]  # the second wait's, beside the busy branch
+    assert timeline == ["taken", "busy done"]
+    assert done.status == TickStatus.COMPLETED
+    assert done.output == ["before", "sent during the tick"]
+    assert "RunWaiting" not in [e.type for e in await store.load_events(record.id)]

@@ -7,11 +7,16 @@ shows the logs are byte for byte the same cached and uncached."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
+
+import pytest
 
 import toren
 from toren.core.contract.records import Release
 from toren.core.drivers.sticky import StickyRuns
+from toren.core.drivers.tick import TickRunner
+from toren.errors import StorageError
 from toren.providers.scripted import ScriptedProvider
 from toren.store import Store
 
@@ -270,3 +275,35 @@ async def test_metrics_show_what_the_cache_kept_and_continued(store: Store) -> N
     assert 'toren_worker_sticky_claims_total{result="miss"} 1' in lines
     assert "toren_worker_sticky_evictions_total 0" in lines
     assert "toren_worker_sticky_runs 1" in lines  # parked on its timer: kept again
+
+
+async def test_a_kept_tick_that_cannot_check_its_run_stands_for_the_new_lease(
+    store: Store, monkeypatch: Any
+) -> None:
+    """The database fails while a kept tick checks whether it may continue (its row, not
+    read by the claim here): the kept tick is dropped, and the runner stands for the new
+    lease, so what follows the failure goes by the new epoch (the one the run parked
+    under no longer holds): the run is given back blocked, with the error, not left
+    leased until its lease runs out, and its next tick replays it."""
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    (lease,) = await store.claim(deps.worker_id, 1, now=deps.clock.now(), ttl=60, only=run.id)
+    lease = replace(lease, record=None)  # the kept tick reads the row itself
+    real = store.get_run
+
+    async def down(run_id: str) -> Any:
+        raise StorageError("PostgreSQL error: the server closed the connection")
+
+    monkeypatch.setattr(store, "get_run", down)
+    runner = TickRunner.claimed(deps, lease)
+    with pytest.raises(StorageError):
+        await runner.run()
+    assert runner.lease.epoch == lease.epoch
+    assert run.id not in sticky
+    monkeypatch.setattr(store, "get_run", real)
+    row = await store.get_run(run.id)
+    assert row is not None and row.lease_owner is None
+    assert row.blocked_error is not None and "closed the connection" in str(row.blocked_error)
+    await deps.clock.advance(60)  # past the blocked run's retry time
+    again = await toren.tick(run.id, deps)
+    assert (again.status, again.replayed, provider.served) == ("waiting", 3, 4)

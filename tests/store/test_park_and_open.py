@@ -143,39 +143,36 @@ async def _claimed_on_postgres() -> AsyncIterator[tuple[Store, str, str, float, 
         drop_pg_database(name)
 
 
-async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_generic_path() -> None:
-    """The park's generic transaction (taken when the inline lane is busy or not open)."""
+async def test_postgres_a_message_sent_while_the_run_parks_wakes_it_the_loops_way() -> None:
+    """The park the loop's way (when the inline lane is busy or not open): the release
+    and the wake statement in one pipeline on an async connection. The hard order, as
+    inline: the sender holds the run's row (locked, message inserted but not committed)
+    when the release starts, so the release waits for the row and its snapshot, taken
+    before, cannot see the message; the wake statement's can."""
     async with _claimed_on_postgres() as (store, name, run_id, now, lease):
         store.lanes.try_inline_transaction = lambda statements: None  # type: ignore[method-assign]
-        held, go = threading.Event(), threading.Event()
-        plain_x = store._x
+        pipelined: list[int] = []
+        transaction = store.lanes.transaction
 
-        def holding_x(cur: Any, sql: str, params: Any = ()) -> Any:
-            out = plain_x(cur, sql, params)
-            if sql.startswith("SELECT lease_owner, lease_epoch FROM runs WHERE id"):
-                held.set()  # the park holds the run row (its lease check), not committed
-                go.wait(30)
-            return out
+        async def counted(statements: Any) -> Any:
+            pipelined.append(len(statements))
+            return await transaction(statements)
 
-        # send_message is one statement that locks the run row, so it runs wholly before
-        # the park (which then sees the message) or waits for the park to commit: here,
-        # the second way, the harder one (the park looked at the inbox before the message).
-        store._x = holding_x  # type: ignore[method-assign]
+        store.lanes.transaction = counted  # type: ignore[method-assign]
+        sender = psycopg.connect(pg_url(name))
+        sender.execute(SEND_MESSAGE, (run_id, "approval", "1", now + 1, now + 1))
         parking = asyncio.create_task(
-            store.release(lease, Release("waiting", waiting_for=["approval"]), now=now + 1)
+            store.release(lease, Release("waiting", waiting_for=["approval"]), now=now + 2)
         )
-        assert await asyncio.to_thread(held.wait, 30)
-        store._x = plain_x  # type: ignore[method-assign]
-        sender = asyncio.create_task(store.send_message(run_id, "approval", 1, now=now + 1))
-        # Let the park commit once the send waits for the run's row (or is done).
         with psycopg.connect(pg_url(name), autocommit=True) as admin:
-            while not sender.done():
-                if _lock_waits(admin):
-                    break
-                await asyncio.sleep(0.01)
-        go.set()
+            deadline = time.monotonic() + 30
+            while not _lock_waits(admin) and not parking.done() and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
+        assert not parking.done()  # it waits for the sender's row
+        sender.commit()
+        sender.close()
         await parking
-        await sender
+        assert pipelined == [2]  # the release and the wake, in one round trip
         row = await store.get_run(run_id)
         assert row.status == "waiting"
         claimed = await store.claim("w2", 10, now=now + 3600, ttl=60)
@@ -346,24 +343,62 @@ async def test_postgres_an_unreachable_database_fails_at_once_with_its_cause(
     assert not [r for r in caplog.records if r.name.startswith("psycopg")]  # no retries
 
 
-async def test_postgres_the_inline_transaction_is_one_transaction_all_or_nothing() -> None:
-    """The lane's transaction is the pipeline's implicit one (no BEGIN and COMMIT): its
-    statements share one transaction id, a later one sees an earlier one's writes, and a
-    failing statement takes the earlier ones back with it."""
+@pytest.mark.parametrize("lane", ["inline", "loop"])
+async def test_postgres_a_pipelined_transaction_is_one_transaction_all_or_nothing(
+    lane: str,
+) -> None:
+    """The lanes' transaction (inline, or the loop's way on the fast lane) is the
+    pipeline's implicit one (no BEGIN and COMMIT): its statements share one transaction
+    id, a later one sees an earlier one's writes, and a failing statement takes the
+    earlier ones back with it. The connection is usable after the failure."""
     async with _claimed_on_postgres() as (store, name, run_id, now, lease):
-        await _inline_lane_open(store, run_id)
-        store.lanes.gate = _OpenGate()  # type: ignore[assignment]
+        lanes = store.lanes
+        if lane == "inline":
+            await _inline_lane_open(store, run_id)
+            lanes.gate = _OpenGate()  # type: ignore[assignment]
+
+        async def transaction(statements: Any) -> Any:
+            if lane == "inline":
+                done = lanes.try_inline_transaction(statements)
+                assert done is not None
+                return done
+            return await lanes.transaction(statements)
+
         mark = "UPDATE runs SET priority = %s WHERE id = %s RETURNING txid_current()"
         seen = "SELECT priority, txid_current() FROM runs WHERE id = %s"
-        done = store.lanes.try_inline_transaction([(mark, (7, run_id)), (seen, (run_id,))])
-        assert done is not None
-        (first,), (second,) = done
+        (first,), (second,) = await transaction([(mark, (7, run_id)), (seen, (run_id,))])
         assert second == (7, first[0])  # the write seen, in the same transaction
         failing = "SELECT 1 / (priority - 9) FROM runs WHERE id = %s"  # after the 9
-        with pytest.raises(psycopg.errors.DivisionByZero):
-            store.lanes.try_inline_transaction([(mark, (9, run_id)), (failing, (run_id,))])
+        # The loop's way reports a StorageError, as its one-statement fetch does.
+        error = psycopg.errors.DivisionByZero if lane == "inline" else StorageError
+        with pytest.raises(error, match="division by zero"):
+            await transaction([(mark, (9, run_id)), (failing, (run_id,))])
         row = await store.get_run(run_id)
         assert row is not None and row.priority == 7  # the failed transaction's 9 is gone
-        # The lane is usable after the failure, outside any transaction.
-        assert store.lanes.try_inline("SELECT 1", ()) == [(1,)]
-        assert store.lanes._inline[0].info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        # The connection is usable after the failure, outside any transaction.
+        (again,), (seen_again,) = await transaction([(mark, (8, run_id)), (seen, (run_id,))])
+        assert seen_again == (8, again[0])
+        idle = psycopg.pq.TransactionStatus.IDLE
+        if lane == "inline":
+            assert lanes._inline[0].info.transaction_status == idle
+        else:
+            assert lanes._lane is not None  # kept: the failure left it idle
+            assert lanes._lane[0].info.transaction_status == idle
+
+
+async def test_postgres_every_lane_ends_a_transaction_left_idle() -> None:
+    """Each connection a store opens (the thread pool's, the async pool's, the inline
+    lane's) has the server end a transaction left open and idle for 10 s: a worker
+    frozen between two statements of a transaction (a key's claim, say) would otherwise
+    hold its locks, and every other worker's claims of that key, for as long as it is
+    frozen."""
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
+        await _inline_lane_open(store, run_id)
+        lanes = store.lanes
+        show = "SHOW idle_in_transaction_session_timeout"
+        on_thread = await lanes.run(lambda cur: cur.execute(show).fetchone()[0], write=False)  # type: ignore[attr-defined]
+        assert on_thread == "10s"
+        assert await lanes.fetch(show, (), inline_ok=False) == [("10s",)]
+        assert await lanes.transaction([(show, ())]) == [[("10s",)]]
+        lanes.gate = _OpenGate()  # type: ignore[assignment]
+        assert lanes.try_inline(show, ()) == [("10s",)]

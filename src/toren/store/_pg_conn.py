@@ -41,7 +41,16 @@ CHANNEL = "toren_work"
 # wait it can: a row lock held by another transaction, a statement that runs long (both
 # cancelled before the commit: the statement did nothing, and goes the loop's way), a peer
 # gone silent (TCP keepalives and a user timeout end the connection within seconds).
-_INLINE_SETTINGS = "SET lock_timeout = '20ms'; SET statement_timeout = '250ms'"
+# Every connection of a store ends a transaction left open and idle this long: a worker
+# frozen (SIGSTOP, a paused VM) between two statements of a transaction would otherwise
+# hold its row and advisory locks for as long as it is frozen (a key's claims, for one,
+# all wait for its lock), well past its leases. The server ends its session; the worker
+# meets a closed connection when it thaws, as after any database failure. Far above any
+# wait of Toren's own between two statements of a transaction (none leaves the thread).
+_IDLE_IN_TRANSACTION = "SET idle_in_transaction_session_timeout = '10s'"
+_INLINE_SETTINGS = (
+    f"SET lock_timeout = '20ms'; SET statement_timeout = '250ms'; {_IDLE_IN_TRANSACTION}"
+)
 _INLINE_CONNECT = {
     "autocommit": True,
     "keepalives": 1,
@@ -74,6 +83,33 @@ def _import_psycopg() -> Any:
     return psycopg, psycopg_pool
 
 
+def _configure(conn: Any) -> None:
+    """A pooled connection's session settings (see ``_IDLE_IN_TRANSACTION``)."""
+    conn.execute(_IDLE_IN_TRANSACTION)
+
+
+async def _configure_async(conn: Any) -> None:
+    await conn.execute(_IDLE_IN_TRANSACTION)
+
+
+async def _pipelined(
+    conn: Any, statements: Sequence[tuple[str, Sequence[object]]]
+) -> list[list[object]]:
+    """The statements on an async autocommit connection in pipeline mode: sent together,
+    one Sync at the end, so they run as one implicit transaction (see
+    :meth:`Lanes.try_inline_transaction`); each one's rows."""
+    cursors = []
+    async with conn.pipeline():
+        for sql, params in statements:
+            cursor = conn.cursor()
+            await cursor.execute(sql, params)
+            cursors.append(cursor)
+    return [
+        list(await cursor.fetchall()) if cursor.description is not None else []
+        for cursor in cursors
+    ]
+
+
 class Lanes:
     """Every connection of one PostgreSQL store, and the lane each statement takes."""
 
@@ -96,6 +132,7 @@ class Lanes:
             min_size=1,
             max_size=pool_size,
             kwargs={"autocommit": True},
+            configure=_configure,
             open=False,
         )
         self._opened = False
@@ -157,12 +194,8 @@ class Lanes:
         except self.psycopg.Error as exc:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
 
-    async def fetch(
-        self, sql: str, params: Sequence[object], *, rows: bool = True, inline_ok: bool = True
-    ) -> list[object]:
-        """One autocommit statement (psycopg's ``%s`` placeholders); all its rows. On the
-        inline lane when the gate is open (unless ``inline_ok`` is False: a read of
-        unbounded size), else on the fast lane or an async connection."""
+    async def _async_pool(self) -> None:
+        """Open the async pool on first use (after the first connection's probe)."""
         if self._apool is None:
             await self.reach()
             self._apool = self.psycopg_pool.AsyncConnectionPool(
@@ -170,9 +203,18 @@ class Lanes:
                 min_size=1,
                 max_size=self._pool_size,
                 kwargs={"autocommit": True},
+                configure=_configure_async,
                 open=False,
             )
             await self._apool.open(wait=False)  # see _POOL_TIMEOUT
+
+    async def fetch(
+        self, sql: str, params: Sequence[object], *, rows: bool = True, inline_ok: bool = True
+    ) -> list[object]:
+        """One autocommit statement (psycopg's ``%s`` placeholders); all its rows. On the
+        inline lane when the gate is open (unless ``inline_ok`` is False: a read of
+        unbounded size), else on the fast lane or an async connection."""
+        await self._async_pool()
         try:
             done = self.try_inline(sql, params, rows) if inline_ok else None
             if done is not None:
@@ -266,6 +308,53 @@ class Lanes:
         except BaseException:
             self._drop_broken_inline(conn)
             raise
+
+    async def transaction(
+        self, statements: Sequence[tuple[str, Sequence[object]]]
+    ) -> list[list[object]]:
+        """Each statement's rows, the statements run in order in one transaction, sent
+        together: :meth:`try_inline_transaction` the loop's way, on the fast lane (or a
+        pooled connection when another statement is on it), awaited. One round trip, as
+        inline; a transaction of a function over a cursor (:meth:`run`) would take a
+        thread hand-off and a round trip per statement, ``BEGIN`` and ``COMMIT`` too."""
+        await self._async_pool()
+        try:
+            try:
+                if self._lane_free and self._pool_size > 1:
+                    return await self._lane_transaction(statements)
+                async with self._apool.connection(timeout=self.pool_timeout) as conn:
+                    return await _pipelined(conn, statements)
+            finally:
+                self.gate.turned()  # that transaction's wait was a turn of the loop
+        except self.psycopg.errors.UniqueViolation:
+            raise
+        except self.psycopg.Error as exc:
+            raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    async def _lane_transaction(
+        self, statements: Sequence[tuple[str, Sequence[object]]]
+    ) -> list[list[object]]:
+        """:meth:`transaction` on the fast lane (see :meth:`_on_lane`). A connection that
+        fails is given back to the pool unless it is idle again, out of pipeline mode."""
+        self._lane_free = False
+        try:
+            if self._lane is None:
+                conn = await self._apool.getconn(timeout=self.pool_timeout)
+                self._lane = (conn, conn.cursor())
+            conn, _ = self._lane
+            try:
+                return await _pipelined(conn, statements)
+            except BaseException:  # an error, or a cancellation mid-transaction
+                if (
+                    conn.broken
+                    or conn.info.transaction_status != 0  # not IDLE
+                    or conn.pgconn.pipeline_status != 0  # still in pipeline mode
+                ):
+                    self._lane = None
+                    await self._apool.putconn(conn)
+                raise
+        finally:
+            self._lane_free = True
 
     def _on_inline(self, sql: str, params: Sequence[object], rows: bool) -> list[object]:
         """The inline lane: one statement on a connection of its own, run on the event

@@ -183,8 +183,16 @@ class TickRunner:
 
     async def _continue(self, lease: Lease, granted_at: float | None) -> TickResult:
         """Continue this kept tick under the run's next lease, or, if anything may have
-        changed since it parked, drop it and replay the run as any tick does."""
-        run = await resumable(self.state, self._program, lease)
+        changed since it parked, drop it and replay the run as any tick does. If finding
+        out fails (the database), the kept tick is dropped too, and this runner stands for
+        the new lease: the worker's retry, and the blocking of the run, go by its epoch,
+        not by the epoch the run parked under."""
+        try:
+            run = await resumable(self.state, self._program, lease)
+        except BaseException:
+            self.discard()
+            self.state = TickState(self.state.deps, lease, granted_at=granted_at)
+            raise
         sticky = self.state.deps.sticky
         if sticky is not None:
             if run is None:

@@ -294,16 +294,32 @@ class TickState:
         the lease protocol, whose take the store then refuses (``MessageConsumed``), as it
         would after a read. A read for a wait that parks if it finds nothing (``parks``)
         is answered None without asking the store once this tick has taken every message
-        the claim saw unconsumed (:attr:`unread_at_claim` empty): a message sent since the
-        claim is the park's to see, which looks at the inbox again under the row's lock
-        and wakes the run (as it does for a message sent just after a read). Any other
-        read asks the store."""
+        the claim saw unconsumed (:attr:`unread_at_claim` empty), if that wait's park is
+        the run's at once (:meth:`_parks_alone`): a message sent since the claim is the
+        park's to see, which looks at the inbox again under the row's lock and wakes the
+        run (as it does for a message sent just after a read). Any other read asks the
+        store: a wait beside other work would leave a message sent since the claim
+        untaken until all that work is done, and then pay a park and a claim for it."""
         claimed, self.claimed_message = self.claimed_message, None
         if claimed is not None and claimed.name == name:
             return claimed
-        if parks and self.unread_at_claim is not None and not self.unread_at_claim:
+        if (
+            parks
+            and self.unread_at_claim is not None
+            and not self.unread_at_claim
+            and self._parks_alone()
+        ):
             return None
         return await self.store.next_message(self.run_id, [name])
+
+    def _parks_alone(self) -> bool:
+        """Whether the wait running now, finding nothing, parks the run at once: it is the
+        only live work in flight (its own ``busy()``), in the agent's own task, with no
+        branch of a Toren combinator open, parked or joined. (A task the agent code made
+        itself, outside ``ctx``, is not seen here when it is not in a step; the park still
+        looks at the inbox then, so a message waits for it, and is never lost.)"""
+        p = self.parker
+        return p.inflight == 1 and not p.branches.held() and asyncio.current_task() is self._task
 
     def stop(self, abort: Abort) -> None:
         if self._abort is None:
