@@ -25,7 +25,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
@@ -120,7 +120,7 @@ class Lanes:
         self.psycopg_pool = psycopg_pool
         self._pool_size = pool_size
         self._apool: Any = None
-        self._lane: tuple[Any, Any] | None = None  # (connection, cursor): see _on_lane
+        self._lane: tuple[Any, Any] | None = None  # (connection, cursor): see _loop_way
         self._lane_free = True
         self.gate = InlineGate()
         self._inline: tuple[Any, Any] | None = None  # (connection, cursor): see _on_inline
@@ -187,12 +187,8 @@ class Lanes:
         if not self._reachable:
             await self.reach()
         loop = asyncio.get_running_loop()
-        try:
+        with self._storage_errors():
             return await loop.run_in_executor(self._executor, self.in_tx, fn, write)
-        except self.psycopg.errors.UniqueViolation:
-            raise
-        except self.psycopg.Error as exc:
-            raise StorageError(f"PostgreSQL error: {exc}") from exc
 
     async def _async_pool(self) -> None:
         """Open the async pool on first use (after the first connection's probe)."""
@@ -215,22 +211,59 @@ class Lanes:
         inline lane when the gate is open (unless ``inline_ok`` is False: a read of
         unbounded size), else on the fast lane or an async connection."""
         await self._async_pool()
-        try:
+        with self._storage_errors():
             done = self.try_inline(sql, params, rows) if inline_ok else None
-            if done is not None:
-                return done
-            try:
-                if self._lane_free and self._pool_size > 1:
-                    return await self._on_lane(sql, params, rows)
-                async with self._apool.connection(timeout=self.pool_timeout) as conn:
-                    cur = await conn.execute(sql, params)
-                    return list(await cur.fetchall()) if rows else []
-            finally:
-                self.gate.turned()  # that statement's wait was a turn of the loop
+        if done is not None:
+            return done
+
+        async def statement(conn: Any, cur: Any) -> list[object]:
+            await cur.execute(sql, params)
+            return list(await cur.fetchall()) if rows else []
+
+        return await self._loop_way(statement)
+
+    @contextlib.contextmanager
+    def _storage_errors(self) -> Iterator[None]:
+        """psycopg's errors as ``StorageError`` (a unique violation as it is: the store
+        tells a conflict from it)."""
+        try:
+            yield
         except self.psycopg.errors.UniqueViolation:
             raise
         except self.psycopg.Error as exc:
             raise StorageError(f"PostgreSQL error: {exc}") from exc
+
+    async def _loop_way(self, work: Callable[[Any, Any], Awaitable[T]]) -> T:
+        """``work(connection, cursor)`` awaited on the loop: on the fast lane when no
+        other statement is on it, else on a connection of the async pool. A fast-lane
+        connection that fails goes back to the pool (which checks it and replaces it if
+        broken) unless it is idle again: outside a transaction, out of pipeline mode."""
+        with self._storage_errors():
+            try:
+                if not (self._lane_free and self._pool_size > 1):
+                    async with self._apool.connection(timeout=self.pool_timeout) as conn:
+                        return await work(conn, conn.cursor())
+                self._lane_free = False
+                try:
+                    if self._lane is None:
+                        conn = await self._apool.getconn(timeout=self.pool_timeout)
+                        self._lane = (conn, conn.cursor())
+                    conn, cur = self._lane
+                    try:
+                        return await work(conn, cur)
+                    except BaseException:  # an error, or a cancellation mid-statement
+                        if (
+                            conn.broken
+                            or conn.info.transaction_status != 0  # not IDLE
+                            or conn.pgconn.pipeline_status != 0  # still in pipeline mode
+                        ):
+                            self._lane = None
+                            await self._apool.putconn(conn)
+                        raise
+                finally:
+                    self._lane_free = True
+            finally:
+                self.gate.turned()  # that wait was a turn of the loop
 
     def try_inline(
         self, sql: str, params: Sequence[object], rows: bool = True, *, turn: bool = False
@@ -313,48 +346,12 @@ class Lanes:
         self, statements: Sequence[tuple[str, Sequence[object]]]
     ) -> list[list[object]]:
         """Each statement's rows, the statements run in order in one transaction, sent
-        together: :meth:`try_inline_transaction` the loop's way, on the fast lane (or a
-        pooled connection when another statement is on it), awaited. One round trip, as
-        inline; a transaction of a function over a cursor (:meth:`run`) would take a
-        thread hand-off and a round trip per statement, ``BEGIN`` and ``COMMIT`` too."""
+        together: :meth:`try_inline_transaction` the loop's way (:meth:`_loop_way`),
+        awaited. One round trip, as inline; a transaction of a function over a cursor
+        (:meth:`run`) would take a thread hand-off and a round trip per statement,
+        ``BEGIN`` and ``COMMIT`` too."""
         await self._async_pool()
-        try:
-            try:
-                if self._lane_free and self._pool_size > 1:
-                    return await self._lane_transaction(statements)
-                async with self._apool.connection(timeout=self.pool_timeout) as conn:
-                    return await _pipelined(conn, statements)
-            finally:
-                self.gate.turned()  # that transaction's wait was a turn of the loop
-        except self.psycopg.errors.UniqueViolation:
-            raise
-        except self.psycopg.Error as exc:
-            raise StorageError(f"PostgreSQL error: {exc}") from exc
-
-    async def _lane_transaction(
-        self, statements: Sequence[tuple[str, Sequence[object]]]
-    ) -> list[list[object]]:
-        """:meth:`transaction` on the fast lane (see :meth:`_on_lane`). A connection that
-        fails is given back to the pool unless it is idle again, out of pipeline mode."""
-        self._lane_free = False
-        try:
-            if self._lane is None:
-                conn = await self._apool.getconn(timeout=self.pool_timeout)
-                self._lane = (conn, conn.cursor())
-            conn, _ = self._lane
-            try:
-                return await _pipelined(conn, statements)
-            except BaseException:  # an error, or a cancellation mid-transaction
-                if (
-                    conn.broken
-                    or conn.info.transaction_status != 0  # not IDLE
-                    or conn.pgconn.pipeline_status != 0  # still in pipeline mode
-                ):
-                    self._lane = None
-                    await self._apool.putconn(conn)
-                raise
-        finally:
-            self._lane_free = True
+        return await self._loop_way(lambda conn, cur: _pipelined(conn, statements))
 
     def _on_inline(self, sql: str, params: Sequence[object], rows: bool) -> list[object]:
         """The inline lane: one statement on a connection of its own, run on the event
@@ -411,28 +408,6 @@ class Lanes:
             conn.close()
             return
         self._inline = (conn, conn.cursor())
-
-    async def _on_lane(self, sql: str, params: Sequence[object], rows: bool) -> list[object]:
-        """The fast lane: one pooled connection kept out of the pool, with its cursor,
-        used whenever no other statement is on it (always, for a lone run), so a step
-        skips the pool's check-out and check-in. A connection that fails goes back to the
-        pool, which checks it and replaces it if broken."""
-        self._lane_free = False
-        try:
-            if self._lane is None:
-                conn = await self._apool.getconn(timeout=self.pool_timeout)
-                self._lane = (conn, conn.cursor())
-            conn, cur = self._lane
-            try:
-                await cur.execute(sql, params)
-                return list(await cur.fetchall()) if rows else []
-            except BaseException:  # an error, or a cancellation mid-statement
-                if conn.broken or conn.info.transaction_status != 0:  # not IDLE
-                    self._lane = None
-                    await self._apool.putconn(conn)
-                raise
-        finally:
-            self._lane_free = True
 
     async def _listen(self) -> None:
         psycopg = self.psycopg
