@@ -402,3 +402,29 @@ async def test_postgres_every_lane_ends_a_transaction_left_idle() -> None:
         assert await lanes.transaction([(show, ())]) == [[("10s",)]]
         lanes.gate = _OpenGate()  # type: ignore[assignment]
         assert lanes.try_inline(show, ()) == [("10s",)]
+
+
+async def test_postgres_a_park_the_loops_way_on_a_killed_connection_fails_and_the_next_goes_on() -> (
+    None
+):
+    """The fast lane's connection killed by the server (an operator's
+    pg_terminate_backend, a failover) under a park the loop's way: the park fails with a
+    StorageError, having written nothing, the lane drops the connection, and the park
+    tried again succeeds on a fresh one."""
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
+        lanes = store.lanes
+        lanes.try_inline_transaction = lambda statements: None  # type: ignore[method-assign]
+        assert await lanes.fetch("SELECT 1", (), inline_ok=False) == [(1,)]  # opens the lane
+        assert lanes._lane is not None
+        (pid,) = await lanes.fetch("SELECT pg_backend_pid()", (), inline_ok=False)
+        with psycopg.connect(pg_url(name), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid[0],))
+        park = Release("waiting", waiting_for=["approval"])
+        with pytest.raises(StorageError):
+            await store.release(lease, park, now=now + 1)
+        assert lanes._lane is None  # the broken connection went back to the pool
+        row = await store.get_run(run_id)
+        assert row is not None and row.status == "running" and row.lease_owner == "w1"
+        await store.release(lease, park, now=now + 2)
+        row = await store.get_run(run_id)
+        assert row is not None and row.status == "waiting" and row.lease_owner is None
