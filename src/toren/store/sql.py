@@ -1423,7 +1423,9 @@ def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
     ready = getattr(loop, "_ready", None)
     if ready is None:
         return False
-    return not ready or all(handle.cancelled() for handle in ready)
+    # A snapshot (copied in C, the GIL held): another thread's call_soon_threadsafe (the
+    # SQLite thread settling a job) may append to the queue while this looks at it.
+    return not ready or all(handle.cancelled() for handle in tuple(ready))
 
 
 async def woken(event: asyncio.Event, timeout: float) -> bool:
