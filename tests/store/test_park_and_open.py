@@ -428,3 +428,55 @@ async def test_postgres_a_park_the_loops_way_on_a_killed_connection_fails_and_th
         await store.release(lease, park, now=now + 2)
         row = await store.get_run(run_id)
         assert row is not None and row.status == "waiting" and row.lease_owner is None
+
+
+async def test_postgres_a_pipeline_the_loops_way_cut_short_commits_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pipelined transaction the loop's way that is cut short commits none of it:
+    psycopg sends its Sync however the pipeline block is left, so a client-side error in
+    a later statement, or a cancellation at any of its yields, would otherwise commit the
+    statements queued before. And no connection is handed out again in pipeline mode
+    (where writes would report success and never commit)."""
+    async with _claimed_on_postgres() as (store, name, run_id, now, lease):
+        with psycopg.connect(pg_url(name), autocommit=True) as admin:
+            admin.execute("CREATE TABLE cut (tag text, k int)")
+        lanes = store.lanes
+        ins = "INSERT INTO cut VALUES (%s, %s)"
+
+        def committed(k: int) -> list[str]:
+            with psycopg.connect(pg_url(name), autocommit=True) as admin:
+                rows = admin.execute("SELECT tag FROM cut WHERE k = %s ORDER BY tag", (k,))
+                return [r[0] for r in rows.fetchall()]
+
+        with pytest.raises(StorageError, match="cannot adapt"):
+            await lanes.transaction([(ins, ("a", 1)), (ins, ("b", object()))])
+        assert committed(1) == []
+        assert lanes._lane is not None  # rolled back in place: the lane stays
+
+        # A busy loop: psycopg yields to it at every wait (after 5 ms without one).
+        monkeypatch.setattr(psycopg.waiting, "MAX_BUSY_TIME", 0.0)
+        outcomes = set()
+        for k in range(2, 16):
+            task = asyncio.ensure_future(lanes.transaction([(ins, ("a", k)), (ins, ("b", k))]))
+            for _ in range(k - 2):
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            outcomes.add(tuple(committed(k)))
+        assert outcomes <= {(), ("a", "b")}
+        assert () in outcomes  # some cancellations did land before the commit
+        monkeypatch.undo()
+
+        pooled = [
+            await lanes._apool.getconn() for _ in range(lanes._apool.get_stats()["pool_size"])
+        ]
+        try:
+            for i, conn in enumerate(pooled):
+                assert conn.pgconn.pipeline_status == 0
+                await conn.execute(ins, ("pooled", 100 + i))
+        finally:
+            for conn in pooled:
+                await lanes._apool.putconn(conn)
+        assert all(committed(100 + i) == ["pooled"] for i in range(len(pooled)))

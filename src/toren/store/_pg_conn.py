@@ -92,18 +92,49 @@ async def _configure_async(conn: Any) -> None:
     await conn.execute(_IDLE_IN_TRANSACTION)
 
 
+def _not_pipelined(conn: Any) -> None:
+    """A pool's check of a connection given back: one left in pipeline mode (its
+    pipeline's entry or exit cut short by a cancellation) is thrown away, not handed out
+    again, where statements sent on it would wait for a Sync that never comes."""
+    if conn.pgconn.pipeline_status != 0:
+        raise StorageError("a connection was given back in pipeline mode")
+
+
+async def _not_pipelined_async(conn: Any) -> None:
+    _not_pipelined(conn)
+
+
 async def _pipelined(
     conn: Any, statements: Sequence[tuple[str, Sequence[object]]]
 ) -> list[list[object]]:
-    """The statements on an async autocommit connection in pipeline mode: sent together,
-    one Sync at the end, so they run as one implicit transaction (see
-    :meth:`Lanes.try_inline_transaction`); each one's rows."""
+    """The statements on an async autocommit connection in pipeline mode, between an
+    explicit ``BEGIN`` and ``COMMIT``, all sent together with one Sync: one round trip,
+    one transaction; each statement's rows. Explicit, not the pipeline's implicit
+    transaction (:meth:`Lanes.try_inline_transaction`): psycopg sends the Sync whenever
+    the pipeline block is left, so a cancellation (at one of its yields to a busy loop)
+    or a client-side error after the first statements were queued would commit those
+    alone; with a ``BEGIN`` and no ``COMMIT`` they stay an open transaction, rolled back
+    when the connection goes back to its pool."""
     cursors = []
-    async with conn.pipeline():
-        for sql, params in statements:
-            cursor = conn.cursor()
-            await cursor.execute(sql, params)
-            cursors.append(cursor)
+    try:
+        async with conn.pipeline():
+            await conn.cursor().execute("BEGIN")
+            for sql, params in statements:
+                cursor = conn.cursor()
+                await cursor.execute(sql, params)
+                cursors.append(cursor)
+            await conn.cursor().execute("COMMIT")
+    except Exception:
+        # A statement failed (the server's error, or one psycopg raised before sending
+        # it): the transaction is left open, aborted or not; rolled back here, the
+        # connection is idle again and stays usable (a cancellation leaves it to the pool).
+        if (
+            not conn.broken
+            and conn.pgconn.pipeline_status == 0
+            and conn.info.transaction_status in (2, 3)
+        ):  # INTRANS, INERROR
+            await conn.execute("ROLLBACK")
+        raise
     return [
         list(await cursor.fetchall()) if cursor.description is not None else []
         for cursor in cursors
@@ -133,6 +164,7 @@ class Lanes:
             max_size=pool_size,
             kwargs={"autocommit": True},
             configure=_configure,
+            reset=_not_pipelined,
             open=False,
         )
         self._opened = False
@@ -200,6 +232,7 @@ class Lanes:
                 max_size=self._pool_size,
                 kwargs={"autocommit": True},
                 configure=_configure_async,
+                reset=_not_pipelined_async,
                 open=False,
             )
             await self._apool.open(wait=False)  # see _POOL_TIMEOUT
@@ -346,10 +379,10 @@ class Lanes:
         self, statements: Sequence[tuple[str, Sequence[object]]]
     ) -> list[list[object]]:
         """Each statement's rows, the statements run in order in one transaction, sent
-        together: :meth:`try_inline_transaction` the loop's way (:meth:`_loop_way`),
-        awaited. One round trip, as inline; a transaction of a function over a cursor
-        (:meth:`run`) would take a thread hand-off and a round trip per statement,
-        ``BEGIN`` and ``COMMIT`` too."""
+        together (:func:`_pipelined`): :meth:`try_inline_transaction` the loop's way
+        (:meth:`_loop_way`), awaited. One round trip, as inline; a transaction of a
+        function over a cursor (:meth:`run`) would take a thread hand-off and a round
+        trip per statement. All or nothing also when the caller is cancelled midway."""
         await self._async_pool()
         return await self._loop_way(lambda conn, cur: _pipelined(conn, statements))
 
