@@ -300,6 +300,7 @@ async def test_a_kept_tick_that_cannot_check_its_run_stands_for_the_new_lease(
         await runner.run()
     assert runner.lease.epoch == lease.epoch
     assert run.id not in sticky
+    assert (sticky.hits, sticky.continued, sticky.stale) == (1, 0, 1)  # counted as stale
     monkeypatch.setattr(store, "get_run", real)
     row = await store.get_run(run.id)
     assert row is not None and row.lease_owner is None

@@ -190,6 +190,8 @@ class TickRunner:
         try:
             run = await resumable(self.state, self._program, lease)
         except BaseException:
+            if self.state.deps.sticky is not None:
+                self.state.deps.sticky.stale += 1  # taken, not continued: replays next
             self.discard()
             self.state = TickState(self.state.deps, lease, granted_at=granted_at)
             raise
