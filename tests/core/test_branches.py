@@ -235,6 +235,30 @@ async def test_loop_is_idle_reads_the_ready_queue() -> None:
     assert loop_is_idle(loop)
 
 
+def test_a_ready_queue_added_to_while_read_is_not_idle() -> None:
+    """Another thread's ``call_soon_threadsafe`` (the SQLite thread settling a job) may
+    append to the loop's ready queue while ``loop_is_idle`` walks it: that is not an error
+    (it failed a request with "deque mutated during iteration" under load in CI) but a
+    queue with work in it. Here the append comes from the walk itself, deterministically:
+    a cancelled handle whose check adds another."""
+    import collections
+
+    class Appending:
+        def __init__(self, ready: collections.deque[object]) -> None:
+            self.ready = ready
+
+        def cancelled(self) -> bool:
+            self.ready.append(object())  # what the other thread did meanwhile
+            return True
+
+    class Loop:
+        _ready: collections.deque[object] = collections.deque()
+
+    loop = Loop()
+    loop._ready.extend([Appending(loop._ready), Appending(loop._ready)])
+    assert loop_is_idle(loop) is False  # type: ignore[arg-type]
+
+
 async def test_a_cancelled_handle_keeps_nobody_waiting() -> None:
     """A handle cancelled after it was queued stays in the ready queue until the loop's
     next turn drops it: it runs nothing, so the loop counts as idle; one live handle

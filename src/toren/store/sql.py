@@ -1423,9 +1423,16 @@ def loop_is_idle(loop: asyncio.AbstractEventLoop) -> bool:
     ready = getattr(loop, "_ready", None)
     if ready is None:
         return False
-    # A snapshot (copied in C, the GIL held): another thread's call_soon_threadsafe (the
-    # SQLite thread settling a job) may append to the queue while this looks at it.
-    return not ready or all(handle.cancelled() for handle in tuple(ready))
+    if not ready:
+        return True
+    try:
+        return all(handle.cancelled() for handle in ready)
+    except RuntimeError:
+        # "deque mutated during iteration": another thread's call_soon_threadsafe (the
+        # SQLite thread settling a job) added a handle while this looked: not idle. (A
+        # copy of the queue is no cure: the copy allocates, the collector it may start
+        # runs finalizers, and the thread can take its turn then.)
+        return False
 
 
 async def woken(event: asyncio.Event, timeout: float) -> bool:
