@@ -89,3 +89,38 @@ async def test_a_run_with_a_large_input_replays_cleanly(store: Store) -> None:
     assert plan.problem is None
     assert plan.clean and plan.replayed_steps == 1
     assert provider.served == 1
+
+
+async def test_a_plan_pauses_the_cycle_collector_while_it_replays(store: Store) -> None:
+    """A plan is all replay: the collector is off while its agent code re-runs (as in a
+    tick's replay, ReplayGcPause), on again once the plan is made, and left alone with
+    ``pause_gc_on_replay`` off."""
+    import gc
+
+    from toren.config import Settings
+
+    collector_on: list[bool] = []
+
+    async def fn(ctx: toren.Context, input: Any) -> Any:
+        for i in range(3):
+            collector_on.append(gc.isenabled())
+            await ctx.model("scripted:echo", [{"role": "user", "content": f"s{i}"}])
+        await ctx.wait_for_message("go")
+
+    reg = toren.Registry()
+    reg.add("x", fn)
+    run = await toren.start_run(store, reg, "x", None)
+    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": ScriptedProvider()})
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    assert gc.isenabled()
+
+    collector_on.clear()
+    (plan,) = await plan_runs(store, reg)
+    assert plan.clean and plan.replayed_steps == 3
+    assert collector_on == [False, False, False]
+    assert gc.isenabled()
+
+    collector_on.clear()
+    off = toren.TickDeps(store=store, agents=reg, settings=Settings(pause_gc_on_replay=False))
+    (plan,) = await plan_runs(store, reg, deps=off)
+    assert plan.clean and collector_on == [True, True, True]

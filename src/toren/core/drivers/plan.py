@@ -48,6 +48,7 @@ from toren.core.drivers.effects import (
     replay_tool,
     replay_value,
 )
+from toren.core.drivers.gcpause import ReplayGcPause
 from toren.core.drivers.tickstate import TickDeps
 from toren.errors import AgentNotFound, CorruptEventLog
 
@@ -101,6 +102,11 @@ class PlanRunner:
             return self._plan(run, self.code_version, problem=exc.message)
         self.journal = Journal.fold(self.run_id, events)
         root = Context(self, run.process, program, run.input)
+        # A plan is all replay: the cycle collector is paused for it as for a tick's
+        # replay (ReplayGcPause), or it would re-scan the plans' growing object graphs.
+        paused = self.deps.settings.pause_gc_on_replay
+        if paused:
+            ReplayGcPause.begin()
         task = self._task = asyncio.ensure_future(self._main(root))
         try:
             try:
@@ -115,6 +121,8 @@ class PlanRunner:
             if not task.done():
                 task.cancel()
             self._task = None  # no cycle through the agent task (see TickRunner.run)
+            if paused:
+                ReplayGcPause.end()
         await self._say_what_changed(events)
         return self._plan(run, self.code_version)
 
