@@ -26,8 +26,11 @@
    without it; live steps/s is sampled each second before, in both kinds of window and
    after; then the database size before and after ``VACUUM``.
 
-4. **Parked runs** (``--parked N``, PostgreSQL, instead of the rest): N runs parked on a
-   message beside one worker: its RSS and idle CPU, and message-to-next-step latency.
+4. **Parked runs** (``--parked N [--kept K]``, PostgreSQL, instead of the rest): N runs
+   parked on a message beside one worker: its RSS and idle CPU, and message-to-next-step
+   latency. The worker first runs K runs of its own to their park (20 model steps of a
+   growing conversation each, then a wait for a message), so its sticky cache is as full
+   as its bound lets it be (default settings: 64 MB by its estimate) while it is measured.
 5. **Timers** (``--timers N [--workers 2] [--concurrency 100]``, instead of the rest): N
    runs parked on ``ctx.sleep(1)`` (copies of one engine-written run), every timer due at
    the same instant, and worker processes with default settings: every timer fires? how
@@ -897,6 +900,18 @@ async def approval_agent(ctx: toren.Context, input: Any) -> Any:
     return {"answer": reply.text[:40]}
 
 
+KEPT_STEPS = 20
+
+
+async def keeper_agent(ctx: toren.Context, input: Any) -> Any:
+    """A run the worker itself steps to its park, and keeps (sticky cache)."""
+    messages: list[dict[str, Any]] = []
+    for i in range(KEPT_STEPS):
+        messages.append({"role": "user", "content": f"step {i}"})
+        messages.append((await ctx.model(MODEL, messages)).message())
+    return await ctx.wait_for_message("approval")
+
+
 class TimedProvider(ScriptedProvider):
     """The scripted model, noting when each run's first model call starts."""
 
@@ -960,9 +975,11 @@ def _fill_parked(url: str, count: int) -> None:
         conn.execute("ANALYZE")
 
 
-async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
+async def parked(url: str, count: int, kept: int = 0, messages: int = 200) -> dict[str, Any]:
     """A worker beside ``count`` parked runs: its RSS and CPU while idle, then the time
-    from sending a message to one of them to its next step (the model call) starting."""
+    from sending a message to one of them to its next step (the model call) starting.
+    First the worker runs ``kept`` runs of its own to their park, filling its sticky
+    cache."""
     import resource
 
     await _migrate(url)
@@ -973,6 +990,7 @@ async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
     sender = await toren.connect(url)
     reg = toren.Registry()
     reg.add("approval", approval_agent, code_version="bench-v1")
+    reg.add("keeper", keeper_agent, code_version="bench-v1")
     model = TimedProvider()
     # Default settings: the worker as `toren worker` runs it (poll 0.25 s as the safety
     # net beside LISTEN/NOTIFY and the next timer), not the bench's faster poll.
@@ -981,13 +999,21 @@ async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
     )
     try:
         async with toren.LocalWorkerRuntime(deps, concurrency=100) as worker:
+            keepers = [await toren.start_run(sender, reg, "keeper", None) for _ in range(kept)]
+            for run in keepers:
+                while (row := await sender.get_run(run.id)) is None or row.status != "waiting":
+                    await asyncio.sleep(0.05)
             await asyncio.sleep(3.0)
             cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             await asyncio.sleep(10.0)
             cpu1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
             idle_cpu = (cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime) / (t1 - t0)
             rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            ids = [r.id for r in await sender.list_runs(status="waiting", limit=messages)]
+            cache = deps.sticky
+            kept_now = len(cache) if cache is not None else 0
+            kept_mb = cache.bytes / 1e6 if cache is not None else 0.0
+            waiting = await sender.list_runs(status="waiting", agent="approval", limit=messages)
+            ids = [r.id for r in waiting]
             latencies = []
             for n, run_id in enumerate(ids):
                 sent = time.perf_counter()
@@ -1013,6 +1039,9 @@ async def parked(url: str, count: int, messages: int = 200) -> dict[str, Any]:
             "samples": len(latencies),
         },
         "runs_held_by_the_worker_after": held,
+        "kept_runs_started": kept,
+        "sticky_cache_runs_when_measured": kept_now,
+        "sticky_cache_estimate_mb_when_measured": round(kept_mb, 1),
     }
 
 
@@ -1418,6 +1447,13 @@ def main() -> None:
         "(PostgreSQL): idle RSS and CPU, message-to-next-step latency.",
     )
     parser.add_argument(
+        "--kept",
+        type=int,
+        default=2000,
+        help="With --parked: runs the worker first steps to their park itself (20 model "
+        "steps each), filling its sticky cache.",
+    )
+    parser.add_argument(
         "--timers",
         type=int,
         default=0,
@@ -1456,7 +1492,7 @@ def main() -> None:
     if args.parked:
         backend = Backend.fresh("postgres", "parked")
         try:
-            result = asyncio.run(parked(backend.pg_dsn, args.parked))
+            result = asyncio.run(parked(backend.pg_dsn, args.parked, args.kept))
         finally:
             backend.drop()
         print(json.dumps(result))

@@ -1,6 +1,7 @@
-"""A worker process for the stalled-worker tests: serves the `mailer` agent (model calls
-through the real ``openai`` SDK, a side-effecting tool between them) until SIGTERM, then
-drains and exits 0. The tests freeze it with SIGSTOP, thaw it with SIGCONT and kill it
+"""A worker process for the stalled-worker tests: serves the `mailer` and `napper` agents
+(model calls through the real ``openai`` SDK, a side-effecting tool between them; the
+napper parks on a durable timer after each round) until SIGTERM, then drains, prints its
+sticky cache's counters and exits 0. The tests freeze it with SIGSTOP, thaw it with SIGCONT and kill it
 with SIGKILL, and count what the loopback model server and the tool actually did.
 
     python -m tests.core.stall_worker DB_URL OPENAI_BASE_URL EFFECTS_FILE TTL HEARTBEAT
@@ -40,6 +41,30 @@ async def mailer(ctx: toren.Context, input: Any) -> Any:
     return {"replies": replies}
 
 
+async def napper(ctx: toren.Context, input: Any) -> Any:
+    """``steps`` rounds of: a model call, the email, then a durable nap (``ctx.sleep``:
+    the run parks, the worker keeps it in its sticky cache, and whichever worker claims
+    it when the timer fires continues it, in place if it is the one that kept it)."""
+    tag, replies = input["tag"], []
+    for k in range(input["steps"]):
+        reply = await ctx.model("openai:gpt-4o-mini", [{"role": "user", "content": f"{tag} {k}"}])
+        replies.append(reply.text)
+        await ctx.tool("send_email", {"tag": tag, "k": k})
+        await ctx.sleep(input["nap"])
+    return {"replies": replies}
+
+
+NAP = "nap-"  # the tags of napper runs start so: three positions a round, not two
+
+
+def position(tag: str, k: int, kind: str) -> int:
+    """The stream position of round ``k``'s model call or email in the run tagged
+    ``tag``: a mailer round takes two (the call, the email), a napper round three (its
+    timer too)."""
+    stride = 3 if tag.startswith(NAP) else 2
+    return stride * k + (kind == "ToolCallRecorded")
+
+
 def recorded(url: str, run_tag: str, position: int, kind: str) -> bool:
     """Whether the step at ``position`` of the run tagged ``run_tag`` is in the log."""
     sql = (
@@ -65,7 +90,7 @@ def registry(url: str = "", effects: str = "") -> toren.Registry:
     async def send_email(tag: str, k: int) -> str:
         # Checked before the effect: a stall between the two lines would hide a repeat,
         # never invent one.
-        again = recorded(url, tag, 2 * k + 1, "ToolCallRecorded")
+        again = recorded(url, tag, position(tag, k, "ToolCallRecorded"), "ToolCallRecorded")
         with open(effects, "a") as out:
             out.write(json.dumps({"tag": tag, "k": k, "pid": os.getpid(), "again": again}))
             out.write("\n")
@@ -74,7 +99,9 @@ def registry(url: str = "", effects: str = "") -> toren.Registry:
 
     spec = ToolSpec("send_email", "send one email", {"type": "object"})
     reg = toren.Registry()
-    reg.add("mailer", mailer, tools={"send_email": ToolDef("send_email", send_email, spec)})
+    tools = {"send_email": ToolDef("send_email", send_email, spec)}
+    reg.add("mailer", mailer, tools=tools)
+    reg.add("napper", napper, tools=tools)
     return reg
 
 
@@ -86,6 +113,7 @@ async def main(url: str, base_url: str, effects: str, ttl: str, heartbeat: str) 
         lease=LeaseSettings(ttl=float(ttl), heartbeat=float(heartbeat)),
         poll_interval=0.05,
         drain_window=5.0,
+        inline_wait=0.0,  # every ctx.sleep parks (the napper's naps are short)
     )
     deps = toren.TickDeps(
         store=store,
@@ -98,6 +126,13 @@ async def main(url: str, base_url: str, effects: str, ttl: str, heartbeat: str) 
     worker.install_signal_handlers()  # SIGTERM drains
     print(f"ready {worker.worker_id}", file=sys.stderr, flush=True)
     await worker.wait_stopped()
+    sticky = deps.sticky
+    if sticky is not None:  # what its cache did, for the tests that count on it
+        print(
+            f"sticky hits={sticky.hits} continued={sticky.continued} stale={sticky.stale}",
+            file=sys.stderr,
+            flush=True,
+        )
     await store.close()
     return 0
 

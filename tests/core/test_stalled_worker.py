@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 import toren
-from tests.core.stall_worker import recorded, registry
+from tests.core.stall_worker import NAP, position, recorded, registry
 from tests.providers.fakes import Completion, serve_fake_models
 from toren.store.sqlite import parse_sqlite_url
 
@@ -51,7 +51,8 @@ class Ledger:
 
     def reply(self, body: dict[str, Any]) -> Completion:
         tag, k = body["messages"][-1]["content"].rsplit(" ", 1)
-        again = recorded(self.db_url, tag, 2 * int(k), "ModelCallRecorded")
+        kind = "ModelCallRecorded"
+        again = recorded(self.db_url, tag, position(tag, int(k), kind), kind)
         with self.lock:
             self.served[(tag, int(k))] += 1
             if again:
@@ -224,6 +225,30 @@ async def freeze_until_taken_over(store: Any, workers: list[Worker], db_url: str
         return
 
 
+async def chaos(rng: random.Random, workers: list[Worker], rounds: int = 10) -> tuple[int, int]:
+    """``rounds`` seeded blows, 0.2-0.8 s apart, each at a worker drawn at random: a
+    SIGSTOP past the lease TTL then SIGCONT (six in ten), or a SIGKILL and a new process
+    in its place. Returns (freezes, kills)."""
+    frozen = killed = 0
+    for _ in range(rounds):
+        await asyncio.sleep(rng.uniform(0.2, 0.8))
+        w = rng.choice(workers)
+        w.alive()
+        if rng.random() < 0.6:
+            w.signal(signal.SIGSTOP)
+            await asyncio.sleep(TTL + rng.uniform(0.3, 1.5))  # past the lease
+            w.signal(signal.SIGCONT)
+            frozen += 1
+        else:
+            w.signal(signal.SIGKILL)
+            assert w.proc is not None
+            w.proc.wait()
+            w.spawn()
+            await w.ready()
+            killed += 1
+    return frozen, killed
+
+
 async def test_a_stalled_worker_pays_and_sends_nothing_after_it_thaws(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -347,24 +372,8 @@ async def test_a_fleet_with_freezes_and_kills_never_repays_or_resends(
             # seeded freeze may find its worker idle (the runs done) or land inside a SQLite
             # commit, which holds every other worker off until the thaw.
             await freeze_until_taken_over(store, workers, db_url)
-            frozen, killed = 1, 0
-            for _ in range(10):
-                await asyncio.sleep(rng.uniform(0.2, 0.8))
-                w = rng.choice(workers)
-                w.alive()
-                if rng.random() < 0.6:
-                    w.signal(signal.SIGSTOP)
-                    await asyncio.sleep(TTL + rng.uniform(0.3, 1.5))  # past the lease
-                    w.signal(signal.SIGCONT)
-                    frozen += 1
-                else:
-                    w.signal(signal.SIGKILL)
-                    assert w.proc is not None
-                    w.proc.wait()
-                    w.spawn()
-                    await w.ready()
-                    killed += 1
-            assert frozen >= 3 and killed >= 2
+            frozen, killed = await chaos(rng, workers)
+            assert frozen + 1 >= 3 and killed >= 2
             for run in runs:
                 final = await toren.wait_for_run(store, run.id, timeout=120)
                 assert final.status == "completed", final.error
@@ -388,5 +397,58 @@ async def test_a_fleet_with_freezes_and_kills_never_repays_or_resends(
             assert final is not None
             recoveries += final.lease_recoveries
         assert recoveries >= 1  # the chaos did take runs over
+    finally:
+        await store.close()
+
+
+async def test_a_fleet_holding_parked_runs_in_its_caches_never_repays_or_resends(
+    db_url: str, tmp_path: Path
+) -> None:
+    """The same chaos with the sticky cache holding runs (issue 39): 3 workers, 20 runs of
+    the napper, 3 rounds each of a model call, an email and a durable nap. Every nap parks
+    the run; the worker that parked it keeps it and continues it in place when its timer
+    fires, unless a takeover, a kill or another worker's claim came first (then it
+    replays). Seeded SIGSTOP past the lease and SIGKILL. Per recorded step: no request and
+    no email after it was in the log. And the caches did continue runs in place (counted by
+    the workers alive at the end), so the blows met kept runs, not only live ones."""
+    rng = random.Random(39)
+    store = await toren.connect(db_url)
+    tags = [f"{NAP}{i:02d}" for i in range(20)]
+    try:
+        with fleet(db_url, tmp_path, 3) as (ledger, workers, effects):
+            for w in workers:
+                await w.ready()
+            runs = [
+                await toren.start_run(
+                    store, registry(), "napper", {"tag": tag, "steps": 3, "nap": 0.3}
+                )
+                for tag in tags
+            ]
+            frozen, killed = await chaos(rng, workers)
+            assert frozen >= 3 and killed >= 2
+            for run in runs:
+                final = await toren.wait_for_run(store, run.id, timeout=120)
+                assert final.status == "completed", final.error
+                assert final.output == {"replies": [f"ok {run.input['tag']} {k}" for k in range(3)]}
+        continued = sum(
+            int(line.split("continued=")[1].split()[0])
+            for w in workers
+            for line in w.text().splitlines()
+            if line.startswith("sticky ")
+        )
+        assert continued >= 1, "no worker continued a kept run: the cache was never exercised"
+        emails = Counter((e["tag"], e["k"]) for e in effects_of(effects))
+        assert set(emails) == {(t, k) for t in tags for k in range(3)}
+        assert set(ledger.served) == {(t, k) for t in tags for k in range(3)}
+        assert ledger.repaid == [], f"requests for steps already recorded: {ledger.repaid}"
+        again = [e for e in effects_of(effects) if e["again"]]
+        assert again == [], f"emails for steps already recorded: {again}"
+        for run, tag in zip(runs, tags, strict=True):
+            events = await store.load_events(run.id)
+            kinds = ("ModelCallRecorded", "ToolCallRecorded")
+            steps = [(e.type, e.position) for e in events if e.type in kinds]
+            assert steps == [(kind, position(tag, k, kind)) for k in range(3) for kind in kinds]
+            report = await toren.verify_run(store, run.id)
+            assert report.ok, report.to_dict()
     finally:
         await store.close()
