@@ -12,7 +12,7 @@ import yaml
 from toren.agents import DirectoryResolver, directory_hash, load_agent
 from toren.agents.config import ProviderConfig
 from toren.agents.loader import code_files, is_code_path
-from toren.core.agent_api.program import AgentResolver
+from toren.core.agent_api.program import AgentResolver, Registry
 from toren.errors import AgentConfigError, AgentNotFound
 from toren.providers.base import ModelRequest, ModelResponse, ToolCall
 
@@ -235,6 +235,34 @@ def test_resolver_over_a_project_directory(tmp_path: Path) -> None:
         resolver.resolve("gamma", "main")
     with pytest.raises(AgentNotFound, match="agent 'alpha' has no process 'nope'"):
         resolver.resolve("alpha", "nope")
+
+
+def test_the_resolver_gives_the_same_program_until_the_directory_changes(tmp_path: Path) -> None:
+    """A worker's kept (sticky) tick continues only under the very program object it runs
+    (toren.core.drivers.resume): ``resolve`` gives the same one for as long as the
+    directory is the same, and a new one once it changed (a deploy, a ``toren dev``
+    reload); each process its own, the registry's too."""
+    one = _agent(tmp_path / "one", "name: one\nmodel: openai:gpt-4o\nprocesses: {triage: {}}\n")
+    resolver = DirectoryResolver(tmp_path)
+    main = resolver.resolve("one", "main")
+    assert resolver.resolve("one", "main") is main
+    triage = resolver.resolve("one", "triage")
+    assert triage is not main and resolver.resolve("one", "triage") is triage
+    (one / "agent.yaml").write_text(
+        "name: one\nmodel: openai:gpt-4o-mini\nprocesses: {triage: {}}\n"
+    )
+    edited = resolver.resolve("one", "main")
+    assert edited is not main and edited.code_version != main.code_version
+    assert resolver.resolve("one", "main") is edited
+
+    async def fn(ctx: object, input: object) -> object:
+        return input
+
+    reg = Registry()
+    reg.add("two", fn)
+    reg.add("two", fn, process="helper")  # two processes: each program lists both
+    first = reg.resolve("two", "main")
+    assert first.processes == ("helper", "main") and reg.resolve("two", "main") is first
 
 
 def test_resolver_over_a_list_of_agent_dirs(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """A worker process for the stalled-worker tests: serves the `mailer` and `napper` agents
 (model calls through the real ``openai`` SDK, a side-effecting tool between them; the
-napper parks on a durable timer after each round) until SIGTERM, then drains, prints its
-sticky cache's counters and exits 0. The tests freeze it with SIGSTOP, thaw it with SIGCONT and kill it
+napper parks on a durable timer after each round) until SIGTERM, then drains and exits 0;
+meanwhile it prints its sticky cache's counters as they change. The tests freeze it with SIGSTOP, thaw it with SIGCONT and kill it
 with SIGKILL, and count what the loopback model server and the tool actually did.
 
     python -m tests.core.stall_worker DB_URL OPENAI_BASE_URL EFFECTS_FILE TTL HEARTBEAT
@@ -105,6 +105,20 @@ def registry(url: str = "", effects: str = "") -> toren.Registry:
     return reg
 
 
+async def report_sticky(sticky: Any) -> None:
+    """What this process's sticky cache did, as it changes (a killed worker's last word
+    stays in its log): ``sticky pid=P hits=H continued=C stale=S``."""
+    said = None
+    while sticky is not None:
+        now = (sticky.hits, sticky.continued, sticky.stale)
+        if now != said:
+            said = now
+            hits, continued, stale = now
+            line = f"sticky pid={os.getpid()} hits={hits} continued={continued} stale={stale}"
+            print(line, file=sys.stderr, flush=True)
+        await asyncio.sleep(0.05)
+
+
 async def main(url: str, base_url: str, effects: str, ttl: str, heartbeat: str) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
     store = await toren.connect(url)
@@ -125,14 +139,9 @@ async def main(url: str, base_url: str, effects: str, ttl: str, heartbeat: str) 
     await worker.start()
     worker.install_signal_handlers()  # SIGTERM drains
     print(f"ready {worker.worker_id}", file=sys.stderr, flush=True)
+    report = asyncio.ensure_future(report_sticky(deps.sticky))
     await worker.wait_stopped()
-    sticky = deps.sticky
-    if sticky is not None:  # what its cache did, for the tests that count on it
-        print(
-            f"sticky hits={sticky.hits} continued={sticky.continued} stale={sticky.stale}",
-            file=sys.stderr,
-            flush=True,
-        )
+    report.cancel()
     await store.close()
     return 0
 

@@ -409,8 +409,9 @@ async def test_a_fleet_holding_parked_runs_in_its_caches_never_repays_or_resends
     the run; the worker that parked it keeps it and continues it in place when its timer
     fires, unless a takeover, a kill or another worker's claim came first (then it
     replays). Seeded SIGSTOP past the lease and SIGKILL. Per recorded step: no request and
-    no email after it was in the log. And the caches did continue runs in place (counted by
-    the workers alive at the end), so the blows met kept runs, not only live ones."""
+    no email after it was in the log. And the caches did continue runs in place (each
+    worker process prints its counts as they change), so the blows met kept runs, not
+    only live ones."""
     rng = random.Random(39)
     store = await toren.connect(db_url)
     tags = [f"{NAP}{i:02d}" for i in range(20)]
@@ -430,12 +431,14 @@ async def test_a_fleet_holding_parked_runs_in_its_caches_never_repays_or_resends
                 final = await toren.wait_for_run(store, run.id, timeout=120)
                 assert final.status == "completed", final.error
                 assert final.output == {"replies": [f"ok {run.input['tag']} {k}" for k in range(3)]}
-        continued = sum(
-            int(line.split("continued=")[1].split()[0])
-            for w in workers
-            for line in w.text().splitlines()
-            if line.startswith("sticky ")
-        )
+        # Each worker process's last count (killed ones' too: their logs keep it).
+        last: dict[str, int] = {}
+        for w in workers:
+            for line in w.log.read_text().splitlines():
+                if line.startswith("sticky pid="):
+                    fields = dict(item.split("=") for item in line.split()[1:])
+                    last[fields["pid"]] = int(fields["continued"])
+        continued = sum(last.values())
         assert continued >= 1, "no worker continued a kept run: the cache was never exercised"
         emails = Counter((e["tag"], e["k"]) for e in effects_of(effects))
         assert set(emails) == {(t, k) for t in tags for k in range(3)}

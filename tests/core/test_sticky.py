@@ -308,3 +308,98 @@ async def test_a_kept_tick_that_cannot_check_its_run_stands_for_the_new_lease(
     await deps.clock.advance(60)  # past the blocked run's retry time
     again = await toren.tick(run.id, deps)
     assert (again.status, again.replayed, provider.served) == ("waiting", 3, 4)
+
+
+async def test_a_recovered_lease_replays(store: Store) -> None:
+    """A lease that took the run over from a holder whose lease ran out
+    (``Lease.recovered``) never continues a kept tick, even as the next epoch of the same
+    worker: what the run did under the lost lease is the log's to say."""
+    sticky = StickyRuns(64_000_000)
+    run, deps, provider = await _parked(store, sticky)
+    (lease,) = await store.claim(deps.worker_id, 1, now=deps.clock.now(), ttl=60, only=run.id)
+    result = await TickRunner.claimed(deps, replace(lease, recovered=True)).run()
+    assert (result.status, provider.served) == ("waiting", 4)
+    assert result.replayed >= 3
+    assert (sticky.hits, sticky.continued, sticky.stale) == (1, 0, 1)
+
+
+async def test_a_childs_completion_continues_its_parent_in_place(store: Store) -> None:
+    """A child process (``ctx.spawn``) parks the run on its own durable timer while its
+    parent waits for it; when the timer fires, the kept tick continues in place: the child
+    finishes, the parent takes its result and goes on, nothing replayed."""
+
+    async def parent(ctx: toren.Context, input: Any) -> Any:
+        first = await ctx.model("scripted:echo", [{"role": "user", "content": "plan"}])
+        found = await ctx.spawn("research", {"topic": "tides"})
+        last = await ctx.model("scripted:echo", [{"role": "user", "content": str(found)}])
+        return {"first": first.text, "last": last.text}
+
+    async def research(ctx: toren.Context, input: Any) -> Any:
+        await ctx.sleep(30)  # durable (inline_wait is 2 s): the run parks
+        note = await ctx.model("scripted:echo", [{"role": "user", "content": input["topic"]}])
+        return note.text
+
+    reg = toren.Registry()
+    reg.add("lab", parent)
+    reg.add("lab", research, process="research")
+    clock = toren.ManualClock(1_700_000_000.0)
+    sticky = StickyRuns(64_000_000)
+    provider = ScriptedProvider()
+    deps = deps_for(store, reg, sticky, provider=provider, clock=clock)
+    run = await toren.start_run(store, reg, "lab", {}, clock=clock)
+    first = await toren.tick(run.id, deps)
+    assert (first.status, provider.served) == ("waiting", 1)
+    assert run.id in sticky
+    await clock.advance(31)
+    second = await toren.tick(run.id, deps)
+    assert (second.status, second.replayed, provider.served) == ("completed", 0, 3)
+    assert second.output == {"first": "plan", "last": "tides"}  # scripted:echo echoes
+    assert (sticky.hits, sticky.continued, sticky.stale) == (1, 1, 0)
+    events = await store.load_events(run.id)
+    assert [e.type for e in events].count("ChildCompleted") == 1
+
+
+AGENT_APP = """
+async def agent(ctx, input):
+    messages = [{"role": "user", "content": "start"}]
+    messages.append((await ctx.model("scripted:echo", messages)).message())
+    for _ in range(2):
+        answer = await ctx.wait_for_message("go")
+        messages.append({"role": "user", "content": str(answer)})
+        messages.append((await ctx.model("scripted:echo", messages)).message())
+    return len(messages)
+"""
+
+
+async def test_a_worker_over_an_agent_directory_continues_in_place(
+    store: Store, tmp_path: Any
+) -> None:
+    """As ``toren worker`` and ``toren dev`` run agents: from an agent directory
+    (``DirectoryResolver``), whose program is the same object from one resolve to the
+    next while the directory is unchanged, so a kept tick continues in place; after an
+    edit of the agent's code, the run replays under the new code."""
+    from toren.agents import DirectoryResolver
+
+    directory = tmp_path / "agents" / "w"
+    directory.mkdir(parents=True)
+    (directory / "agent.yaml").write_text("name: w\nentry: app:agent\n")
+    (directory / "app.py").write_text(AGENT_APP)
+    provider = ScriptedProvider()
+    resolver = DirectoryResolver(tmp_path / "agents", provider_factory=None)
+    deps = deps_for(store, resolver, None, provider=provider)
+    deps.settings = toren.Settings(poll_interval=0.02)
+    async with toren.LocalWorkerRuntime(deps) as worker:
+        sticky = deps.sticky
+        assert sticky is not None
+        run = await toren.start_run(store, resolver, "w", None)
+        await until(lambda: run.id in sticky)
+        await toren.send_message(store, run.id, "go", "one")
+        await until(lambda: sticky.continued == 1 and run.id in sticky)
+        assert (provider.served, worker.metrics.steps_replayed) == (2, 0)
+        (directory / "app.py").write_text(AGENT_APP + "\n# edited\n")  # a new code version
+        await toren.send_message(store, run.id, "go", "two")
+        final = await toren.wait_for_run(store, run.id, timeout=30)
+        assert (final.status, final.output) == ("completed", 6)
+        assert (sticky.continued, sticky.stale, provider.served) == (1, 1, 3)
+        # Under the new code: the two model steps and the first message, from the log.
+        assert worker.metrics.steps_replayed == 3

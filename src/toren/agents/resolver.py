@@ -9,9 +9,11 @@ per (directory, content hash), and providers are built once per definition.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -29,7 +31,7 @@ from toren.agents.loader import (
 )
 from toren.agents.mcp_tools import McpServer
 from toren.agents.readiness import check_providers, missing_key_message
-from toren.core.agent_api.program import AgentProgram, ToolDef
+from toren.core.agent_api.program import AgentProgram
 from toren.errors import AgentConfigError, AgentNotFound, ProviderUnavailable
 from toren.providers.base import DeltaCallback, ModelProvider, ModelRequest, ModelResponse
 
@@ -110,6 +112,29 @@ class _LazyProvider:
 # -- the resolver -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Made:
+    """A program :meth:`DirectoryResolver.resolve` made, and what it made it of."""
+
+    definition: AgentDefinition
+    servers: tuple[McpServer, ...]
+    providers: dict[str, ModelProvider]
+    program: AgentProgram
+
+    def of(
+        self,
+        definition: AgentDefinition,
+        servers: tuple[McpServer, ...],
+        providers: dict[str, ModelProvider],
+    ) -> bool:
+        return (
+            self.definition is definition
+            and self.providers == providers  # the same provider objects (none: {})
+            and len(self.servers) == len(servers)
+            and all(map(operator.is_, self.servers, servers))
+        )
+
+
 class DirectoryResolver:
     """An :class:`AgentResolver` over agent directories.
 
@@ -146,6 +171,8 @@ class DirectoryResolver:
         self._loaded: dict[Path, AgentDefinition] = {}
         self._mcp: dict[tuple[Path, str], tuple[str, McpServer]] = {}
         self._providers_cache: dict[Path, tuple[str, dict[str, ModelProvider]]] = {}
+        # The program last made per (directory, process), with what it was made of.
+        self._programs: dict[tuple[Path, str], _Made] = {}
 
     def __enter__(self) -> DirectoryResolver:
         return self
@@ -233,14 +260,32 @@ class DirectoryResolver:
             check_providers(self.load(agent))
 
     def resolve(self, agent: str, process: str) -> AgentProgram:
+        """The program of ``agent``'s ``process``: the same object for as long as what it
+        is made of is the same (the loaded definition, its MCP servers, its providers), a
+        new one once the directory changed. A worker's kept (sticky) tick continues only
+        under the very program it runs (:mod:`toren.core.drivers.resume`): a program made
+        afresh on every call would have every wake replay."""
         definition = self.load(agent)
         proc = definition.process(process)
-        mcp_tools = {name: self._mcp_tools(definition, name) for name in proc.mcp_servers}
-        return definition.program(
-            process, mcp_tools=mcp_tools, providers=self._providers(definition)
+        servers = tuple(self._mcp_server(definition, name) for name in proc.mcp_servers)
+        providers = self._providers(definition)
+        key = (definition.root, process)
+        with self._lock:
+            made = self._programs.get(key)
+            if made is not None and made.of(definition, servers, providers):
+                return made.program
+        program = definition.program(
+            process,
+            mcp_tools={
+                name: server.tools() for name, server in zip(proc.mcp_servers, servers, strict=True)
+            },
+            providers=providers,
         )
+        with self._lock:
+            self._programs[key] = _Made(definition, servers, providers, program)
+        return program
 
-    def _mcp_tools(self, definition: AgentDefinition, server: str) -> dict[str, ToolDef]:
+    def _mcp_server(self, definition: AgentDefinition, server: str) -> McpServer:
         key = (definition.root, server)
         config = definition.config.mcp_servers[server]
         with self._lock:
@@ -259,7 +304,7 @@ class DirectoryResolver:
                 handle.start()
                 current = (definition.content_hash, handle)
                 self._mcp[key] = current
-            return current[1].tools()
+            return current[1]
 
     def _providers(self, definition: AgentDefinition) -> dict[str, ModelProvider]:
         if self.provider_factory is None:
@@ -289,6 +334,7 @@ class DirectoryResolver:
     def close(self) -> None:
         with self._lock:
             servers, self._mcp = list(self._mcp.values()), {}
+            self._programs = {}
         for _, handle in servers:
             handle.close()
 

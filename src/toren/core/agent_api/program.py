@@ -162,7 +162,12 @@ class Registry:
                 f"unknown agent {agent!r}; known agents: {known or 'none'}"
             ) from None
         processes = tuple(sorted(p for a, p in self.programs if a == agent))
-        return program if program.processes == processes else replace(program, processes=processes)
+        if program.processes != processes:
+            # Kept, so that the same registration resolves to the same object every time:
+            # a kept (sticky) tick continues only under the very program it runs.
+            program = replace(program, processes=processes)
+            self.programs[(agent, process)] = program
+        return program
 
     def names(self) -> list[str]:
         return sorted({a for a, _ in self.programs})
