@@ -94,6 +94,16 @@ processes:
         assert "5" in str(await program.tools["add"].fn(a=2, b=3))
         plain = await _resolve(resolver, "plain")
         assert sorted(plain.tools) == ["local"]
+        # The same program while nothing it is made of changed (a kept, sticky, tick
+        # continues only under it); a new one once the server's session restarted and
+        # listed its tools again.
+        assert await _resolve(resolver, "main") is program
+        (handle,) = [h for _, h in resolver._mcp.values()]
+        handle.close()  # the session ends; the next call starts a new one
+        assert "7" in str(await program.tools["add"].fn(a=3, b=4))
+        again = await _resolve(resolver, "main")
+        assert again is not program and sorted(again.tools) == ["add", "local"]
+        assert await _resolve(resolver, "main") is again
 
 
 async def _start(server: McpServer) -> None:

@@ -358,6 +358,20 @@ async def test_a_childs_completion_continues_its_parent_in_place(store: Store) -
     events = await store.load_events(run.id)
     assert [e.type for e in events].count("ChildCompleted") == 1
 
+    # The child's code registered anew while a run is kept: the run replays under it.
+    async def research_v2(ctx: toren.Context, input: Any) -> Any:
+        await ctx.sleep(30)
+        note = await ctx.model("scripted:echo", [{"role": "user", "content": "v2"}])
+        return note.text
+
+    run = await toren.start_run(store, reg, "lab", {}, clock=clock)
+    assert (await toren.tick(run.id, deps)).status == "waiting" and run.id in sticky
+    reg.add("lab", research_v2, process="research")
+    await clock.advance(31)
+    third = await toren.tick(run.id, deps)
+    assert (third.status, third.output) == ("completed", {"first": "plan", "last": "v2"})
+    assert third.replayed >= 1 and (sticky.continued, sticky.stale) == (1, 1)
+
 
 AGENT_APP = """
 async def agent(ctx, input):
@@ -400,6 +414,7 @@ async def test_a_worker_over_an_agent_directory_continues_in_place(
         await toren.send_message(store, run.id, "go", "two")
         final = await toren.wait_for_run(store, run.id, timeout=30)
         assert (final.status, final.output) == ("completed", 6)
-        assert (sticky.continued, sticky.stale, provider.served) == (1, 1, 3)
-        # Under the new code: the two model steps and the first message, from the log.
-        assert worker.metrics.steps_replayed == 3
+    # Counted once the tick ended (the worker has stopped: every tick has).
+    assert (sticky.continued, sticky.stale, provider.served) == (1, 1, 3)
+    # Under the new code: the two model steps and the first message, from the log.
+    assert worker.metrics.steps_replayed == 3

@@ -15,7 +15,7 @@ import pytest
 
 import toren
 from toren.config import LeaseSettings, Settings
-from toren.core.drivers.takeover import take_over_gone, why_gone
+from toren.core.drivers.takeover import gone_in, take_over_gone, why_gone
 from toren.store import Store
 from toren.store.base import WorkerInfo
 
@@ -107,3 +107,31 @@ def test_a_fresh_heartbeat_is_never_taken_for_a_dead_worker() -> None:
     info = WorkerInfo("w", "v1", now, now, hostname=socket.gethostname(), pid=_dead_pid())
     assert why_gone(info, hostname=socket.gethostname(), now=now, heartbeat=5.0) is None
     assert why_gone(info, hostname=socket.gethostname(), now=now + 11, heartbeat=5.0)
+
+
+async def test_a_holder_killed_a_moment_ago_is_gone_within_two_heartbeats(store: Store) -> None:
+    """``toren runs resume`` right after a crash: the holder's process on this host no
+    longer exists, but it heartbeated less than two intervals ago. ``gone_in`` says how
+    long until it counts as gone (never for a live process or another host), and then
+    its run is taken over, without waiting out its lease."""
+    now = time.time()
+    here = socket.gethostname()
+    dead = WorkerInfo("w-killed", "v1", now - 60, now - 0.1, hostname=here, pid=_dead_pid())
+    alive = WorkerInfo("w-alive", "v1", now - 60, now - 0.1, hostname=here, pid=_alive_pid())
+    far = WorkerInfo("w-far", "v1", now - 60, now - 0.1, hostname="far-away", pid=4242)
+    runs = {info.id: await _held_by(store, info) for info in (dead, alive, far)}
+    heartbeat = 0.5
+    soon = await gone_in(store, "w-killed", now=now, heartbeat=heartbeat)
+    assert soon is not None and 0.8 <= soon <= 2 * heartbeat
+    assert await gone_in(store, "w-alive", now=now, heartbeat=heartbeat) is None
+    assert await gone_in(store, "w-far", now=now, heartbeat=heartbeat) is None
+    assert await gone_in(store, "w-nobody", now=now, heartbeat=heartbeat) is None
+    assert await take_over_gone(store, me="me", now=now, heartbeat=heartbeat) == []
+    later = now + soon + 0.01
+    assert await gone_in(store, "w-killed", now=later, heartbeat=heartbeat) == 0.0
+    freed = await take_over_gone(store, me="me", now=later, heartbeat=heartbeat)
+    assert [wid for wid, _ in freed] == ["w-killed"]
+    for wid, run_id in runs.items():  # the killed one's lease ends now, the others hold
+        row = await store.get_run(run_id)
+        assert row is not None and row.lease_expires_at is not None
+        assert (float(row.lease_expires_at) <= later) == (wid == "w-killed")

@@ -145,6 +145,12 @@ class McpServer:
 
     # -- tools -----------------------------------------------------------------------
 
+    @property
+    def listing(self) -> object:
+        """The server's tool listing as its current session gave it: a new object once a
+        restarted session lists its tools again (what a resolver's program depends on)."""
+        return self._listed
+
     def tools(self) -> dict[str, ToolDef]:
         """The server's tools (after ``start``), filtered and prefixed as configured."""
         available = {str(_field(t, "name")): t for t in self._listed}

@@ -118,6 +118,7 @@ class _Made:
 
     definition: AgentDefinition
     servers: tuple[McpServer, ...]
+    listings: tuple[object, ...]  # each server's tool listing (a restart lists anew)
     providers: dict[str, ModelProvider]
     program: AgentProgram
 
@@ -132,6 +133,7 @@ class _Made:
             and self.providers == providers  # the same provider objects (none: {})
             and len(self.servers) == len(servers)
             and all(map(operator.is_, self.servers, servers))
+            and all(map(operator.is_, self.listings, (s.listing for s in servers)))
         )
 
 
@@ -274,6 +276,7 @@ class DirectoryResolver:
             made = self._programs.get(key)
             if made is not None and made.of(definition, servers, providers):
                 return made.program
+        listings = tuple(server.listing for server in servers)  # before the tools are read
         program = definition.program(
             process,
             mcp_tools={
@@ -282,7 +285,7 @@ class DirectoryResolver:
             providers=providers,
         )
         with self._lock:
-            self._programs[key] = _Made(definition, servers, providers, program)
+            self._programs[key] = _Made(definition, servers, listings, providers, program)
         return program
 
     def _mcp_server(self, definition: AgentDefinition, server: str) -> McpServer:

@@ -3,6 +3,7 @@ embedded database (default) or a server (``--url``)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime as _dt
 import functools
@@ -37,7 +38,7 @@ from toren.cli.view import RunView, money, next_try, short
 from toren.client import Run, TorenMessageWarning
 from toren.core.contract.values import STATUSES, RunStatus
 from toren.core.drivers.runs import MAX_RUNS_PAGE, unexpected_message
-from toren.core.drivers.takeover import take_over_gone
+from toren.core.drivers.takeover import gone_in, take_over_gone
 from toren.errors import AgentConfigError
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -770,13 +771,19 @@ async def _resume_embedded(
         owner, expires = found.lease_owner, found.lease_expires_at
         if owner and expires and float(expires) > time.time():
             runtime = session.runtime
-            freed = dict(
-                await take_over_gone(
-                    runtime.store,
-                    me="",
-                    now=time.time(),
-                    heartbeat=runtime.settings.lease.heartbeat,
+            heartbeat = runtime.settings.lease.heartbeat
+            # A holder killed a moment ago on this host is gone once its last heartbeat
+            # is two intervals old: wait that out (at most two heartbeats), not its lease.
+            soon = await gone_in(runtime.store, str(owner), now=time.time(), heartbeat=heartbeat)
+            if soon is not None and soon > 0:
+                out().print(
+                    f"run {escape(run_id)} is held by worker {escape(str(owner))}, whose "
+                    f"process on this host no longer exists; taking it over once its last "
+                    f"heartbeat is two intervals old (in {soon:.1f}s)"
                 )
+                await asyncio.sleep(soon + 0.05)
+            freed = dict(
+                await take_over_gone(runtime.store, me="", now=time.time(), heartbeat=heartbeat)
             )
             if owner in freed:
                 out().print(

@@ -145,7 +145,13 @@ class Registry:
             rate_limits=dict(rate_limits or {}),
         )
         self.programs[(agent, process)] = program
-        return program
+        # Every program of the agent is made anew, each listing all its processes: the
+        # agent changed, so a tick kept under its earlier programs replays (the kept tick
+        # continues only under the very program it runs, and a child's is not checked).
+        processes = tuple(sorted(p for a, p in self.programs if a == agent))
+        for key in [key for key in self.programs if key[0] == agent]:
+            self.programs[key] = replace(self.programs[key], processes=processes)
+        return self.programs[(agent, process)]
 
     def resolve(self, agent: str, process: str) -> AgentProgram:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 __all__ = ["FREEZE_ABOVE", "THAWED_FULL_PASS", "ReplayGcPause"]
 
@@ -48,18 +49,28 @@ class ReplayGcPause:
     _froze_last = False  # the last pause to end froze (the next one does not)
     _thawed = 0  # young objects given back since the last full collection
     _host_froze = False  # objects were frozen by someone else: never freeze again
+    # Ticks and plans may replay on several threads' event loops (a server beside a
+    # worker): the count is changed under a lock, or a lost update would leave the
+    # collector off for good.
+    _lock = threading.RLock()  # reentrant: a finalizer run by a collection may replay too
 
     @classmethod
     def begin(cls) -> None:
-        if cls._replaying == 0:
-            cls._thaw()
-            cls._was_enabled = gc.isenabled()
-            gc.disable()
-            cls._young_at_begin = gc.get_count()[0]
-        cls._replaying += 1
+        with cls._lock:
+            if cls._replaying == 0:
+                cls._thaw()
+                cls._was_enabled = gc.isenabled()
+                gc.disable()
+                cls._young_at_begin = gc.get_count()[0]
+            cls._replaying += 1
 
     @classmethod
     def end(cls) -> None:
+        with cls._lock:
+            cls._end()
+
+    @classmethod
+    def _end(cls) -> None:
         cls._replaying -= 1
         if cls._replaying == 0 and cls._was_enabled:
             young = gc.get_count()[0]

@@ -55,6 +55,27 @@ def why_gone(worker: WorkerInfo, *, hostname: str, now: float, heartbeat: float)
     return None
 
 
+async def gone_in(
+    store: JournalStore,
+    worker_id: str,
+    *,
+    now: float,
+    heartbeat: float,
+    hostname: str | None = None,
+) -> float | None:
+    """Seconds until ``worker_id`` counts as gone by its process: it ran on this host and
+    its process no longer exists, but it heartbeated less than two intervals ago (a
+    process killed a moment ago). None if it will not (its process exists, another host,
+    no pid) or is not holding anything: then only its lease tells."""
+    host = hostname or socket.gethostname()
+    for worker in await store.lease_holders(now=now):
+        if worker.id == worker_id and worker.hostname == host and worker.pid:
+            if pid_exists(worker.pid):
+                return None
+            return max(0.0, worker.heartbeat_at + 2 * heartbeat - now)
+    return None
+
+
 async def take_over_gone(
     store: JournalStore,
     *,
