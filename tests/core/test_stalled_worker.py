@@ -225,6 +225,17 @@ async def freeze_until_taken_over(store: Any, workers: list[Worker], db_url: str
         return
 
 
+def nothing_twice(ledger: Ledger, effects: Path, tags: list[str], rounds: int) -> None:
+    """Every round of every run was requested and emailed, and no request and no email
+    came for a step already in the log."""
+    emails = Counter((e["tag"], e["k"]) for e in effects_of(effects))
+    assert set(emails) == {(t, k) for t in tags for k in range(rounds)}
+    assert set(ledger.served) == {(t, k) for t in tags for k in range(rounds)}
+    assert ledger.repaid == [], f"requests for steps already recorded: {ledger.repaid}"
+    again = [e for e in effects_of(effects) if e["again"]]
+    assert again == [], f"emails for steps already recorded: {again}"
+
+
 async def chaos(rng: random.Random, workers: list[Worker], rounds: int = 10) -> tuple[int, int]:
     """``rounds`` seeded blows, 0.2-0.8 s apart, each at a worker drawn at random: a
     SIGSTOP past the lease TTL then SIGCONT (six in ten), or a SIGKILL and a new process
@@ -378,12 +389,7 @@ async def test_a_fleet_with_freezes_and_kills_never_repays_or_resends(
                 final = await toren.wait_for_run(store, run.id, timeout=120)
                 assert final.status == "completed", final.error
         tags = [f"f{i:02d}" for i in range(30)]
-        emails = Counter((e["tag"], e["k"]) for e in effects_of(effects))
-        assert set(emails) == {(t, k) for t in tags for k in range(3)}
-        assert set(ledger.served) == {(t, k) for t in tags for k in range(3)}
-        assert ledger.repaid == [], f"requests for steps already recorded: {ledger.repaid}"
-        again = [e for e in effects_of(effects) if e["again"]]
-        assert again == [], f"emails for steps already recorded: {again}"
+        nothing_twice(ledger, effects, tags, rounds=3)
         recoveries = 0
         for run in runs:
             events = await store.load_events(run.id)
@@ -440,12 +446,7 @@ async def test_a_fleet_holding_parked_runs_in_its_caches_never_repays_or_resends
                     last[fields["pid"]] = int(fields["continued"])
         continued = sum(last.values())
         assert continued >= 1, "no worker continued a kept run: the cache was never exercised"
-        emails = Counter((e["tag"], e["k"]) for e in effects_of(effects))
-        assert set(emails) == {(t, k) for t in tags for k in range(3)}
-        assert set(ledger.served) == {(t, k) for t in tags for k in range(3)}
-        assert ledger.repaid == [], f"requests for steps already recorded: {ledger.repaid}"
-        again = [e for e in effects_of(effects) if e["again"]]
-        assert again == [], f"emails for steps already recorded: {again}"
+        nothing_twice(ledger, effects, tags, rounds=3)
         for run, tag in zip(runs, tags, strict=True):
             events = await store.load_events(run.id)
             kinds = ("ModelCallRecorded", "ToolCallRecorded")
