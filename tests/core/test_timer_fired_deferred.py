@@ -354,3 +354,49 @@ async def test_a_timer_started_after_a_supersede_follows_its_invalidation(store:
     done = await toren.tick(run.id, deps_of(store, r2, clock))
     assert done.status == "completed" and done.output == "done"
     await _chain_holds(store, run.id)
+
+
+async def test_a_burst_of_due_timers_is_claimed_in_batches_and_fires_on_shared_writes(
+    store: Store, monkeypatch: Any
+) -> None:
+    """Issue 39's timers in bulk, in one piece: 40 runs parked on ``ctx.sleep``, all due at
+    one instant, one worker. Its claims take many runs a statement; each run's
+    ``TimerFired`` rides on its next step's write (no commit of its own); and on
+    PostgreSQL the writes of different runs share statements (the batched append)."""
+    clock = toren.ManualClock(1_700_000_000.0)
+    reg = sleeper()
+    deps = deps_of(store, reg, clock, settings=toren.Settings(poll_interval=0.02))
+    runs = [await toren.start_run(store, reg, "sleeper", {}, clock=clock) for _ in range(40)]
+    for run in runs:
+        assert (await toren.tick(run.id, deps)).status == "waiting"
+    claims: list[int] = []
+    commits: dict[str, list[list[str]]] = {}
+    real_claim, real_append = store.claim, store.append
+
+    async def claim(*args: Any, **kw: Any) -> Any:
+        leases = await real_claim(*args, **kw)
+        if leases:
+            claims.append(len(leases))
+        return leases
+
+    async def append(lease: Lease, events: Any, **kw: Any) -> Any:
+        stored = await real_append(lease, events, **kw)
+        commits.setdefault(lease.run_id, []).append([e.type for e in events])
+        return stored
+
+    monkeypatch.setattr(store, "claim", claim)
+    monkeypatch.setattr(store, "append", append)
+    batched_before = getattr(store, "batched_steps", 0)
+    await clock.advance(61)  # every timer due at once
+    async with toren.LocalWorkerRuntime(deps, concurrency=40):
+        for _ in range(3000):
+            if all(run.id in commits for run in runs):
+                break
+            await asyncio.sleep(0.01)
+    assert sorted(commits) == sorted(run.id for run in runs)
+    assert sum(claims) == len(runs) and max(claims) > 1, claims  # many runs a claim
+    for run in runs:
+        assert commits[run.id][0] == ["TimerFired", "ModelCallRecorded"]
+        assert (await _types(store, run.id)).count("TimerFired") == 1
+    if store.dialect == "postgres":
+        assert store.batched_steps - batched_before >= 2  # type: ignore[attr-defined]
