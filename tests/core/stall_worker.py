@@ -1,8 +1,9 @@
 """A worker process for the stalled-worker tests: serves the `mailer` and `napper` agents
 (model calls through the real ``openai`` SDK, a side-effecting tool between them; the
 napper parks on a durable timer after each round) until SIGTERM, then drains and exits 0;
-meanwhile it prints its sticky cache's counters as they change. The tests freeze it with SIGSTOP, thaw it with SIGCONT and kill it
-with SIGKILL, and count what the loopback model server and the tool actually did.
+meanwhile it prints its sticky cache's counters as they change. The tests freeze it with
+SIGSTOP, thaw it with SIGCONT and kill it with SIGKILL, and count what the loopback model
+server and the tool actually did.
 
     python -m tests.core.stall_worker DB_URL OPENAI_BASE_URL EFFECTS_FILE TTL HEARTBEAT
 

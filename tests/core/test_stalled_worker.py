@@ -225,6 +225,15 @@ async def freeze_until_taken_over(store: Any, workers: list[Worker], db_url: str
         return
 
 
+async def ready_with_runs(
+    store: Any, workers: list[Worker], agent: str, inputs: list[dict[str, Any]]
+) -> list[Any]:
+    """Every worker ready, then a run of ``agent`` started per input."""
+    for w in workers:
+        await w.ready()
+    return [await toren.start_run(store, registry(), agent, input) for input in inputs]
+
+
 def nothing_twice(ledger: Ledger, effects: Path, tags: list[str], rounds: int) -> None:
     """Every round of every run was requested and emailed, and no request and no email
     came for a step already in the log."""
@@ -371,14 +380,8 @@ async def test_a_fleet_with_freezes_and_kills_never_repays_or_resends(
     store = await toren.connect(db_url)
     try:
         with fleet(db_url, tmp_path, 3) as (ledger, workers, effects):
-            for w in workers:
-                await w.ready()
-            runs = [
-                await toren.start_run(
-                    store, registry(), "mailer", {"tag": f"f{i:02d}", "steps": 3, "pause": 0.2}
-                )
-                for i in range(30)
-            ]
+            inputs = [{"tag": f"f{i:02d}", "steps": 3, "pause": 0.2} for i in range(30)]
+            runs = await ready_with_runs(store, workers, "mailer", inputs)
             # The first freeze is made to take a run over, whatever the machine's load: a
             # seeded freeze may find its worker idle (the runs done) or land inside a SQLite
             # commit, which holds every other worker off until the thaw.
@@ -423,14 +426,8 @@ async def test_a_fleet_holding_parked_runs_in_its_caches_never_repays_or_resends
     tags = [f"{NAP}{i:02d}" for i in range(20)]
     try:
         with fleet(db_url, tmp_path, 3) as (ledger, workers, effects):
-            for w in workers:
-                await w.ready()
-            runs = [
-                await toren.start_run(
-                    store, registry(), "napper", {"tag": tag, "steps": 3, "nap": 0.3}
-                )
-                for tag in tags
-            ]
+            inputs = [{"tag": tag, "steps": 3, "nap": 0.3} for tag in tags]
+            runs = await ready_with_runs(store, workers, "napper", inputs)
             frozen, killed = await chaos(rng, workers)
             assert frozen >= 3 and killed >= 2
             for run in runs:

@@ -67,26 +67,22 @@ class ReplayGcPause:
     @classmethod
     def end(cls) -> None:
         with cls._lock:
-            cls._end()
-
-    @classmethod
-    def _end(cls) -> None:
-        cls._replaying -= 1
-        if cls._replaying == 0 and cls._was_enabled:
-            young = gc.get_count()[0]
-            if (
-                young - cls._young_at_begin > FREEZE_ABOVE
-                and not cls._froze_last
-                and not cls._host_froze
-                and gc.get_threshold()[0] > 0
-                and not cls._host_freezes()
-            ):
-                gc.freeze()
-                cls._frozen = young
-                cls._froze_last = True
-            else:
-                cls._froze_last = False
-            gc.enable()
+            cls._replaying -= 1
+            if cls._replaying == 0 and cls._was_enabled:
+                young = gc.get_count()[0]
+                if (
+                    young - cls._young_at_begin > FREEZE_ABOVE
+                    and not cls._froze_last
+                    and not cls._host_froze
+                    and gc.get_threshold()[0] > 0
+                    and not cls._host_freezes()
+                ):
+                    gc.freeze()
+                    cls._frozen = young
+                    cls._froze_last = True
+                else:
+                    cls._froze_last = False
+                gc.enable()
 
     @classmethod
     def _host_freezes(cls) -> bool:

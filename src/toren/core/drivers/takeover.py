@@ -41,17 +41,23 @@ def pid_exists(pid: int) -> bool:
     return True
 
 
+def _pid_here(worker: WorkerInfo, hostname: str) -> int | None:
+    """``worker``'s pid if its process can be looked at (it ran on this host), else None."""
+    return worker.pid if worker.hostname == hostname and worker.pid else None
+
+
+def _silent_since(worker: WorkerInfo, heartbeat: float) -> float:
+    """From when ``worker`` has missed two heartbeats (a live worker never does)."""
+    return worker.heartbeat_at + 2 * heartbeat
+
+
 def why_gone(worker: WorkerInfo, *, hostname: str, now: float, heartbeat: float) -> str | None:
     """Why ``worker`` is known to be gone, or None when that cannot be known safely."""
     if worker.draining and worker.heartbeat_at <= 0.0:
         return "it deregistered"
-    if (
-        worker.hostname == hostname
-        and worker.pid
-        and worker.heartbeat_at < now - 2 * heartbeat
-        and not pid_exists(worker.pid)
-    ):
-        return f"its process {worker.pid} on this host no longer exists"
+    pid = _pid_here(worker, hostname)
+    if pid and _silent_since(worker, heartbeat) < now and not pid_exists(pid):
+        return f"its process {pid} on this host no longer exists"
     return None
 
 
@@ -69,10 +75,11 @@ async def gone_in(
     no pid) or is not holding anything: then only its lease tells."""
     host = hostname or socket.gethostname()
     for worker in await store.lease_holders(now=now):
-        if worker.id == worker_id and worker.hostname == host and worker.pid:
-            if pid_exists(worker.pid):
+        pid = _pid_here(worker, host)
+        if worker.id == worker_id and pid:
+            if pid_exists(pid):
                 return None
-            return max(0.0, worker.heartbeat_at + 2 * heartbeat - now)
+            return max(0.0, _silent_since(worker, heartbeat) - now)
     return None
 
 
