@@ -192,7 +192,10 @@ async def test_a_conflict_on_the_flush_path_is_lease_lost(
 
     monkeypatch.setattr(store._batcher, "_inline", spy)  # the batcher's flush calls it
     # Something else ready in this turn: the step is queued, then committed alone from the
-    # flush (by then nothing else is ready), where the clash with slot 0 must surface.
+    # flush, where the clash with slot 0 must surface. The flush takes the inline lane only
+    # if the loop is idle by then, which another ready callback (the pool's own upkeep, a
+    # socket's, under load) would break: the flush is told it is idle, the append is not.
+    monkeypatch.setattr(_pg_conn, "loop_is_idle", lambda loop: True)
     asyncio.get_running_loop().call_soon(lambda: None)
     with pytest.raises(LeaseLost):
         await store.append(lease, [value_event(lease.run_id, 0, 0)], now=time.time())
