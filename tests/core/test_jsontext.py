@@ -13,10 +13,12 @@ import json
 import math
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toren.core.contract import jsontext
 from toren.core.contract.digest import canonical_json, reference_canonical_json
 from toren.core.contract.jsontext import (
     NOT_PLAIN,
@@ -150,6 +152,39 @@ def test_loads_reads_what_json_reads(doc: Any) -> None:
 )
 def test_loads_edge_cases_match_json(text: str) -> None:
     assert _same(loads(text), json.loads(text))
+
+
+_EDGE_VALUES = [
+    "18446744073709551616",
+    "18446744073709551615",  # the largest integer orjson reads exactly
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775809",
+    "-9223372036854775808",
+    "123456789012345678901234567890",
+    "1e19",  # a float that large, read by json (the same value)
+    "1e400",
+    '"1234567890123456789012345"',  # digits in a string: no integer
+    "0.5",
+]
+
+
+@pytest.mark.parametrize("value", _EDGE_VALUES)
+def test_long_texts_match_json_whichever_way_loads_checks_them(value: str) -> None:
+    """A long text is read first and its value walked; one too dense to walk cheaply is
+    scanned for long digit runs instead. Both ways give json's value."""
+    sparse = f'{{"answer": "{"x" * 700}", "v": [{value}]}}'
+    dense = f'{{"many": [{",".join(["1"] * 700)}, {value}]}}'
+    scalar = " " * 600 + value
+    for text, walked in ((sparse, True), (dense, False), (scalar, True)):
+        assert len(text) >= jsontext._SCAN_BELOW
+        assert _same(loads(text), json.loads(text)), text
+        try:
+            value_read = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            continue  # json's way at once
+        outcome = jsontext._huge_float(value_read, len(text) >> 6)
+        assert (outcome is not None) is walked, (text[:40], outcome)
 
 
 @pytest.mark.parametrize("text", ["", "{", "[1,]", '{"a" 1}', "\ufeff{}", '"x" y', "nul"])

@@ -18,7 +18,7 @@ import toren
 from tests.store.sqlite_jobs import count_thread_jobs
 from toren.errors import StorageError
 from toren.store import sql
-from toren.store.sql import INLINE_LOG
+from toren.store.sql import INLINE_LOG, LONG_LOG
 from toren.store.sqlite import SQLiteStore
 
 
@@ -193,6 +193,35 @@ async def test_a_short_log_is_read_inline_and_a_long_one_finished_on_the_thread(
         ]
         store._gate.turned()
         assert [e.seq for e in await store.load_events(run_id, limit=2)] == seqs[:2]
+    finally:
+        await store.close()
+
+
+async def test_a_log_known_to_be_long_skips_the_inline_head(tmp_path: Path) -> None:
+    """A tick that knows its run recorded more than ``LONG_LOG`` steps says so
+    (``at_least``): the log is one read on the thread, without a head read inline
+    first that would come back too long; a log said to be shorter reads as before."""
+    store, run_id = await _store_with_message(tmp_path)
+    try:
+        await _log_of(store, run_id, 2 * INLINE_LOG)
+        store._gate.turned()
+        whole = await store.load_events(run_id)
+        inline_reads: list[str] = []
+        real_head = store._log_head_inline
+
+        def counted(run: str, after_seq: int) -> list[Any] | None:
+            inline_reads.append(run)
+            return real_head(run, after_seq)
+
+        store._log_head_inline = counted  # type: ignore[method-assign]
+        jobs = count_thread_jobs(store)
+        store._gate.turned()
+        known = await store.load_events(run_id, at_least=LONG_LOG + 1)
+        assert [(e.seq, e.payload) for e in known] == [(e.seq, e.payload) for e in whole]
+        assert inline_reads == [] and jobs == [False]
+        store._gate.turned()
+        await store.load_events(run_id, at_least=LONG_LOG)
+        assert inline_reads == [run_id] and jobs == [False, False]
     finally:
         await store.close()
 

@@ -39,6 +39,7 @@ from toren.store.schema import (
 from toren.store.sql import (
     CLAIMABLE,
     EVENT_COLUMNS,
+    LOG_ROWS,
     NEXT_DUE,
     RUN_COLUMNS,
     UNBLOCK,
@@ -435,6 +436,11 @@ class PostgresStore(RetentionSql):
             self.lanes, lambda job: False, self._read_logs
         )
         self.batched_logs = 0  # logs read in a statement shared with other runs
+        # Long logs being read on threads of the sync pool (_long_log), and how many may
+        # be at once: each holds a thread and a connection that claims and transactions
+        # need too, for as long as the transfer takes.
+        self._long_reads = 0
+        self._long_reads_max = max(1, pool_size // 8)
 
     @property
     def inline_statements(self) -> int:
@@ -864,6 +870,32 @@ class PostgresStore(RetentionSql):
         # A whole log can be large: never on the inline lane, which would block the loop
         # for as long as it takes to read (or run into its statement timeout).
         return await self._fetch_async(sql, params, inline=False)
+
+    async def _long_log(self, run_id: str, after_seq: int) -> list[Any]:
+        """A log known to be long, read on a thread of the sync pool (a blocking read),
+        not the loop's way: psycopg's async read takes a turn of the loop (a reader added
+        and removed, a future, a timer) for every few kilobytes the socket delivers; a
+        25 MB log took 84 ms that way and 72 ms on a thread (wall time, bench/RESULTS.md).
+        A short log keeps the loop's way: there a thread's hand-off costs more than the
+        turns it saves. So does a long one while ``_long_reads_max`` are already being
+        read (a burst of long runs must not take every thread claims need) or while
+        other ticks' logs wait to be read in this turn (it joins their statement).
+
+        The read is one statement, so one snapshot. A tick cancelled meanwhile does not
+        stop it: the thread finishes the transfer, then its connection goes back to the
+        pool, as any statement of the sync pool does."""
+        if self._long_reads >= self._long_reads_max or not self._log_reads.empty:
+            return await self._log_tail(run_id, after_seq)
+
+        def read(cur: Cursor) -> list[Any]:
+            return list(self._x(cur, LOG_ROWS, (run_id, after_seq)).fetchall())
+
+        self._long_reads += 1
+        try:
+            return await self._run(read, write=False)
+        finally:
+            self._long_reads -= 1
+            self.lanes.gate.turned()  # that wait was a turn of the loop
 
     def _is_conflict(self, exc: BaseException) -> bool:
         return isinstance(exc, self._psycopg.errors.UniqueViolation)

@@ -405,6 +405,9 @@ def event_from_row(row: Sequence[Any]) -> Event:
 # A run's log after a seq, and a short log read inline, whole (SqlStore._log_rows).
 LOG_ROWS = f"SELECT {EVENT_COLUMNS} FROM events WHERE run_id = ? AND seq > ? ORDER BY seq"
 INLINE_LOG = 64
+# A log known to hold more events than this (load_events' ``at_least``) is read the way a
+# dialect reads a long log (SqlStore._long_log), without trying a head inline first.
+LONG_LOG = 200
 LOG_HEAD = f"{LOG_ROWS} LIMIT {INLINE_LOG + 1}"
 
 _ENVELOPE_COLUMNS = tuple(c.strip() for c in EVENT_COLUMNS.split(","))[:12]
@@ -831,9 +834,12 @@ class SqlStore:
     # -- events -----------------------------------------------------------------------
 
     async def load_events(
-        self, run_id: str, *, after_seq: int = 0, limit: int | None = None
+        self, run_id: str, *, after_seq: int = 0, limit: int | None = None, at_least: int = 0
     ) -> list[Event]:
-        rows = await self._log_rows(run_id, after_seq, limit)
+        """The run's events after ``after_seq`` (at most ``limit``), in seq order.
+        ``at_least``: how many events the caller knows the log holds (a tick passes the
+        run's recorded steps), which only picks how a long log is read."""
+        rows = await self._log_rows(run_id, after_seq, limit, at_least)
         # Parsing builds only acyclic objects: pausing the cycle collector for this loop
         # (synchronous, so nothing else runs meanwhile) saves it re-scanning a growing
         # heap many times over while a long log loads.
@@ -853,7 +859,9 @@ class SqlStore:
         )
         return {int(seq): text for seq, text in rows if isinstance(text, str)}
 
-    async def _log_rows(self, run_id: str, after_seq: int, limit: int | None) -> list[Any]:
+    async def _log_rows(
+        self, run_id: str, after_seq: int, limit: int | None, at_least: int = 0
+    ) -> list[Any]:
         """The rows of ``load_events``, in seq order, from one snapshot. A log of at most
         ``INLINE_LOG`` events is read inline on the event loop's thread when the dialect
         can (:meth:`_log_head_inline`): a woken run's log is often that short, and going
@@ -861,9 +869,12 @@ class SqlStore:
         the loop's way (:meth:`_log_tail`), where a read of any size may take its time:
         its first rows and the rest from a second read would be two snapshots, and the
         run's retention (``delete_finished``) between them would leave the log cut short
-        with nothing to say so."""
+        with nothing to say so. A log known to be long (``at_least`` past ``LONG_LOG``)
+        goes straight to :meth:`_long_log`."""
         if limit is not None:
             return await self._event_rows(f"{LOG_ROWS} LIMIT ?", (run_id, after_seq, limit))
+        if at_least > LONG_LOG:
+            return await self._long_log(run_id, after_seq)
         head = self._log_head_inline(run_id, after_seq)
         if head is not None and len(head) <= INLINE_LOG:
             return head
@@ -877,6 +888,11 @@ class SqlStore:
     async def _log_tail(self, run_id: str, after_seq: int) -> list[Any]:
         """The whole log after ``after_seq``, read the loop's way."""
         return await self._event_rows(LOG_ROWS, (run_id, after_seq))
+
+    async def _long_log(self, run_id: str, after_seq: int) -> list[Any]:
+        """The whole log after ``after_seq``, known to be long (a dialect hook): by
+        default as any log, :meth:`_log_tail`."""
+        return await self._log_tail(run_id, after_seq)
 
     async def _event_rows(self, sql: str, params: Sequence[object]) -> list[Any]:
         def tx(cur: Cursor) -> list[object]:

@@ -83,23 +83,74 @@ def dumps(value: object) -> str:
 # could read inexactly has 19 digits or more in a row (see loads).
 _DIGIT_MAP = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
 _LONG_DIGITS = b"1" * 19
+# orjson reads an integer outside 64 bits as a float of at least this magnitude.
+_HUGE = 2.0**63
+# Below this many characters, the digit scan costs less than walking the value.
+_SCAN_BELOW = 512
 
 
 def loads(text: str) -> Any:
     """``json.loads(text)``, the same value, faster for the log's payloads.
 
     orjson reads the same JSON to the same value with three exceptions, all left to
-    :mod:`json`: an integer outside 64 bits (orjson makes it a float: so any text with 19
-    or more digits in a row, inside strings too, goes to ``json``), a literal ``json``
+    :mod:`json`: an integer outside 64 bits (orjson makes it a float), a literal ``json``
     accepts and orjson refuses (``NaN``, ``Infinity``, ``1e400``), and a string holding
     lone surrogates (``"\\ud800"``, which orjson refuses). Invalid JSON raises ``json``'s
-    error, as before."""
+    error, as before.
+
+    The first is found one of two ways, whichever costs less for the text: a short text
+    is scanned for 19 or more digits in a row (inside strings too) before orjson reads
+    it; a longer one is read first and its value walked for a float of magnitude 2**63
+    or more (every integer outside 64 bits becomes one), the walk giving up for the scan
+    once it has met more items than one per 64 characters: a log's payloads are mostly
+    text (a model's answer), whose bytes the scan would read one by one. A float that
+    large found in a text without such a run of digits was written as a float: orjson's
+    value stands."""
     if type(text) is not str:
         return json.loads(text)
-    raw = text.encode("utf-8", "surrogatepass")
-    if _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(text)
+    # orjson given a str keeps a UTF-8 copy of it on the str when it is not ASCII; given
+    # bytes, it keeps nothing (and a lone surrogate is invalid UTF-8 either way).
+    if len(text) < _SCAN_BELOW:  # the scan, written out: the common short payload
+        raw = text.encode("utf-8", "surrogatepass")
+        if _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
+            try:
+                return orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                pass
+        return json.loads(text)
+    data = text if text.isascii() else text.encode("utf-8", "surrogatepass")
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+    if _huge_float(value, len(text) >> 6) is not False and _long_digits(text):
+        return json.loads(text)
+    return value
+
+
+def _long_digits(text: str) -> bool:
+    """Whether ``text`` holds 19 or more ASCII digits in a row."""
+    return _LONG_DIGITS in text.encode("utf-8", "surrogatepass").translate(_DIGIT_MAP)
+
+
+def _huge_float(value: Any, budget: int) -> bool | None:
+    """Whether ``value`` (as orjson reads JSON: dicts, lists, scalars) holds a float of
+    magnitude 2**63 or more; None once more than ``budget`` items were met."""
+    t = type(value)
+    if t is not dict and t is not list:
+        return t is float and (value >= _HUGE or value <= -_HUGE)
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        items = v.values() if type(v) is dict else v
+        budget -= len(items)
+        if budget < 0:
+            return None
+        for x in items:
+            t = type(x)
+            if t is float:
+                if x >= _HUGE or x <= -_HUGE:
+                    return True
+            elif t is dict or t is list:
+                stack.append(x)
+    return False

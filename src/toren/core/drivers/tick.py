@@ -229,7 +229,7 @@ class TickRunner:
             return await self._defer(exc)
         self.state.code_version = self.state.deps.code_version or program.code_version
         self._program = program
-        events = await self.state.store.load_events(self.run_id)
+        events = await self.state.store.load_events(self.run_id, at_least=run.steps)
         self.state.writer.chain = tail(events)
         self.state.journal = Journal.fold(self.run_id, events)
         self._correct_totals(run)
