@@ -108,8 +108,6 @@ def loads(text: str) -> Any:
     value stands."""
     if type(text) is not str:
         return json.loads(text)
-    # orjson given a str keeps a UTF-8 copy of it on the str when it is not ASCII; given
-    # bytes, it keeps nothing (and a lone surrogate is invalid UTF-8 either way).
     if len(text) < _SCAN_BELOW:  # the scan, written out: the common short payload
         raw = text.encode("utf-8", "surrogatepass")
         if _LONG_DIGITS not in raw.translate(_DIGIT_MAP):
@@ -118,6 +116,8 @@ def loads(text: str) -> Any:
             except orjson.JSONDecodeError:
                 pass
         return json.loads(text)
+    # orjson given a str keeps a UTF-8 copy of it on the str when it is not ASCII; given
+    # bytes, it keeps nothing (and a lone surrogate is invalid UTF-8 either way).
     data = text if text.isascii() else text.encode("utf-8", "surrogatepass")
     try:
         value = orjson.loads(data)
