@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,56 @@ async def test_a_restarted_worker_with_a_stable_id_takes_its_runs_back(store: St
     deps2 = toren.TickDeps(store=store, agents=reg, settings=settings(), worker_id="host-a")
     async with toren.LocalWorkerRuntime(deps2):
         pass
+
+
+async def test_a_heartbeat_stalled_before_its_renewal_sets_the_expiry_from_after_the_stall(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A heartbeat first writes the worker's own row and looks for gone workers, then
+    renews its runs' leases. A stall before the renewal (a SIGSTOP, a GC pause, a slow
+    statement) must not leave the database's expiry earlier than the tick's local
+    deadline, which counts from when the renewal is sent: the expiry is ``now + ttl``
+    with ``now`` read after the stall, or another worker could claim the run while its
+    holder still believes it has the lease and starts an effect (a tool run twice, a
+    concurrency key over its limit)."""
+    started, done = asyncio.Event(), asyncio.Event()
+
+    async def slow(**_: Any) -> str:
+        started.set()
+        await done.wait()
+        return "done"
+
+    async def agent(ctx: toren.Context, input: Any) -> Any:
+        return await ctx.tool("slow")
+
+    reg = toren.Registry()
+    reg.add("s", agent, tools={"slow": toren.ToolDef("slow", slow, ToolSpec("slow"))})
+    clock = toren.ManualClock(start=time.time())
+    ttl = 60.0
+    deps = toren.TickDeps(
+        store=store,
+        agents=reg,
+        clock=clock,
+        settings=settings(lease=LeaseSettings(ttl=ttl, heartbeat=3600)),
+    )
+    run = await toren.start_run(store, reg, "s")
+    real_heartbeat = store.heartbeat_worker
+
+    async def stalled(*args: Any, **kw: Any) -> Any:
+        await clock.advance(30.0)  # the stall: half the lease passes here
+        return await real_heartbeat(*args, **kw)
+
+    async with toren.LocalWorkerRuntime(deps, concurrency=1) as worker:
+        await started.wait()
+        monkeypatch.setattr(store, "heartbeat_worker", stalled)
+        await worker.heartbeat()
+        row = await store.get_run(run.id)
+        assert row is not None and row.lease_owner == worker.worker_id
+        assert row.lease_expires_at is not None
+        assert row.lease_expires_at >= clock.now() + ttl, (row.lease_expires_at, clock.now())
+        done.set()
+        final = await toren.wait_for_run(store, run.id, timeout=30)
+    assert final.status == "completed"
 
 
 async def test_a_worker_that_lost_its_lease_stops_the_step_in_flight(store: Store) -> None:

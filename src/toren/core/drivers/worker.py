@@ -393,12 +393,15 @@ class LocalWorkerRuntime:
             log.exception("worker %s: looking for gone workers failed", self.worker_id)
 
     async def heartbeat(self) -> None:
-        now = self.deps.clock.now()
         store = self.deps.store
-        await store.heartbeat_worker(self.worker_id, now=now, draining=False)
+        await store.heartbeat_worker(self.worker_id, now=self.deps.clock.now(), draining=False)
         await self._take_over_gone()
         renewing = {run_id: runner for run_id, (runner, _) in self._active.items()}
+        # The local deadline counts from ``sent``; the expiry from ``now``, read after it
+        # (not before the statements above: a stall there would leave the database's
+        # expiry earlier than the deadline the ticks trust, see toren.core.drivers.fencing).
         sent = lease_clock()
+        now = self.deps.clock.now()
         held, cancels = await store.renew(
             self.worker_id, list(renewing), expires_at=now + self.settings.lease.ttl
         )
