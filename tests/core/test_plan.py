@@ -5,6 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+import pytest
+
 import toren
 from toren.core.drivers.plan import plan_runs
 from toren.providers.base import Usage
@@ -124,3 +126,32 @@ async def test_a_plan_pauses_the_cycle_collector_while_it_replays(store: Store) 
     off = toren.TickDeps(store=store, agents=reg, settings=Settings(pause_gc_on_replay=False))
     (plan,) = await plan_runs(store, reg, deps=off)
     assert plan.clean and collector_on == [True, True, True]
+
+
+async def test_a_plan_tells_the_store_its_runs_recorded_steps(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a tick does: a run past ``LONG_LOG`` recorded steps has its log read the long
+    way (on PostgreSQL, a thread of the pool), the plan the same."""
+    from toren.store.sql import LONG_LOG
+
+    reg = toren.Registry()
+    reg.add("x", agent(1, "v1", n=2), code_version="A")
+    run = await toren.start_run(store, reg, "x", None)
+    deps = toren.TickDeps(store=store, agents=reg, providers={"scripted": ScriptedProvider()})
+    assert (await toren.tick(run.id, deps)).status == "waiting"
+    long_reads: list[str] = []
+    real_long = store._long_log  # type: ignore[attr-defined]
+
+    async def counted(run_id: str, after_seq: int) -> list[Any]:
+        long_reads.append(run_id)
+        return list(await real_long(run_id, after_seq))
+
+    monkeypatch.setattr(store, "_long_log", counted)
+    (plan,) = await plan_runs(store, reg)
+    assert plan.clean and plan.replayed_steps == 2 and long_reads == []
+    await store._run(  # type: ignore[attr-defined]
+        lambda cur: store._x(cur, "UPDATE runs SET steps = ? WHERE id = ?", (LONG_LOG + 1, run.id))  # type: ignore[attr-defined]
+    )
+    (plan,) = await plan_runs(store, reg)
+    assert plan.clean and plan.replayed_steps == 2 and long_reads == [run.id]

@@ -97,7 +97,7 @@ class PlanRunner:
             return self._plan(run, "?", problem=exc.message)
         self.code_version = self.deps.code_version or program.code_version
         try:
-            events = await self.store.load_events(self.run_id)
+            events = await self.store.load_events(self.run_id, at_least=run.steps)
         except CorruptEventLog as exc:
             return self._plan(run, self.code_version, problem=exc.message)
         self.journal = Journal.fold(self.run_id, events)
