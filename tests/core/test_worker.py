@@ -304,18 +304,27 @@ async def test_a_heartbeat_stalled_before_its_renewal_sets_the_expiry_from_after
     real_heartbeat = store.heartbeat_worker
 
     async def stalled(*args: Any, **kw: Any) -> Any:
-        await clock.advance(30.0)  # the stall: half the lease passes here
+        await clock.advance(15.0)  # a stall in the first statement: a quarter of the lease
         return await real_heartbeat(*args, **kw)
 
     async with toren.LocalWorkerRuntime(deps, concurrency=1) as worker:
         await started.wait()
+        real_look = worker._take_over_gone
+
+        async def stalled_look() -> None:
+            await clock.advance(15.0)  # and one in the look for gone workers
+            await real_look()
+
         monkeypatch.setattr(store, "heartbeat_worker", stalled)
-        await worker.heartbeat()
-        row = await store.get_run(run.id)
+        monkeypatch.setattr(worker, "_take_over_gone", stalled_look)
+        try:
+            await worker.heartbeat()
+            row = await store.get_run(run.id)
+        finally:
+            done.set()  # the tool returns: the runtime's exit does not wait on it
         assert row is not None and row.lease_owner == worker.worker_id
         assert row.lease_expires_at is not None
         assert row.lease_expires_at >= clock.now() + ttl, (row.lease_expires_at, clock.now())
-        done.set()
         final = await toren.wait_for_run(store, run.id, timeout=30)
     assert final.status == "completed"
 

@@ -837,8 +837,9 @@ class SqlStore:
         self, run_id: str, *, after_seq: int = 0, limit: int | None = None, at_least: int = 0
     ) -> list[Event]:
         """The run's events after ``after_seq`` (at most ``limit``), in seq order.
-        ``at_least``: how many events the caller knows the log holds (a tick passes the
-        run's recorded steps), which only picks how a long log is read."""
+        ``at_least``: how many events the caller knows the log holds at least (a tick and
+        a plan pass the run's recorded steps, each one event or more), which only picks
+        how a long log is read, never what is read."""
         rows = await self._log_rows(run_id, after_seq, limit, at_least)
         # Parsing builds only acyclic objects: pausing the cycle collector for this loop
         # (synchronous, so nothing else runs meanwhile) saves it re-scanning a growing
