@@ -47,6 +47,25 @@ async def test_renew_lease_is_fenced_by_epoch(store: Store) -> None:
     assert other.worker_id == "w2" and await store.renew_lease(other, expires_at=600.0)
 
 
+async def test_a_late_renewal_never_moves_an_expiry_earlier(store: Store) -> None:
+    """A heartbeat's renewal names runs by owner, not by lease: one that lands after the
+    same worker released the run and claimed it again (a delayed statement) must not cut
+    the new lease short of the deadline its tick counts from the claim."""
+    reg = mailer([])
+    run = await toren.start_run(store, reg, "m", {"to": "a"})
+    [lease] = await store.claim("w1", 1, now=100.0, ttl=30)
+    assert await store.renew(lease.worker_id, [run.id], expires_at=200.0) == ({run.id}, set())
+    row = await store.get_run(run.id)
+    assert row is not None and row.lease_expires_at == 200.0
+    # The late one, sent before the renewal above: held still, the expiry kept.
+    assert await store.renew(lease.worker_id, [run.id], expires_at=150.0) == ({run.id}, set())
+    row = await store.get_run(run.id)
+    assert row is not None and row.lease_expires_at == 200.0
+    assert await store.renew(lease.worker_id, [run.id], expires_at=250.0) == ({run.id}, set())
+    row = await store.get_run(run.id)
+    assert row is not None and row.lease_expires_at == 250.0
+
+
 async def test_a_tick_past_its_deadline_stops_before_the_effect(store: Store) -> None:
     sent: list[str] = []
     reg = mailer(sent)

@@ -262,7 +262,8 @@ CREATE_RUN = (
 RENEW = (
     "WITH lk AS (SELECT id FROM runs WHERE lease_owner = %s AND id = ANY(%b::text[]) "
     "ORDER BY id FOR NO KEY UPDATE) "
-    "UPDATE runs r SET lease_expires_at = %s FROM lk WHERE r.id = lk.id "
+    "UPDATE runs r SET lease_expires_at = GREATEST(r.lease_expires_at, %s::double precision) "
+    "FROM lk WHERE r.id = lk.id "
     "RETURNING r.id, r.cancel_requested"
 )
 

@@ -1037,7 +1037,10 @@ class SqlStore:
     async def renew(
         self, worker_id: str, run_ids: Sequence[str], *, expires_at: float
     ) -> tuple[set[str], set[str]]:
-        """Extend this worker's leases. Returns (runs still held, runs asked to cancel)."""
+        """Extend this worker's leases. Returns (runs still held, runs asked to cancel).
+        An expiry is never moved earlier: the renewal names runs by owner, not by lease,
+        so one delayed past this worker's release and new claim of a run would otherwise
+        cut the new lease short of the deadline its tick counts from the claim."""
         if not run_ids:
             return set(), set()
         marks = ", ".join("?" for _ in run_ids)
@@ -1045,8 +1048,10 @@ class SqlStore:
         def tx(cur: Cursor) -> tuple[set[str], set[str]]:
             self._x(
                 cur,
-                f"UPDATE runs SET lease_expires_at = ? WHERE lease_owner = ? AND id IN ({marks})",
-                (expires_at, worker_id, *run_ids),
+                "UPDATE runs SET lease_expires_at = CASE WHEN lease_expires_at IS NULL "
+                "OR lease_expires_at < ? THEN ? ELSE lease_expires_at END "
+                f"WHERE lease_owner = ? AND id IN ({marks})",
+                (expires_at, expires_at, worker_id, *run_ids),
             )
             rows = self._x(
                 cur,
