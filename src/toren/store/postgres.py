@@ -887,13 +887,11 @@ class PostgresStore(RetentionSql):
         pool, as any statement of the sync pool does."""
         if self._long_reads >= self._long_reads_max or not self._log_reads.empty:
             return await self._log_tail(run_id, after_seq)
-
-        def read(cur: Cursor) -> list[Any]:
-            return list(self._x(cur, LOG_ROWS, (run_id, after_seq)).fetchall())
-
         self._long_reads += 1
         try:
-            return await self._run(read, write=False)
+            # The generic store's read: one statement in a thread of the sync pool (this
+            # class's own _event_rows is the loop's way).
+            return await super()._event_rows(LOG_ROWS, (run_id, after_seq))
         finally:
             self._long_reads -= 1
             self.lanes.gate.turned()  # that wait was a turn of the loop
